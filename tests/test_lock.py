@@ -1,0 +1,244 @@
+"""The reentrant lock against five real masters: reentrancy, ownership, waiting, input."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from redreentrant import (
+    LockKeyTypeError,
+    LockManager,
+    LockNotOwnedError,
+)
+from redreentrant.ensemble import LocalEnsemble
+from redreentrant.keys import lock_key
+
+
+def fields_on(ensemble: LocalEnsemble, name: str) -> list[dict[bytes, bytes]]:
+    out = []
+    for server in ensemble.servers:
+        with redis.Redis.from_url(server.url) as r:
+            out.append(r.hgetall(lock_key(name)))
+    return out
+
+
+def test_nested_with_counts_holds_and_frees_at_the_outermost_exit(
+    manager: LockManager, ensemble: LocalEnsemble
+) -> None:
+    lock = manager.lock("nested")
+    depth_seen: list[int] = []
+
+    def recurse(depth: int) -> None:
+        with lock:
+            depth_seen.append(lock.hold_count)
+            if depth < 20:
+                recurse(depth + 1)
+
+    recurse(1)
+    assert depth_seen == list(range(1, 21))
+    assert lock.hold_count == 0 and not lock.is_owned() and not lock.locked()
+    assert fields_on(ensemble, "nested") == [{}] * 5
+
+
+def test_every_master_records_the_hold_count(manager: LockManager, ensemble: LocalEnsemble) -> None:
+    lock = manager.lock("counted")
+    with lock, lock, lock:
+        owner = manager.owner_id().encode()
+        assert fields_on(ensemble, "counted") == [{owner: b"3"}] * 5
+        assert lock.hold_count == 3 and lock.is_owned() and lock.locked()
+        assert 0 < lock.remaining() <= manager.lease
+    assert fields_on(ensemble, "counted") == [{}] * 5
+
+
+def test_lock_objects_are_views_of_the_threads_hold(manager: LockManager) -> None:
+    a, b = manager.lock("view"), manager.lock("view")
+    with a:
+        assert b.hold_count == 1 and b.acquire(blocking=False)
+        assert a.hold_count == 2
+        b.release()
+    assert a.hold_count == 0
+
+
+def test_another_thread_cannot_take_or_release_a_held_lock(manager: LockManager) -> None:
+    lock = manager.lock("owned")
+    results: dict[str, object] = {}
+
+    def other() -> None:
+        results["try"] = lock.acquire(blocking=False)
+        started = time.monotonic()
+        results["timed"] = lock.acquire(timeout=0.3)
+        results["waited"] = time.monotonic() - started
+        try:
+            lock.release()
+        except LockNotOwnedError as error:
+            results["release"] = error
+        results["count"] = lock.hold_count
+
+    with lock:
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert lock.is_owned() and lock.hold_count == 1  # unchanged by the other thread
+    assert results["try"] is False and results["timed"] is False
+    assert 0.3 <= float(results["waited"]) < 2.0  # type: ignore[arg-type]
+    assert isinstance(results["release"], LockNotOwnedError)
+    assert results["count"] == 0
+
+
+def test_two_managers_are_different_owners(urls: list[str]) -> None:
+    with LockManager(urls) as one, LockManager(urls) as two:
+        with one.lock("shared"):
+            assert two.lock("shared").acquire(blocking=False) is False
+        assert two.lock("shared").acquire(blocking=False) is True
+        two.lock("shared").release()
+
+
+def test_release_without_holding_raises_and_changes_nothing(
+    manager: LockManager, urls: list[str]
+) -> None:
+    with LockManager(urls) as other, other.lock("free-me"):
+        with pytest.raises(LockNotOwnedError):
+            manager.lock("free-me").release()
+        assert other.lock("free-me").is_owned()
+        assert manager.lock("free-me").locked()
+
+
+def test_a_blocked_acquirer_is_handed_the_lock_on_release_not_on_expiry(urls: list[str]) -> None:
+    # Two managers: the hand-off crosses Redis pub/sub, not an in-process shortcut.
+    with LockManager(urls, lease=30.0) as holder, LockManager(urls, lease=30.0) as waiter:
+        holder.lock("handoff").acquire()
+        got: list[float] = []
+
+        def wait() -> None:
+            lock = waiter.lock("handoff")
+            assert lock.acquire(timeout=20)
+            got.append(time.monotonic())
+            lock.release()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.3)  # let the waiter subscribe and sleep
+        released = time.monotonic()
+        holder.lock("handoff").release()
+        t.join(timeout=20)
+        assert got, "waiter never got the lock"
+        # Far below the 30 s lease: woken by the release message.
+        assert got[0] - released < 1.0
+
+
+def test_waiters_in_one_manager_are_woken_by_a_local_release(manager: LockManager) -> None:
+    lock = manager.lock("local")
+    order: list[int] = []
+    lock.acquire()
+
+    def wait(i: int) -> None:
+        with lock:
+            order.append(i)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    lock.release()
+    for t in threads:
+        t.join(timeout=10)
+    assert sorted(order) == [0, 1, 2]
+
+
+def test_a_waiter_wakes_when_the_holders_lease_expires(urls: list[str]) -> None:
+    with LockManager(urls) as holder, LockManager(urls) as waiter:
+        assert holder.lock("expire").acquire(lease=0.5)
+        started = time.monotonic()
+        assert waiter.lock("expire").acquire(timeout=5)
+        assert 0.3 < time.monotonic() - started < 2.0
+        waiter.lock("expire").release()
+
+
+def test_force_unlock_frees_a_lock_held_elsewhere(urls: list[str]) -> None:
+    with LockManager(urls) as holder, LockManager(urls) as admin:
+        holder.lock("stuck").acquire(lease=60)
+        assert admin.lock("stuck").force_unlock() is True
+        assert not admin.lock("stuck").locked()
+        assert admin.lock("stuck").force_unlock() is False
+        assert admin.lock("stuck").acquire(blocking=False)
+        admin.lock("stuck").release()
+        holder._holds.clear()  # the holder was told nothing; forget its stale view
+
+
+def test_one_master_is_a_legal_ensemble(single: LockManager) -> None:
+    assert single.quorum == 1
+    with single.lock("solo") as lock, lock:
+        assert lock.hold_count == 2
+
+
+# -- bad input ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"lease": 0}, ValueError),
+        ({"lease": -1}, ValueError),
+        ({"lease": 0.001}, ValueError),
+        ({"lease": "5"}, TypeError),
+        ({"timeout": -2}, ValueError),
+        ({"timeout": -0.5}, ValueError),
+        ({"timeout": float("nan")}, ValueError),
+        ({"blocking": False, "timeout": 1}, ValueError),
+        ({"timeout": "1"}, TypeError),
+    ],
+)
+def test_bad_acquire_arguments_raise_before_anything_is_sent(
+    manager: LockManager, ensemble: LocalEnsemble, kwargs: dict[str, object], error: type
+) -> None:
+    with pytest.raises(error):
+        manager.lock("bad").acquire(**kwargs)  # type: ignore[arg-type]
+    assert fields_on(ensemble, "bad") == [{}] * 5
+
+
+@pytest.mark.parametrize("name", ["", None, 42])
+def test_bad_names_are_refused(manager: LockManager, name: object) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        manager.lock(name)  # type: ignore[arg-type]
+
+
+def test_bad_manager_arguments_are_refused(urls: list[str]) -> None:
+    with pytest.raises(ValueError, match="at least one master"):
+        LockManager([])
+    with pytest.raises(ValueError, match="given twice"):
+        LockManager([urls[0], urls[1], urls[0]])
+    with pytest.raises(ValueError, match="given twice"):
+        LockManager([urls[0], urls[0].replace("127.0.0.1", "localhost")])
+    with pytest.raises(ValueError, match="lease"):
+        LockManager(urls, lease=0)
+    with pytest.raises(ValueError, match="master_timeout"):
+        LockManager(urls, lease=1, master_timeout=0.5)
+    with pytest.raises(TypeError):
+        LockManager([object()])  # type: ignore[list-item]
+
+
+def test_a_key_holding_other_data_is_a_lock_error_and_is_left_alone(
+    manager: LockManager, ensemble: LocalEnsemble
+) -> None:
+    with redis.Redis.from_url(ensemble.urls[2]) as r:
+        r.set(lock_key("taken"), "somebody's data")
+        with pytest.raises(LockKeyTypeError, match=r"\{taken\}") as raised:
+            manager.lock("taken").acquire()
+        assert raised.value.key == lock_key("taken")
+        assert r.get(lock_key("taken")) == b"somebody's data"
+        with pytest.raises(LockKeyTypeError):
+            manager.lock("taken").force_unlock()
+        assert r.get(lock_key("taken")) == b"somebody's data"
+        r.delete(lock_key("taken"))
+    assert fields_on(ensemble, "taken") == [{}] * 5
+
+
+def test_a_closed_manager_refuses_work(urls: list[str]) -> None:
+    mgr = LockManager(urls)
+    lock = mgr.lock("closed")
+    mgr.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        lock.acquire()
