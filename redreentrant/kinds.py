@@ -31,12 +31,14 @@ class LockKind:
         """Take (count 1) or re-enter (count > 1); replies ``{1, n}`` or ``{0, pttl}``."""
         return Call(scripts.ACQUIRE, (keys.lock_key(name),), (owner, lease_ms, count))
 
-    def release(self, name: str, owner: str, count_left: int) -> Call:
-        """Set the owner's count to ``count_left`` (0 frees); replies 1, 0, or -1."""
+    def release(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+        """Set the owner's count to ``count_left`` (0 frees); replies 1, 0, or -1.
+
+        ``release_id`` is the payload of the wake-up published when the lock is freed."""
         return Call(
             scripts.RELEASE,
             (keys.lock_key(name),),
-            (owner, count_left, keys.wake_channel(name)),
+            (owner, count_left, keys.wake_channel(name), release_id),
         )
 
     def abandon(self, name: str, owner: str) -> Call | None:
@@ -51,8 +53,10 @@ class LockKind:
             (lease_ms, *(owner for _, owner in entries)),
         )
 
-    def force_unlock(self, name: str) -> Call:
-        return Call(scripts.FORCE_UNLOCK, (keys.lock_key(name),), (keys.wake_channel(name),))
+    def force_unlock(self, name: str, release_id: str) -> Call:
+        return Call(
+            scripts.FORCE_UNLOCK, (keys.lock_key(name),), (keys.wake_channel(name), release_id)
+        )
 
     def probe(self, name: str) -> Call:
         return Call(scripts.PROBE, (keys.lock_key(name),), ())

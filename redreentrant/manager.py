@@ -18,7 +18,7 @@ from .holds import Hold, Holds
 from .kinds import LockKind
 from .lock import Lock
 from .owner import new_manager_id, thread_token
-from .quorum import Fanout, Notify, Quorum, Steps, Wait, Watch
+from .quorum import Fanout, Notify, Quorum, Relay, Steps, Wait, Watch
 from .transport import SyncTransport, master_name
 from .wakeups import WakeupHub
 from .watchdog import Watchdog
@@ -159,6 +159,7 @@ class LockManager:
         self._closed = True
         self._watchdog.stop()
         self._hub.close()
+        self._transport.close()
         for client in self._own_clients:
             client.close()
 
@@ -219,7 +220,10 @@ class LockManager:
         if isinstance(effect, Wait):
             return self._hub.wait(effect.channel, effect.generation, effect.timeout)
         if isinstance(effect, Notify):
-            self._hub.notify(effect.channel)
+            self._hub.notify(effect.channel, effect.release_id)
+            return None
+        if isinstance(effect, Relay):
+            self._hub.relay(effect.channel)
             return None
         if isinstance(effect, Watch):
             generation = self._hub.watch(effect.channel)

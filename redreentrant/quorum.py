@@ -64,12 +64,24 @@ class Wait:
 
 @dataclass(frozen=True)
 class Notify:
-    """Effect: wake this manager's local waiters on ``channel`` (a release happened)."""
+    """Effect: a release made here freed ``channel``'s lock: wake a local waiter at once.
+
+    ``release_id`` is the release's wake-up payload: the pub/sub messages of the same
+    release (one per master) are then recognised and not counted again.
+    """
+
+    channel: str
+    release_id: str
+
+
+@dataclass(frozen=True)
+class Relay:
+    """Effect: a waiter that was woken gives up: pass the wake-up on to another waiter."""
 
     channel: str
 
 
-Effect = Fanout | Watch | Wait | Notify
+Effect = Fanout | Watch | Wait | Notify | Relay
 Steps = Generator[Effect, Any, T]
 
 

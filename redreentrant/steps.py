@@ -6,6 +6,7 @@ through them, differing only in the calls its :class:`~.kinds.LockKind` builds.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections import defaultdict
@@ -22,6 +23,7 @@ from .quorum import (
     Fanout,
     Notify,
     Quorum,
+    Relay,
     Reply,
     Steps,
     Wait,
@@ -30,6 +32,13 @@ from .quorum import (
     tally_grants,
     tally_holds,
 )
+
+_release_ids = itertools.count(1)
+
+
+def release_id(owner: str) -> str:
+    """A payload naming one release uniquely (per owner, per process)."""
+    return f"{owner}:{next(_release_ids)}"
 
 
 def acquire_steps(
@@ -50,10 +59,13 @@ def acquire_steps(
     """
     ms = lease_ms(lease)
     acquire = q.everywhere(kind.acquire(name, owner, ms, count))
-    undo = q.everywhere(kind.release(name, owner, count - 1))
+    undo = q.everywhere(kind.release(name, owner, count - 1, release_id(owner)))
     channel = kind.wake_channel(name, owner)
     key = kind.key(name)
     generation: int | None = None
+    # Whether the last wait ended with a wake-up (which only one waiter gets): a waiter
+    # that gives up after one must pass it on, or the other waiters would sleep on.
+    woken = False
     try:
         while True:
             started = time.monotonic()
@@ -80,7 +92,7 @@ def acquire_steps(
                 raise LockLostError(f"lock {name!r} was lost: re-entry found no hold on a quorum")
             remaining = float("inf") if deadline is None else deadline - now
             if not blocking or remaining <= 0:
-                yield from _abandon(q, kind, name, owner)
+                yield from _give_up(q, kind, name, owner, channel, woken)
                 return None
             if generation is None:
                 # Subscribe, then try again at once: a release may have come before.
@@ -93,18 +105,24 @@ def acquire_steps(
             else:
                 # Expiry publishes nothing: wake by the holder's TTL at the latest.
                 pause = tally.holder_ttl + 0.001
+            before = generation
             generation = yield Wait(channel, generation, min(remaining, pause))
+            woken = generation != before
     except GeneratorExit:
         raise
     except BaseException:
-        yield from _abandon(q, kind, name, owner)
+        yield from _give_up(q, kind, name, owner, channel, woken)
         raise
 
 
-def _abandon(q: Quorum, kind: LockKind, name: str, owner: str) -> Steps[None]:
+def _give_up(
+    q: Quorum, kind: LockKind, name: str, owner: str, channel: str, woken: bool
+) -> Steps[None]:
     call = kind.abandon(name, owner)
     if call is not None:
         yield q.everywhere(call)
+    if woken:
+        yield Relay(channel)
 
 
 def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: int) -> Steps[None]:
@@ -113,10 +131,11 @@ def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: 
     Raises :class:`LockLostError` when the owner's hold was no longer on a quorum, and
     :class:`QuorumUnavailableError` when too many masters failed to tell.
     """
-    replies = yield q.everywhere(kind.release(name, owner, count_left))
+    rid = release_id(owner)
+    replies = yield q.everywhere(kind.release(name, owner, count_left, rid))
     tally = tally_holds(q, kind.key(name), replies)
     if count_left == 0:
-        yield Notify(kind.wake_channel(name, owner))
+        yield Notify(kind.wake_channel(name, owner), rid)
     if len(tally.granted) >= q.needed:
         return
     if tally.wrong_type is not None:
@@ -128,13 +147,14 @@ def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: 
 
 def force_unlock_steps(q: Quorum, kind: LockKind, name: str) -> Steps[bool]:
     """Delete the lock on every master whoever holds it; True if any master had it."""
-    replies = yield q.everywhere(kind.force_unlock(name))
+    rid = release_id("force")
+    replies = yield q.everywhere(kind.force_unlock(name, rid))
     tally = tally_holds(q, kind.key(name), replies)
     if tally.wrong_type is not None:
         raise tally.wrong_type
     if len(tally.failed) > q.tolerated:
         raise q.unavailable(f"force-unlock {name!r}", tally.failed)
-    yield Notify(kind.wake_channel(name, ""))
+    yield Notify(kind.wake_channel(name, ""), rid)
     return any(replies[i][0] == 1 for i in tally.granted)
 
 

@@ -1,21 +1,22 @@
 """Sync transport: carries out a :class:`~.quorum.Fanout` on redis-py clients.
 
 All masters are written to first, then read, so one round costs the slowest master's
-round trip rather than the sum. It borrows one pooled connection per master for the
-round (no thread, pool or connection is created per call), reads under one deadline
-(the master timeout), and closes a connection whose reply did not come in time so that
-a late reply is never read by the next user of that connection.
+round trip rather than the sum. Each master's connections are checked out of its client's
+pool once and then kept on a free list (no thread, pool or connection is made per call,
+and no pool bookkeeping is paid per round). Replies are read under one deadline (the
+master timeout); a connection whose reply did not come in time is closed, so that a late
+reply is never read by the next round.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from redis.connection import ConnectionPool
 from redis.exceptions import NoScriptError, ResponseError
 
 from .quorum import Call, Reply
@@ -29,14 +30,26 @@ def master_name(client: Any) -> str:
     return f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
-def connection_getter(pool: ConnectionPool) -> Callable[[], Any]:
+def connection_getter(pool: Any) -> Callable[[], Any]:
     """``pool.get_connection`` across redis-py versions (5.0 needs a command name,
     later versions warn when given one)."""
     params = inspect.signature(pool.get_connection).parameters
     first = next(iter(params.values()), None)
     if first is not None and first.default is inspect.Parameter.empty:
         return lambda: pool.get_connection("EVALSHA")
-    return pool.get_connection
+    return pool.get_connection  # type: ignore[no-any-return]
+
+
+_timed_reads: dict[type, bool] = {}
+
+
+def reads_with_timeout(conn: Any) -> bool:
+    """Whether ``conn.read_response`` takes a ``timeout`` (newer redis-py)."""
+    kind = type(conn)
+    if kind not in _timed_reads:
+        params = inspect.signature(kind.read_response).parameters
+        _timed_reads[kind] = "timeout" in params
+    return _timed_reads[kind]
 
 
 class SyncTransport:
@@ -46,6 +59,26 @@ class SyncTransport:
         self.clients = list(clients)
         self.timeout = timeout
         self._getters = [connection_getter(c.connection_pool) for c in self.clients]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._idle: list[list[Any]] = [[] for _ in self.clients]
+        self._closed = False
+
+    def _take(self, i: int) -> Any:
+        if self._pid != os.getpid():
+            self._reset()  # a forked child must not share the parent's sockets
+        try:
+            return self._idle[i].pop()  # list.pop is atomic: safe across threads
+        except IndexError:
+            return self._getters[i]()
+
+    def _give(self, i: int, conn: Any) -> None:
+        if self._closed:
+            self.clients[i].connection_pool.release(conn)
+        else:
+            self._idle[i].append(conn)
 
     def fanout(self, calls: Sequence[Sequence[Call]]) -> list[list[Reply]]:
         deadline = time.monotonic() + self.timeout
@@ -54,24 +87,26 @@ class SyncTransport:
         for i, per_master in enumerate(calls):
             if not per_master:
                 continue
-            pool = self.clients[i].connection_pool
             try:
-                conn = self._getters[i]()
+                conn = self._take(i)
             except Exception as error:
                 results[i] = [error] * len(per_master)
                 continue
             try:
-                conn.send_packed_command(
-                    conn.pack_commands([_evalsha(c) for c in per_master]), check_health=False
-                )
+                if len(per_master) == 1:
+                    packed = conn.pack_command(*_evalsha(per_master[0]))
+                else:
+                    packed = conn.pack_commands([_evalsha(c) for c in per_master])
+                conn.send_packed_command(packed, check_health=False)
             except Exception as error:
-                _discard(pool, conn)
+                conn.disconnect()
+                self._give(i, conn)
                 results[i] = [error] * len(per_master)
                 continue
             sent.append((i, conn))
         for i, conn in sent:
             results[i] = self._read(conn, len(calls[i]), deadline)
-            self.clients[i].connection_pool.release(conn)
+            self._give(i, conn)
         for i, _ in sent:
             if any(isinstance(r, NoScriptError) for r in results[i]):
                 results[i] = self._with_scripts(i, calls[i], results[i], deadline)
@@ -79,9 +114,15 @@ class SyncTransport:
 
     def _read(self, conn: Any, count: int, deadline: float) -> list[Reply]:
         out: list[Reply] = []
+        timed = reads_with_timeout(conn)
         for n in range(count):
             try:
-                if not conn.can_read(timeout=max(0.0, deadline - time.monotonic())):
+                left = max(0.0, deadline - time.monotonic())
+                if timed:
+                    # One blocking read bounded by the round's deadline.
+                    out.append(conn.read_response(timeout=max(left, 1e-6)))
+                    continue
+                if not conn.can_read(timeout=left):
                     raise redis.TimeoutError(f"no reply within {self.timeout:.3f}s")
                 out.append(conn.read_response())
             except ResponseError as error:
@@ -98,30 +139,34 @@ class SyncTransport:
     ) -> list[Reply]:
         """Redo the calls a master answered NOSCRIPT to (it restarted or was flushed):
         SCRIPT LOAD then EVALSHA, pipelined."""
-        pool = self.clients[i].connection_pool
+        redo = [c for c, r in zip(calls, replies, strict=True) if isinstance(r, NoScriptError)]
+        sources = {c.script.sha: c.script.source for c in redo}
+        commands: list[tuple[object, ...]] = [("SCRIPT", "LOAD", s) for s in sources.values()]
+        commands += [_evalsha(c) for c in redo]
         try:
-            conn = self._getters[i]()
+            conn = self._take(i)
         except Exception as error:
             return [error if isinstance(r, NoScriptError) else r for r in replies]
-        redo = [c for c, r in zip(calls, replies, strict=False) if isinstance(r, NoScriptError)]
-        scripts = {c.script.sha: c.script.source for c in redo}
-        commands: list[tuple[object, ...]] = [("SCRIPT", "LOAD", s) for s in scripts.values()]
-        commands += [_evalsha(c) for c in redo]
         try:
             conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         except Exception as error:
-            _discard(pool, conn)
+            conn.disconnect()
+            self._give(i, conn)
             return [error if isinstance(r, NoScriptError) else r for r in replies]
         loaded = self._read(conn, len(commands), deadline)
-        pool.release(conn)
-        fresh = iter(loaded[len(scripts) :])
+        self._give(i, conn)
+        fresh = iter(loaded[len(sources) :])
         return [next(fresh) if isinstance(r, NoScriptError) else r for r in replies]
+
+    def close(self) -> None:
+        """Hand the kept connections back to their pools."""
+        self._closed = True
+        if self._pid != os.getpid():
+            return
+        for i, idle in enumerate(self._idle):
+            while idle:
+                self.clients[i].connection_pool.release(idle.pop())
 
 
 def _evalsha(call: Call) -> tuple[object, ...]:
     return ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
-
-
-def _discard(pool: ConnectionPool, conn: Any) -> None:
-    conn.disconnect()
-    pool.release(conn)

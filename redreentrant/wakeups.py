@@ -15,6 +15,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,12 +26,17 @@ import redis
 RECONNECT_DELAY = 0.5
 
 
+#: how many recent release ids a channel remembers to drop duplicate wake-ups
+RECENT_RELEASES = 32
+
+
 @dataclass(eq=False)
 class _Channel:
     cond: threading.Condition
     refs: int = 0
     generation: int = 0
     confirmed: set[int] = field(default_factory=set)
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_RELEASES))
 
 
 class WakeupHub:
@@ -49,6 +55,9 @@ class WakeupHub:
 
     def _setup(self) -> None:
         self._lock = threading.Lock()
+        # Subscription confirmations are waited for on their own condition: a channel's
+        # condition carries single wake-ups, which a confirmation waiter must not swallow.
+        self._confirmations = threading.Condition(self._lock)
         self._channels: dict[str, _Channel] = {}
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -83,7 +92,7 @@ class WakeupHub:
                 left = end - time.monotonic()
                 if left <= 0:
                     break
-                chan.cond.wait(left)
+                self._confirmations.wait(left)
             return chan.generation
 
     def unwatch(self, channel: str) -> None:
@@ -103,16 +112,29 @@ class WakeupHub:
                 chan.cond.wait_for(lambda: chan.generation != generation, timeout)
             return chan.generation
 
-    def notify(self, channel: str) -> None:
-        """Wake local waiters on ``channel`` at once (a release made in this process)."""
+    def notify(self, channel: str, release_id: str) -> None:
+        """A release made in this process freed ``channel``: wake a waiter at once."""
+        if channel not in self._channels:
+            return  # nobody here waits: skip the lock on the release path
         with self._lock:
-            self._bump(channel)
+            self._bump(channel, release_id)
 
-    def _bump(self, channel: str) -> None:
+    def relay(self, channel: str) -> None:
+        """A woken waiter gave up: wake another one in its place."""
+        with self._lock:
+            chan = self._channels.get(channel)
+            if chan is not None:
+                chan.cond.notify(1)
+
+    def _bump(self, channel: str, release_id: str) -> None:
+        """Count a release once (each master announces it), and wake one waiter: it
+        takes the lock, or relays the wake-up when it gives up."""
         chan = self._channels.get(channel)
-        if chan is not None:
-            chan.generation += 1
-            chan.cond.notify_all()
+        if chan is None or release_id in chan.recent:
+            return
+        chan.recent.append(release_id)
+        chan.generation += 1
+        chan.cond.notify(1)
 
     # -- subscriber thread ------------------------------------------------------------
 
@@ -219,10 +241,11 @@ class WakeupHub:
             if chan is None:
                 return
             if kind == "message":
-                self._bump(str(channel))
+                data = message.get("data")
+                self._bump(str(channel), data.decode() if isinstance(data, bytes) else str(data))
             elif kind == "subscribe":
                 chan.confirmed.add(i)
-                chan.cond.notify_all()
+                self._confirmations.notify_all()
 
     def _lose(self, i: int) -> None:
         """A master's pub/sub connection failed: forget it, retry later."""
@@ -238,7 +261,7 @@ class WakeupHub:
             self._failed.add(i)
             for chan in self._channels.values():
                 chan.confirmed.discard(i)
-                chan.cond.notify_all()
+            self._confirmations.notify_all()
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -254,6 +277,7 @@ class WakeupHub:
             self._closed = True
             for chan in self._channels.values():
                 chan.cond.notify_all()
+            self._confirmations.notify_all()
             thread = self._thread
         self._poke()
         if thread is not None and self._pid == os.getpid():

@@ -69,11 +69,7 @@ def ensemble(_ensemble5: LocalEnsemble, request: pytest.FixtureRequest) -> Itera
     _ensemble5.flushall()
     yield _ensemble5
     _heal(_ensemble5)
-    leaked = {
-        url: keys
-        for url, keys in _ensemble5.keys(PREFIX + "*").items()
-        if keys
-    }
+    leaked = {url: keys for url, keys in _ensemble5.keys(PREFIX + "*").items() if keys}
     _ensemble5.flushall()
     if leaked and request.node.get_closest_marker("leaves_keys") is None:
         pytest.fail(f"lock keys left behind: {leaked}")

@@ -14,9 +14,9 @@ from redreentrant.keys import lock_key, wake_channel
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
     "acquire": (1, "2ea7dabf21c4d9dc"),
-    "release": (1, "8d6883ac6f8b0c12"),
+    "release": (2, "53e03ce28597c8f9"),
     "renew": (1, "25bd8edda58852a6"),
-    "force_unlock": (1, "3fe2f655614a2d38"),
+    "force_unlock": (2, "cba81e2c4840f734"),
     "probe": (1, "7a9585981bbb8ce4"),
 }
 
@@ -87,18 +87,19 @@ def test_release_sets_the_count_and_frees_at_zero_with_a_wakeup(r: fakeredis.Fak
     pubsub.get_message(timeout=0.1)
     run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1)
     run(r, scripts.ACQUIRE, [KEY], "a", 5000, 2)
-    assert run(r, scripts.RELEASE, [KEY], "a", 1, CHANNEL) == 1
+    assert run(r, scripts.RELEASE, [KEY], "a", 1, CHANNEL, "r1") == 1
     assert r.hget(KEY, "a") == b"1"
     assert pubsub.get_message(timeout=0.05) is None  # not freed yet: no wake-up
-    assert run(r, scripts.RELEASE, [KEY], "a", 0, CHANNEL) == 0
+    assert run(r, scripts.RELEASE, [KEY], "a", 0, CHANNEL, "r2") == 0
     assert not r.exists(KEY)
     message = pubsub.get_message(timeout=1)
     assert message is not None and message["channel"] == CHANNEL.encode()
+    assert message["data"] == b"r2"  # the release id: one release, however many masters
 
 
 def test_release_by_a_non_owner_changes_nothing(r: fakeredis.FakeRedis) -> None:
     run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1)
-    assert run(r, scripts.RELEASE, [KEY], "b", 0, CHANNEL) == -1
+    assert run(r, scripts.RELEASE, [KEY], "b", 0, CHANNEL, "r3") == -1
     assert r.hgetall(KEY) == {b"a": b"1"}
 
 
@@ -114,11 +115,11 @@ def test_renew_resets_ttls_only_where_the_owner_holds(r: fakeredis.FakeRedis) ->
 
 def test_force_unlock_deletes_a_lock_but_refuses_other_data(r: fakeredis.FakeRedis) -> None:
     run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1)
-    assert run(r, scripts.FORCE_UNLOCK, [KEY], CHANNEL) == 1
-    assert run(r, scripts.FORCE_UNLOCK, [KEY], CHANNEL) == 0
+    assert run(r, scripts.FORCE_UNLOCK, [KEY], CHANNEL, "f") == 1
+    assert run(r, scripts.FORCE_UNLOCK, [KEY], CHANNEL, "f") == 0
     r.set(KEY, "not a lock")
     with pytest.raises(Exception, match="WRONGTYPE"):
-        run(r, scripts.FORCE_UNLOCK, [KEY], CHANNEL)
+        run(r, scripts.FORCE_UNLOCK, [KEY], CHANNEL, "f")
     assert r.get(KEY) == b"not a lock"
 
 
