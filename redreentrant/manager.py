@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -12,6 +13,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import redis
+from redis.connection import AbstractConnection
 
 from . import keys
 from .holds import Hold, Holds
@@ -32,6 +34,22 @@ Master = str | redis.Redis
 def default_master_timeout(lease: float) -> float:
     """How long one master may take to answer: small against the lease."""
     return min(0.25, lease / 10)
+
+
+def _no_handshake() -> dict[str, Any]:
+    """Client options that make connecting send nothing (no HELLO, no CLIENT SETINFO):
+    on a frozen master a handshake would block every reconnect for a socket time-out."""
+    params = inspect.signature(AbstractConnection.__init__).parameters
+    if "driver_info" in params:
+        return {"protocol": 2, "driver_info": None}
+    return {"protocol": 2, "lib_name": None, "lib_version": None}
+
+
+def url_client(url: str, timeout: float) -> redis.Redis:
+    """A client for one master, with ``timeout`` for connecting and reading."""
+    return redis.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, **_no_handshake()
+    )
 
 
 def master_identity(client: Any) -> tuple[object, ...]:
@@ -109,9 +127,7 @@ class LockManager:
         own: list[Any] = []
         for m in masters:
             if isinstance(m, str):
-                client = redis.Redis.from_url(
-                    m, socket_timeout=timeout, socket_connect_timeout=timeout
-                )
+                client = url_client(m, timeout)
                 own.append(client)
             elif isinstance(m, redis.Redis):
                 client = m

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.crc import key_slot
+from redis.exceptions import ClusterCrossSlotError
 
 from .errors import LockLostError
 from .holds import Hold
@@ -220,7 +221,7 @@ def renew_steps(
     started = time.monotonic()
     per_master = [_renew_calls(holds, ms, i in cluster) for i in range(q.size)]
     replies = yield Fanout(tuple(calls for calls, _ in per_master))
-    crossed = [i for i, rs in enumerate(replies) if any("CROSSSLOT" in str(r) for r in rs)]
+    crossed = [i for i, rs in enumerate(replies) if any(map(_cross_slot, rs))]
     if crossed:
         cluster.update(crossed)
         for i in crossed:
@@ -248,6 +249,13 @@ def renew_steps(
         )
         for h in holds
     ]
+
+
+def _cross_slot(reply: Reply) -> bool:
+    """A cluster node refused keys of several hash slots in one call."""
+    return isinstance(reply, ClusterCrossSlotError) or (
+        isinstance(reply, Exception) and "CROSSSLOT" in str(reply)
+    )
 
 
 def _renewed_flag(reply: Reply, pos: int) -> int | None:

@@ -81,7 +81,6 @@ class SyncTransport:
             self._idle[i].append(conn)
 
     def fanout(self, calls: Sequence[Sequence[Call]]) -> list[list[Reply]]:
-        deadline = time.monotonic() + self.timeout
         results: list[list[Reply]] = [[] for _ in calls]
         sent: list[tuple[int, Any]] = []
         for i, per_master in enumerate(calls):
@@ -104,6 +103,9 @@ class SyncTransport:
                 results[i] = [error] * len(per_master)
                 continue
             sent.append((i, conn))
+        # Each master has the master timeout from when its request went out (a slow
+        # connect to one master must not eat the others' time).
+        deadline = time.monotonic() + self.timeout
         for i, conn in sent:
             results[i] = self._read(conn, len(calls[i]), deadline)
             self._give(i, conn)

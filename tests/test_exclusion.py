@@ -1,0 +1,86 @@
+"""Mutual exclusion, checked directly: a non-atomic read-sleep-write counter.
+
+A broken lock loses increments; the unlocked control run shows the counter does lose
+them when nothing excludes, so these tests can fail.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+from redreentrant import LockManager
+from redreentrant.ensemble import LocalEnsemble
+
+WORKERS = Path(__file__).with_name("workers.py")
+
+
+def hammer(guard: Callable[[], AbstractContextManager[object]], threads: int, times: int) -> int:
+    counter = [0]
+
+    def work() -> None:
+        for _ in range(times):
+            with guard():
+                value = counter[0]
+                time.sleep(0.001)
+                counter[0] = value + 1
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=60)
+    return counter[0]
+
+
+def test_the_counter_loses_updates_without_a_lock() -> None:
+    assert hammer(nullcontext, threads=4, times=10) < 40
+
+
+def test_threads_of_one_manager_exclude_each_other(manager: LockManager) -> None:
+    lock = manager.lock("counter")
+    assert hammer(lambda: lock, threads=6, times=15) == 90
+
+
+def test_threads_with_their_own_managers_exclude_each_other(urls: list[str]) -> None:
+    managers = [LockManager(urls) for _ in range(4)]
+    try:
+        local = threading.local()
+
+        def guard() -> AbstractContextManager[object]:
+            if not hasattr(local, "lock"):
+                local.lock = managers[threading.get_ident() % 4].lock("counter2")
+            return local.lock  # type: ignore[no-any-return]
+
+        assert hammer(guard, threads=4, times=15) == 60
+    finally:
+        for m in managers:
+            m.close()
+
+
+def test_exclusion_holds_with_two_of_five_masters_down(ensemble: LocalEnsemble) -> None:
+    ensemble[0].kill()
+    ensemble[3].pause()
+    # Every round waits out the frozen master: keep its time-out short.
+    with LockManager(ensemble.urls, master_timeout=0.03) as mgr:
+        lock = mgr.lock("degraded")
+        assert hammer(lambda: lock, threads=4, times=8) == 32
+
+
+def test_processes_exclude_each_other(urls: list[str], tmp_path: Path) -> None:
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKERS), "count", ",".join(urls), "proc", str(counter), "15"]
+        )
+        for _ in range(4)
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    assert counter.read_text() == "60"
