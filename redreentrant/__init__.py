@@ -15,12 +15,16 @@ from .errors import (
     QuorumUnavailableError,
     RedisServerNotFound,
 )
+from .fairlock import FairLock
 from .lock import Lock
 from .manager import LockManager
+from .rwlock import ReadLock, ReadWriteLock, WriteLock
+from .views import LockView, MasterView
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "FairLock",
     "Lock",
     "LockError",
     "LockKeyTypeError",
@@ -28,7 +32,12 @@ __all__ = [
     "LockManager",
     "LockNotOwnedError",
     "LockUpgradeError",
+    "LockView",
+    "MasterView",
     "QuorumUnavailableError",
+    "ReadLock",
+    "ReadWriteLock",
     "RedisServerNotFound",
+    "WriteLock",
     "__version__",
 ]

@@ -1,8 +1,12 @@
 """Lock kinds: what makes one kind of lock differ from another.
 
-A kind supplies the script calls for its operations and the channel its waiters listen
-on. The rounds themselves (fan-out, validity, undo, retry, wake-ups, renewal) are the
-same for every kind and live in :mod:`redreentrant.steps`.
+A kind supplies the script calls for its operations, the channels its waiters listen
+on, and how to read its probe reply. The rounds themselves (fan-out, validity, undo,
+retry, wake-ups, renewal) are the same for every kind and live in
+:mod:`redreentrant.steps`. Kinds are stateless singletons.
+
+Keys: each kind has keys of its own under the lock's hash tag, so ``lock("x")``,
+``rw_lock("x")`` and ``fair_lock("x")`` are three independent locks.
 """
 
 from __future__ import annotations
@@ -11,24 +15,35 @@ from collections.abc import Sequence
 
 from . import keys, scripts
 from .quorum import Call
+from .views import LockView, pairs, text, ttl_of
 
 
 class LockKind:
     """An exclusive, reentrant lock: a hash ``owner -> hold count`` under one key."""
 
-    #: short name shown by ``inspect`` and used to tell kinds apart in the registry
+    #: tells holds of different kinds apart (manager registry, renewal batches)
     label = "lock"
+    #: the lock family shown by ``inspect``
+    family = "lock"
+    #: wake every waiter on a release (readers), rather than one at a time
+    broadcast = False
+    #: waiters hold a place in Redis that they must refresh while they wait
+    queued = False
 
     def key(self, name: str) -> str:
-        """The key whose type and TTL describe the lock (for errors and ``locked()``)."""
+        """The key that holds the lock (named in errors)."""
         return keys.lock_key(name)
 
     def wake_channel(self, name: str, owner: str) -> str:
         """Where ``owner`` waits for a release of ``name``."""
         return keys.wake_channel(name)
 
-    def acquire(self, name: str, owner: str, lease_ms: int, count: int) -> Call:
-        """Take (count 1) or re-enter (count > 1); replies ``{1, n}`` or ``{0, pttl}``."""
+    def notify_channels(self, name: str) -> tuple[str, ...]:
+        """Channels whose local waiters a full release here should wake at once."""
+        return (keys.wake_channel(name),)
+
+    def acquire(self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int) -> Call:
+        """Take (count 1) or re-enter (count > 1); replies ``{1, n}`` or ``{0, ms}``."""
         return Call(scripts.ACQUIRE, (keys.lock_key(name),), (owner, lease_ms, count))
 
     def release(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
@@ -41,8 +56,13 @@ class LockKind:
             (owner, count_left, keys.wake_channel(name), release_id),
         )
 
-    def abandon(self, name: str, owner: str) -> Call | None:
-        """Undo whatever waiting left behind when an acquire gives up (none here)."""
+    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+        """Take back a try that failed to reach a quorum, keeping any place the owner
+        holds as a waiter (it is still waiting)."""
+        return self.release(name, owner, count_left, release_id)
+
+    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+        """Remove a waiter's place when its acquire gives up (nothing to do here)."""
         return None
 
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
@@ -61,5 +81,193 @@ class LockKind:
     def probe(self, name: str) -> Call:
         return Call(scripts.PROBE, (keys.lock_key(name),), ())
 
+    def view(self, reply: object) -> LockView | None:
+        """Read a probe reply; None when the lock is absent on that master."""
+        if not isinstance(reply, list) or len(reply) < 2:
+            raise ValueError(f"unexpected probe reply {reply!r}")
+        fields = pairs(reply[1])
+        if not fields:
+            return None
+        holders = {owner: int(count) for owner, count in fields.items()}
+        return LockView(self.family, None, ttl_of(reply[0]), holders)
+
+    def is_locked(self, view: LockView | None) -> bool:
+        """Whether a master's view counts as this lock being held (for ``locked()``)."""
+        return view is not None and bool(view.holders)
+
+
+class _ReadWriteKind(LockKind):
+    """One side of the read/write lock (see ``lua/rwlock.lua``)."""
+
+    family = "rw"
+    side = ""
+
+    def _keys(self, name: str) -> tuple[str, str, str]:
+        return (
+            keys.aux_key(name, "rw"),
+            keys.aux_key(name, "rw:leases"),
+            keys.aux_key(name, "rw:writers"),
+        )
+
+    def key(self, name: str) -> str:
+        return keys.aux_key(name, "rw")
+
+    def _channels(self, name: str) -> tuple[str, str]:
+        return keys.aux_key(name, "rw:wake:r"), keys.aux_key(name, "rw:wake:w")
+
+    def wake_channel(self, name: str, owner: str) -> str:
+        readers, writers = self._channels(name)
+        return readers if self.side == "r" else writers
+
+    def notify_channels(self, name: str) -> tuple[str, ...]:
+        return self._channels(name)
+
+    def acquire(self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int) -> Call:
+        return Call(
+            scripts.RWLOCK,
+            self._keys(name),
+            ("acquire", self.side, owner, lease_ms, count, wait_ms),
+        )
+
+    def release(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+        return self._release(name, owner, count_left, release_id, "1")
+
+    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+        return self._release(name, owner, count_left, release_id, "0")
+
+    def _release(self, name: str, owner: str, left: int, rid: str, stop_waiting: str) -> Call:
+        channels = self._channels(name)
+        args = ("release", self.side, owner, left, *channels, rid, stop_waiting)
+        return Call(scripts.RWLOCK, self._keys(name), args)
+
+    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
+        return Call(
+            scripts.RWLOCK,
+            tuple(k for name, _ in entries for k in self._keys(name)),
+            ("renew", lease_ms, *(x for _, owner in entries for x in (self.side, owner))),
+        )
+
+    def force_unlock(self, name: str, release_id: str) -> Call:
+        return Call(scripts.RWLOCK, self._keys(name), ("force", *self._channels(name), release_id))
+
+    def probe(self, name: str) -> Call:
+        return Call(scripts.RWLOCK, self._keys(name), ("probe",))
+
+    def view(self, reply: object) -> LockView | None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            raise ValueError(f"unexpected probe reply {reply!r}")
+        fields = pairs(reply[1])
+        waiting = [text(x) for x in reply[2]]
+        holders = {
+            f"{owner[2:]} ({'read' if owner[0] == 'r' else 'write'})": int(count)
+            for owner, count in fields.items()
+            if owner[:2] in ("r:", "w:")
+        }
+        if not holders and not waiting:
+            return None
+        mode = fields.get("mode") if holders else None
+        return LockView(self.family, mode, ttl_of(reply[0]), holders, waiting)
+
+    def is_locked(self, view: LockView | None) -> bool:
+        wanted = "read" if self.side == "r" else "write"
+        return view is not None and view.mode == wanted
+
+
+class ReadKind(_ReadWriteKind):
+    """The read side: shared with other readers, excluded by a writer."""
+
+    label = "rw:read"
+    side = "r"
+    broadcast = True
+
+
+class WriteKind(_ReadWriteKind):
+    """The write side: exclusive; a waiting writer stops new readers."""
+
+    label = "rw:write"
+    side = "w"
+    queued = True
+
+    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+        readers, _ = self._channels(name)
+        return Call(scripts.RWLOCK, self._keys(name), ("abandon", owner, readers, release_id))
+
+
+class FairKind(LockKind):
+    """The fair lock: granted in order of arrival (see ``lua/fairlock.lua``)."""
+
+    label = "fair"
+    family = "fair"
+    queued = True
+
+    def _keys(self, name: str) -> tuple[str, str, str]:
+        return (
+            keys.aux_key(name, "fair"),
+            keys.aux_key(name, "fair:queue"),
+            keys.aux_key(name, "fair:deadlines"),
+        )
+
+    def _prefix(self, name: str) -> str:
+        return keys.aux_key(name, "fair:wake:")
+
+    def key(self, name: str) -> str:
+        return keys.aux_key(name, "fair")
+
+    def wake_channel(self, name: str, owner: str) -> str:
+        return self._prefix(name) + owner
+
+    def notify_channels(self, name: str) -> tuple[str, ...]:
+        return ()  # the next owner is chosen in Redis and woken through its own channel
+
+    def acquire(self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int) -> Call:
+        return Call(
+            scripts.FAIRLOCK, self._keys(name), ("acquire", owner, lease_ms, count, wait_ms)
+        )
+
+    def release(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+        return self._release(name, owner, count_left, release_id, "1")
+
+    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+        return self._release(name, owner, count_left, release_id, "0")
+
+    def _release(self, name: str, owner: str, left: int, rid: str, leave_queue: str) -> Call:
+        args = ("release", owner, left, self._prefix(name), rid, leave_queue)
+        return Call(scripts.FAIRLOCK, self._keys(name), args)
+
+    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+        return Call(
+            scripts.FAIRLOCK, self._keys(name), ("abandon", owner, self._prefix(name), release_id)
+        )
+
+    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
+        # The held lock is a plain owner -> count hash: the plain renewal serves.
+        return Call(
+            scripts.RENEW,
+            tuple(self.key(name) for name, _ in entries),
+            (lease_ms, *(owner for _, owner in entries)),
+        )
+
+    def force_unlock(self, name: str, release_id: str) -> Call:
+        return Call(scripts.FAIRLOCK, self._keys(name), ("force", self._prefix(name), release_id))
+
+    def probe(self, name: str) -> Call:
+        return Call(scripts.FAIRLOCK, self._keys(name), ("probe",))
+
+    def view(self, reply: object) -> LockView | None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            raise ValueError(f"unexpected probe reply {reply!r}")
+        holders = {owner: int(count) for owner, count in pairs(reply[1]).items()}
+        # The holder keeps its place at the head until it releases: not a waiter.
+        queue = [w for w in map(text, reply[2]) if w not in holders]
+        if not holders and not queue:
+            return None
+        return LockView(self.family, None, ttl_of(reply[0]), holders, queue)
+
 
 EXCLUSIVE = LockKind()
+READ = ReadKind()
+WRITE = WriteKind()
+FAIR = FairKind()
+
+#: one kind per family: what ``inspect`` and ``force_unlock`` of a name go through
+FAMILIES: tuple[LockKind, ...] = (EXCLUSIVE, READ, FAIR)

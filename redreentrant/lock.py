@@ -43,9 +43,11 @@ class Lock:
 
     kind: LockKind = EXCLUSIVE
 
-    def __init__(self, manager: LockManager, name: str) -> None:
+    def __init__(self, manager: LockManager, name: str, kind: LockKind | None = None) -> None:
         self._manager = manager
         self.name = validate_name(name)
+        if kind is not None:
+            self.kind = kind
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} hold_count={self.hold_count}>"
@@ -80,6 +82,7 @@ class Lock:
         hold = mgr._holds.get(self.kind, self.name, owner)
         if hold is not None:
             return self._reenter(hold, lease)
+        self._check_first_hold(owner)
         deadline = None if timeout == -1 or not blocking else time.monotonic() + timeout
         steps = acquire_steps(
             mgr._quorum, self.kind, self.name, owner, 1, lease_s, blocking, deadline
@@ -92,6 +95,9 @@ class Lock:
         if hold.managed:
             mgr._watchdog.ensure_started()
         return True
+
+    def _check_first_hold(self, owner: str) -> None:
+        """Refuse a first hold that could never be granted (see the write lock)."""
 
     def _reenter(self, hold: Hold, lease: float | None) -> bool:
         mgr = self._manager
@@ -185,7 +191,8 @@ class Lock:
     def locked(self) -> bool:
         """Whether anyone holds the lock on a quorum of masters (one round, read-only)."""
         mgr = self._manager
-        return held_by_quorum(mgr._quorum, mgr._run(probe_steps(mgr._quorum, self.kind, self.name)))
+        views = mgr._run(probe_steps(mgr._quorum, (self.kind,), self.name))
+        return held_by_quorum(mgr._quorum, self.kind, views)
 
     def force_unlock(self) -> bool:
         """Delete the lock on every master, whoever holds it, and wake its waiters.
@@ -195,4 +202,4 @@ class Lock:
         any master had the lock.
         """
         mgr = self._manager
-        return mgr._run(force_unlock_steps(mgr._quorum, self.kind, self.name))
+        return mgr._run(force_unlock_steps(mgr._quorum, (self.kind,), self.name))

@@ -16,12 +16,17 @@ import redis
 from redis.connection import AbstractConnection
 
 from . import keys
+from .fairlock import FairLock
 from .holds import Hold, Holds
-from .kinds import LockKind
+from .keys import validate_name
+from .kinds import FAIR, FAMILIES, READ, WRITE, LockKind
 from .lock import Lock
 from .owner import new_manager_id, thread_token
 from .quorum import Fanout, Notify, Quorum, Relay, Steps, Wait, Watch
+from .rwlock import ReadLock, ReadWriteLock, WriteLock
+from .steps import force_unlock_steps, probe_steps
 from .transport import SyncTransport, master_name
+from .views import MasterView
 from .wakeups import WakeupHub
 from .watchdog import Watchdog
 
@@ -163,6 +168,30 @@ class LockManager:
         self._check_open()
         return Lock(self, name)
 
+    def rw_lock(self, name: str) -> ReadWriteLock:
+        """A read/write lock named ``name``: ``.read`` (shared) and ``.write`` (exclusive)."""
+        self._check_open()
+        return ReadWriteLock(self, name)
+
+    def fair_lock(self, name: str) -> FairLock:
+        """A reentrant lock named ``name`` that is granted in order of arrival."""
+        self._check_open()
+        return FairLock(self, name)
+
+    def inspect(self, name: str) -> list[MasterView]:
+        """Every master's view of the locks (of all kinds) named ``name``: holders, hold
+        counts, TTL, mode and queue. One read-only round; a master that fails to answer
+        has ``error`` set."""
+        validate_name(name)
+        return self._run(probe_steps(self._quorum, FAMILIES, name))
+
+    def force_unlock(self, name: str) -> bool:
+        """Delete every kind of lock named ``name`` on every master, whoever holds it, and
+        wake the waiters. Returns True if any master had one. The holders are not told
+        until their next renewal, re-entry or release raises :class:`LockLostError`."""
+        validate_name(name)
+        return self._run(force_unlock_steps(self._quorum, FAMILIES, name))
+
     def owner_id(self) -> str:
         """The calling thread's owner id under this manager."""
         return f"{self.id}:{thread_token()}"
@@ -236,22 +265,21 @@ class LockManager:
         if isinstance(effect, Wait):
             return self._hub.wait(effect.channel, effect.generation, effect.timeout)
         if isinstance(effect, Notify):
-            self._hub.notify(effect.channel, effect.release_id)
+            self._hub.notify(effect.channels, effect.release_id)
             return None
         if isinstance(effect, Relay):
             self._hub.relay(effect.channel)
             return None
         if isinstance(effect, Watch):
-            generation = self._hub.watch(effect.channel)
+            generation = self._hub.watch(effect.channel, effect.broadcast)
             watched.append(effect.channel)
             return generation
         raise TypeError(f"unknown effect {effect!r}")
 
-    def _front(self, kind: LockKind, name: str) -> Any:
+    def _front(self, kind: LockKind, name: str) -> Lock:
         """The lock object for a hold (handed to ``on_lost``)."""
-        lock = Lock(self, name)
-        lock.kind = kind
-        return lock
+        front = {READ.label: ReadLock, WRITE.label: WriteLock, FAIR.label: FairLock}
+        return front.get(kind.label, Lock)(self, name)
 
     def _lost(self, hold: Hold) -> None:
         log.warning("redreentrant: lost lock %r (%s)", hold.name, hold.lost)

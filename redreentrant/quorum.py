@@ -9,7 +9,7 @@ and receive their results; a sync driver (threads, redis-py) and an asyncio driv
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,9 +45,14 @@ class Fanout:
 
 @dataclass(frozen=True)
 class Watch:
-    """Effect: subscribe to wake-ups on ``channel`` (confirmed); result: its generation."""
+    """Effect: subscribe to wake-ups on ``channel`` (confirmed); result: its generation.
+
+    A ``broadcast`` channel wakes all its local waiters on a release (readers); any
+    other wakes one at a time (the woken one takes the lock or relays the wake-up).
+    """
 
     channel: str
+    broadcast: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,13 +69,13 @@ class Wait:
 
 @dataclass(frozen=True)
 class Notify:
-    """Effect: a release made here freed ``channel``'s lock: wake a local waiter at once.
+    """Effect: a release made here freed a lock: wake local waiters on ``channels`` now.
 
     ``release_id`` is the release's wake-up payload: the pub/sub messages of the same
     release (one per master) are then recognised and not counted again.
     """
 
-    channel: str
+    channels: tuple[str, ...]
     release_id: str
 
 
@@ -118,7 +123,9 @@ class Quorum:
         """The same calls on every master."""
         return Fanout((calls,) * len(self.masters))
 
-    def unavailable(self, action: str, failed: dict[int, BaseException]) -> QuorumUnavailableError:
+    def unavailable(
+        self, action: str, failed: Mapping[int, BaseException]
+    ) -> QuorumUnavailableError:
         return QuorumUnavailableError(
             action, {self.masters[i]: e for i, e in failed.items()}, self.needed
         )

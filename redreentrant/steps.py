@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from redis.crc import key_slot
 from redis.exceptions import ClusterCrossSlotError
 
-from .errors import LockLostError
+from .errors import LockKeyTypeError, LockLostError
 from .holds import Hold
 from .kinds import LockKind
 from .quorum import (
@@ -29,10 +29,12 @@ from .quorum import (
     Steps,
     Wait,
     Watch,
+    is_wrong_type,
     lease_ms,
     tally_grants,
     tally_holds,
 )
+from .views import MasterView
 
 _release_ids = itertools.count(1)
 
@@ -59,8 +61,7 @@ def acquire_steps(
     :class:`LockLostError` because the owner's hold is gone.
     """
     ms = lease_ms(lease)
-    acquire = q.everywhere(kind.acquire(name, owner, ms, count))
-    undo = q.everywhere(kind.release(name, owner, count - 1, release_id(owner)))
+    undo = q.everywhere(kind.undo(name, owner, count - 1, release_id(owner)))
     channel = kind.wake_channel(name, owner)
     key = kind.key(name)
     generation: int | None = None
@@ -70,6 +71,11 @@ def acquire_steps(
     try:
         while True:
             started = time.monotonic()
+            # How long a queued waiter's place lasts unless refreshed by its next try.
+            wait_s = 0.0
+            if blocking and count == 1:
+                wait_s = lease if deadline is None else min(lease, deadline - started)
+            acquire = q.everywhere(kind.acquire(name, owner, ms, count, lease_ms(wait_s)))
             try:
                 replies = yield acquire
             except BaseException:
@@ -97,7 +103,7 @@ def acquire_steps(
                 return None
             if generation is None:
                 # Subscribe, then try again at once: a release may have come before.
-                generation = yield Watch(channel)
+                generation = yield Watch(channel, kind.broadcast)
                 continue
             if tally.granted or tally.holder_ttl is None:
                 # A split vote (or a holder with no TTL seen): retry after a random
@@ -106,6 +112,8 @@ def acquire_steps(
             else:
                 # Expiry publishes nothing: wake by the holder's TTL at the latest.
                 pause = tally.holder_ttl + 0.001
+            if kind.queued:
+                pause = min(pause, wait_s / 3)  # refresh our place before it lapses
             before = generation
             generation = yield Wait(channel, generation, min(remaining, pause))
             woken = generation != before
@@ -119,7 +127,7 @@ def acquire_steps(
 def _give_up(
     q: Quorum, kind: LockKind, name: str, owner: str, channel: str, woken: bool
 ) -> Steps[None]:
-    call = kind.abandon(name, owner)
+    call = kind.abandon(name, owner, release_id(owner))
     if call is not None:
         yield q.everywhere(call)
     if woken:
@@ -135,8 +143,8 @@ def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: 
     rid = release_id(owner)
     replies = yield q.everywhere(kind.release(name, owner, count_left, rid))
     tally = tally_holds(q, kind.key(name), replies)
-    if count_left == 0:
-        yield Notify(kind.wake_channel(name, owner), rid)
+    if count_left == 0 and kind.notify_channels(name):
+        yield Notify(kind.notify_channels(name), rid)
     if len(tally.granted) >= q.needed:
         return
     if tally.wrong_type is not None:
@@ -146,56 +154,58 @@ def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: 
     raise LockLostError(f"lock {name!r} was lost before its release: no hold on a quorum")
 
 
-def force_unlock_steps(q: Quorum, kind: LockKind, name: str) -> Steps[bool]:
-    """Delete the lock on every master whoever holds it; True if any master had it."""
+def force_unlock_steps(q: Quorum, kinds: Sequence[LockKind], name: str) -> Steps[bool]:
+    """Delete ``name``'s locks of the given kinds on every master, whoever holds them,
+    and wake their waiters. True if any master had one."""
     rid = release_id("force")
-    replies = yield q.everywhere(kind.force_unlock(name, rid))
-    tally = tally_holds(q, kind.key(name), replies)
-    if tally.wrong_type is not None:
-        raise tally.wrong_type
-    if len(tally.failed) > q.tolerated:
-        raise q.unavailable(f"force-unlock {name!r}", tally.failed)
-    yield Notify(kind.wake_channel(name, ""), rid)
-    return any(replies[i][0] == 1 for i in tally.granted)
+    replies = yield q.everywhere(*(k.force_unlock(name, rid) for k in kinds))
+    deleted = False
+    failed: dict[int, BaseException] = {}
+    for i, per_master in enumerate(replies):
+        for kind, reply in zip(kinds, per_master, strict=True):
+            if is_wrong_type(reply):
+                raise LockKeyTypeError(kind.key(name), q.masters[i], str(reply))
+            if isinstance(reply, BaseException):
+                failed[i] = reply
+            elif reply == 1:
+                deleted = True
+    if len(failed) > q.tolerated:
+        raise q.unavailable(f"force-unlock {name!r}", failed)
+    channels = tuple(c for k in kinds for c in k.notify_channels(name))
+    if channels:
+        yield Notify(channels, rid)
+    return deleted
 
 
-@dataclass
-class Probe:
-    """What one master says about a lock: remaining TTL and ``field -> value``."""
-
-    master: str
-    ttl: float | None
-    fields: dict[str, str]
-    error: BaseException | None = None
-
-
-def probe_steps(q: Quorum, kind: LockKind, name: str) -> Steps[list[Probe]]:
-    """Read a lock on every master without changing it."""
-    replies = yield q.everywhere(kind.probe(name))
-    out: list[Probe] = []
-    for master, per_master in zip(q.masters, replies, strict=False):
-        reply = per_master[0]
-        if isinstance(reply, list) and len(reply) == 2:
-            pttl = int(reply[0])
-            flat = [_text(x) for x in reply[1]]
-            fields = dict(zip(flat[::2], flat[1::2], strict=False))
-            out.append(Probe(master, pttl / 1000.0 if pttl >= 0 else None, fields))
-        else:
-            error = reply if isinstance(reply, BaseException) else RuntimeError(repr(reply))
-            out.append(Probe(master, None, {}, error))
+def probe_steps(q: Quorum, kinds: Sequence[LockKind], name: str) -> Steps[list[MasterView]]:
+    """Read ``name``'s locks of the given kinds on every master, changing nothing
+    (beyond purging holds and waiters whose time has ended)."""
+    replies = yield q.everywhere(*(k.probe(name) for k in kinds))
+    out: list[MasterView] = []
+    for master, per_master in zip(q.masters, replies, strict=True):
+        view = MasterView(master)
+        for kind, reply in zip(kinds, per_master, strict=True):
+            try:
+                if isinstance(reply, BaseException):
+                    raise reply
+                lock = kind.view(reply)
+            except Exception as error:
+                view.error = f"{type(error).__name__}: {error}"
+                view.locks = []
+                break
+            if lock is not None:
+                view.locks.append(lock)
+        out.append(view)
     return out
 
 
-def held_by_quorum(q: Quorum, probes: Sequence[Probe]) -> bool:
+def held_by_quorum(q: Quorum, kind: LockKind, views: Sequence[MasterView]) -> bool:
     """Whether a quorum of masters holds the lock (for ``locked()``)."""
-    failed = {i: p.error for i, p in enumerate(probes) if p.error is not None}
+    failed = {i: RuntimeError(v.error) for i, v in enumerate(views) if v.error is not None}
     if len(failed) > q.tolerated:
         raise q.unavailable("probe", failed)
-    return sum(1 for p in probes if p.fields) >= q.needed
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    held = sum(1 for v in views if any(kind.is_locked(lock) for lock in v.locks))
+    return held >= q.needed
 
 
 # -- renewal ----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class _Channel:
     refs: int = 0
     generation: int = 0
     confirmed: set[int] = field(default_factory=set)
+    broadcast: bool = False
     recent: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_RELEASES))
 
 
@@ -73,15 +74,19 @@ class WakeupHub:
 
     # -- waiter side ------------------------------------------------------------------
 
-    def watch(self, channel: str) -> int:
+    def watch(self, channel: str, broadcast: bool = False) -> int:
         """Register interest in ``channel`` and wait (bounded) until the subscription is
-        confirmed by the reachable masters. Returns the channel's generation."""
+        confirmed by the reachable masters. Returns the channel's generation.
+
+        On a ``broadcast`` channel a release wakes every waiter, else one."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the lock manager is closed")
             chan = self._channels.get(channel)
             if chan is None:
-                chan = self._channels[channel] = _Channel(threading.Condition(self._lock))
+                chan = self._channels[channel] = _Channel(
+                    threading.Condition(self._lock), broadcast=broadcast
+                )
             chan.refs += 1
             self._ensure_thread()
         self._poke()
@@ -112,12 +117,13 @@ class WakeupHub:
                 chan.cond.wait_for(lambda: chan.generation != generation, timeout)
             return chan.generation
 
-    def notify(self, channel: str, release_id: str) -> None:
-        """A release made in this process freed ``channel``: wake a waiter at once."""
-        if channel not in self._channels:
+    def notify(self, channels: Sequence[str], release_id: str) -> None:
+        """A release made in this process freed a lock: wake its waiters here at once."""
+        if not any(c in self._channels for c in channels):
             return  # nobody here waits: skip the lock on the release path
         with self._lock:
-            self._bump(channel, release_id)
+            for channel in channels:
+                self._bump(channel, release_id)
 
     def relay(self, channel: str) -> None:
         """A woken waiter gave up: wake another one in its place."""
@@ -134,7 +140,10 @@ class WakeupHub:
             return
         chan.recent.append(release_id)
         chan.generation += 1
-        chan.cond.notify(1)
+        if chan.broadcast:
+            chan.cond.notify_all()
+        else:
+            chan.cond.notify(1)
 
     # -- subscriber thread ------------------------------------------------------------
 

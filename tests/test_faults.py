@@ -139,7 +139,8 @@ def test_a_holder_killed_with_sigkill_frees_the_lock_within_its_lease(urls: list
         text=True,
     )
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "waiting"
+        assert holder.stdout.readline().strip() == "held"
         with LockManager(urls) as mgr:
             lock = mgr.lock("crash")
             assert lock.acquire(blocking=False) is False

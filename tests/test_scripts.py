@@ -18,6 +18,8 @@ PINS: dict[str, tuple[int, str]] = {
     "renew": (1, "25bd8edda58852a6"),
     "force_unlock": (2, "cba81e2c4840f734"),
     "probe": (1, "7a9585981bbb8ce4"),
+    "rwlock": (1, "6eca856f431d1e9f"),
+    "fairlock": (1, "80b75c1bdcbf1e6e"),
 }
 
 

@@ -13,9 +13,16 @@ from pathlib import Path
 from redreentrant import LockManager
 
 
-def hold(urls: list[str], name: str, lease: float) -> None:
+def hold(urls: list[str], name: str, lease: float, kind: str) -> None:
     with LockManager(urls, lease=lease) as mgr:
-        mgr.lock(name).acquire()
+        locks = {
+            "lock": mgr.lock,
+            "read": lambda n: mgr.rw_lock(n).read,
+            "write": lambda n: mgr.rw_lock(n).write,
+            "fair": mgr.fair_lock,
+        }
+        print("waiting", flush=True)
+        locks[kind](name).acquire()
         print("held", flush=True)
         time.sleep(3600)
 
@@ -33,7 +40,7 @@ def count(urls: list[str], name: str, path: Path, times: int) -> None:
 if __name__ == "__main__":
     mode, urls = sys.argv[1], sys.argv[2].split(",")
     if mode == "hold":
-        hold(urls, sys.argv[3], float(sys.argv[4]))
+        hold(urls, sys.argv[3], float(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "lock")
     elif mode == "count":
         count(urls, sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]))
     else:

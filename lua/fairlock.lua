@@ -1,0 +1,139 @@
+-- name: fairlock
+-- version: 1
+-- The fair lock: reentrant like the plain lock, but granted in order of arrival.
+-- Waiters queue in KEYS[2] with a deadline each in KEYS[3] (server time, ms): a waiter
+-- stays queued while it keeps its deadline fresh. A head of the queue past its deadline
+-- (it died or gave up) is purged by every call, so a dead waiter holds up the queue by
+-- at most its deadline. A release wakes only the head, on its own channel. The holder
+-- stays at the head of the queue until it releases.
+--
+-- KEYS[1]  hash: owner -> hold count (PTTL = the holder's lease)
+-- KEYS[2]  list: waiting owners, first come first
+-- KEYS[3]  zset: waiting owner -> its deadline (server ms)
+-- ARGV[1]  the operation; the rest depends on it:
+--   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] count to record (1 takes, >1
+--            re-enters), ARGV[5] ms the waiter stays queued (0: do not queue)
+--            Reply {1, count} granted; {0, ms} refused, ms = when a retry may succeed
+--            (-2: a re-entry whose hold is gone)
+--   release  ARGV[2] owner, ARGV[3] count left (0 frees), ARGV[4] prefix of the
+--            waiters' channels (the head's owner id is appended), ARGV[5] release id,
+--            ARGV[6] '1' to leave the queue too (a try that reached this master too
+--            late to count may have queued the owner), '0' to keep the place (undoing
+--            a try that failed elsewhere, while still waiting)
+--            Reply 1 still held; 0 the hold is gone; -1 the owner held nothing here
+--   abandon  ARGV[2] owner, ARGV[3] channel prefix, ARGV[4] release id: leave the queue
+--            (and wake the next head if the lock is free). Reply 0
+--   force    ARGV[2] channel prefix, ARGV[3] release id. Reply 1 deleted, 0 none
+--   probe    (after purging dead heads) Reply {pttl, {owner, count, ...}, {waiter, ...}}
+-- A KEYS[1] that is not a hash is refused with a WRONGTYPE error (nothing changes).
+
+local op = ARGV[1]
+local hash, queue, deadlines = KEYS[1], KEYS[2], KEYS[3]
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local kind = redis.call('type', hash)['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  return redis.error_reply('WRONGTYPE lock key holds a ' .. kind)
+end
+
+-- Drop heads past their deadline; keep the queue keys as long as their last deadline.
+local function purge()
+  while true do
+    local head = redis.call('lindex', queue, 0)
+    if not head then break end
+    local deadline = redis.call('zscore', deadlines, head)
+    if deadline and tonumber(deadline) > now then break end
+    redis.call('lpop', queue)
+    redis.call('zrem', deadlines, head)
+  end
+  local last = redis.call('zrange', deadlines, -1, -1, 'withscores')
+  if #last > 0 then
+    local ttl = math.max(1, tonumber(last[2]) - now)
+    redis.call('pexpire', queue, ttl)
+    redis.call('pexpire', deadlines, ttl)
+  else
+    redis.call('del', queue, deadlines)
+  end
+  return redis.call('lindex', queue, 0)
+end
+
+local function leave(owner)
+  if redis.call('zrem', deadlines, owner) == 1 then
+    redis.call('lrem', queue, 0, owner)
+  end
+end
+
+local function wake_head(prefix, id)
+  local head = purge()
+  if head and redis.call('exists', hash) == 0 then
+    redis.call('publish', prefix .. head, id)
+  end
+end
+
+if op == 'probe' then
+  purge()
+  return {redis.call('pttl', hash), redis.call('hgetall', hash),
+          redis.call('lrange', queue, 0, -1)}
+end
+
+if op == 'force' then
+  local existed = redis.call('exists', hash)
+  redis.call('del', hash)
+  wake_head(ARGV[2], ARGV[3])
+  return existed
+end
+
+if op == 'abandon' then
+  leave(ARGV[2])
+  wake_head(ARGV[3], ARGV[4])
+  return 0
+end
+
+local owner = ARGV[2]
+
+if op == 'release' then
+  if ARGV[6] == '1' then
+    leave(owner)
+  end
+  if redis.call('hexists', hash, owner) == 0 then
+    return -1
+  end
+  local left = tonumber(ARGV[3])
+  if left > 0 then
+    redis.call('hset', hash, owner, left)
+    return 1
+  end
+  redis.call('hdel', hash, owner)
+  wake_head(ARGV[4], ARGV[5])
+  return 0
+end
+
+-- op == 'acquire'
+local lease, count, wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local head = purge()
+if redis.call('hexists', hash, owner) == 1
+    or (count == 1 and redis.call('exists', hash) == 0 and (not head or head == owner)) then
+  -- The holder keeps its place at the head until its release: if this grant turns out
+  -- to be a split (no quorum) and is undone, it must not lose its turn.
+  redis.call('hset', hash, owner, count)
+  redis.call('pexpire', hash, lease)
+  return {1, count}
+end
+if count > 1 then
+  return {0, -2}
+end
+if wait > 0 then
+  if not redis.call('zscore', deadlines, owner) then
+    redis.call('rpush', queue, owner)
+  end
+  redis.call('zadd', deadlines, now + wait, owner)
+  head = purge()
+end
+-- Retry when the holder's lease ends, or when a head that is not us would be purged.
+local retry = redis.call('pttl', hash)
+if head and head ~= owner then
+  local until_purge = tonumber(redis.call('zscore', deadlines, head)) - now
+  if retry < 0 or until_purge < retry then retry = until_purge end
+end
+return {0, math.max(1, retry)}

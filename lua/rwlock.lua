@@ -1,0 +1,205 @@
+-- name: rwlock
+-- version: 1
+-- The read/write lock: many readers or one writer, both reentrant and owner-scoped.
+-- Every hold has its own lease, kept as a score (server time, ms) in KEYS[2], so a
+-- crashed reader frees the lock by itself; expired holds are purged by every call.
+-- A writer that waits registers in KEYS[3] and new readers are refused while it waits
+-- (no writer starvation); its entry ends at its own deadline if it dies.
+--
+-- KEYS[1]  hash: 'mode' -> 'read'|'write', 'writer' -> owner, 'r:<owner>' / 'w:<owner>'
+--          -> read / write hold count
+-- KEYS[2]  zset of hold leases: 'r:<owner>' / 'w:<owner>' -> lease end (server ms)
+-- KEYS[3]  zset of waiting writers: owner -> end of its wait (server ms)
+-- ARGV[1]  the operation; the rest depends on it:
+--   acquire  ARGV[2] side 'r'|'w', ARGV[3] owner, ARGV[4] lease ms, ARGV[5] count to
+--            record (1 takes, >1 re-enters), ARGV[6] ms a waiting writer stays
+--            registered (0: do not register)
+--            Reply {1, count} granted; {0, ms} refused, ms = when a retry may succeed
+--            (-2: a re-entry whose hold is gone)
+--   release  ARGV[2] side, ARGV[3] owner, ARGV[4] count left (0 frees the hold),
+--            ARGV[5] readers' channel, ARGV[6] writers' channel, ARGV[7] release id,
+--            ARGV[8] '1' to end the owner's wait as a writer too (a try that reached
+--            this master too late to count may have registered it), '0' to keep it
+--            (undoing a try that failed elsewhere, while still waiting)
+--            Reply 1 still held; 0 the hold is gone; -1 the owner held nothing here
+--   abandon  ARGV[2] owner, ARGV[3] readers' channel, ARGV[4] release id: a waiting
+--            writer gives up. Reply 0
+--   renew    ARGV[2] lease ms, then per lock i (KEYS[3i-2..3i]) ARGV[2i+1] side and
+--            ARGV[2i+2] owner. Reply array: 1 renewed, 0 the hold is gone
+--   force    ARGV[2] readers' channel, ARGV[3] writers' channel, ARGV[4] release id.
+--            Reply 1 a lock was deleted, 0 there was none
+--   probe    (after purging ended holds) Reply {pttl, {field, value, ...},
+--            {waiting writer, ...}}
+-- A KEYS[1] that is not a hash is refused with a WRONGTYPE error (nothing changes).
+
+local op = ARGV[1]
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function check_type(key)
+  local kind = redis.call('type', key)['ok']
+  if kind ~= 'none' and kind ~= 'hash' then
+    return redis.error_reply('WRONGTYPE lock key holds a ' .. kind)
+  end
+end
+
+-- Expire ended holds and waits; keep 'writer'/'mode' right; keys live as long as their
+-- longest entry. Returns true when the lock is free afterwards.
+local function tidy(hash, leases, writers)
+  local ended = redis.call('zrangebyscore', leases, '-inf', now)
+  for _, member in ipairs(ended) do
+    redis.call('hdel', hash, member)
+    if string.sub(member, 1, 2) == 'w:' then
+      redis.call('hdel', hash, 'writer')
+    end
+  end
+  if #ended > 0 then
+    redis.call('zremrangebyscore', leases, '-inf', now)
+  end
+  redis.call('zremrangebyscore', writers, '-inf', now)
+  local last = redis.call('zrange', writers, -1, -1, 'withscores')
+  if #last > 0 then
+    redis.call('pexpire', writers, math.max(1, tonumber(last[2]) - now))
+  end
+  last = redis.call('zrange', leases, -1, -1, 'withscores')
+  if #last == 0 then
+    redis.call('del', hash, leases)
+    return true
+  end
+  local ttl = math.max(1, tonumber(last[2]) - now)
+  if redis.call('hexists', hash, 'writer') == 1 then
+    redis.call('hset', hash, 'mode', 'write')
+  else
+    redis.call('hset', hash, 'mode', 'read')
+  end
+  redis.call('pexpire', hash, ttl)
+  redis.call('pexpire', leases, ttl)
+  return false
+end
+
+-- Milliseconds until every current hold has ended (when a writer could enter).
+local function all_end(leases)
+  local last = redis.call('zrange', leases, -1, -1, 'withscores')
+  if #last == 0 then return 1 end
+  return math.max(1, tonumber(last[2]) - now)
+end
+
+local function grant(hash, leases, member, count, lease)
+  redis.call('hset', hash, member, count)
+  redis.call('zadd', leases, now + lease, member)
+end
+
+if op == 'renew' then
+  local lease = tonumber(ARGV[2])
+  local out = {}
+  for i = 1, #KEYS / 3 do
+    local hash, leases = KEYS[3 * i - 2], KEYS[3 * i - 1]
+    local member = ARGV[2 * i + 1] .. ':' .. ARGV[2 * i + 2]
+    if redis.pcall('hexists', hash, member) == 1 and redis.call('zscore', leases, member) then
+      redis.call('zadd', leases, now + lease, member)
+      tidy(hash, leases, KEYS[3 * i])
+      out[i] = 1
+    else
+      out[i] = 0
+    end
+  end
+  return out
+end
+
+local hash, leases, writers = KEYS[1], KEYS[2], KEYS[3]
+local wrong = check_type(hash)
+if wrong then return wrong end
+
+if op == 'probe' then
+  tidy(hash, leases, writers)
+  return {redis.call('pttl', hash), redis.call('hgetall', hash),
+          redis.call('zrange', writers, 0, -1)}
+end
+
+if op == 'force' then
+  local existed = redis.call('exists', hash)
+  redis.call('del', hash, leases, writers)
+  redis.call('publish', ARGV[2], ARGV[4])
+  redis.call('publish', ARGV[3], ARGV[4])
+  return existed
+end
+
+if op == 'abandon' then
+  redis.call('zrem', writers, ARGV[2])
+  tidy(hash, leases, writers)
+  if redis.call('hexists', hash, 'writer') == 0 then
+    redis.call('publish', ARGV[3], ARGV[4])
+  end
+  return 0
+end
+
+local side, owner = ARGV[2], ARGV[3]
+local member = side .. ':' .. owner
+
+if op == 'release' then
+  if ARGV[8] == '1' then
+    redis.call('zrem', writers, owner)
+  end
+  local free_before = tidy(hash, leases, writers)
+  if free_before or redis.call('hexists', hash, member) == 0 then
+    return -1
+  end
+  local left = tonumber(ARGV[4])
+  if left > 0 then
+    redis.call('hset', hash, member, left)
+    return 1
+  end
+  redis.call('hdel', hash, member)
+  redis.call('zrem', leases, member)
+  if side == 'w' then
+    redis.call('hdel', hash, 'writer')
+  end
+  local free = tidy(hash, leases, writers)
+  if free or side == 'w' then
+    -- Readers may enter now (all of them: their channel wakes every reader).
+    redis.call('publish', ARGV[5], ARGV[7])
+  end
+  if free then
+    redis.call('publish', ARGV[6], ARGV[7])
+  end
+  return 0
+end
+
+-- op == 'acquire'
+local lease, count, wait = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+tidy(hash, leases, writers)
+if redis.call('hexists', hash, member) == 1 then
+  grant(hash, leases, member, count, lease)
+  tidy(hash, leases, writers)
+  return {1, count}
+end
+if count > 1 then
+  return {0, -2}
+end
+local writer = redis.call('hget', hash, 'writer')
+if side == 'r' then
+  if writer and writer ~= owner then
+    return {0, all_end(leases)}
+  end
+  if not writer and redis.call('zcard', writers) > 0 then
+    -- A writer is waiting: no new reader until it has had its turn (or its wait ended).
+    local first = redis.call('zrange', writers, 0, 0, 'withscores')
+    local holders = redis.call('zcard', leases)
+    local retry = tonumber(first[2]) - now
+    if holders > 0 then retry = math.min(retry, all_end(leases)) end
+    return {0, math.max(1, retry)}
+  end
+else
+  if redis.call('zcard', leases) > 0 then
+    if wait > 0 then
+      redis.call('zadd', writers, now + wait, owner)
+      tidy(hash, leases, writers)
+    end
+    return {0, all_end(leases)}
+  end
+  redis.call('hset', hash, 'writer', owner)
+  redis.call('zrem', writers, owner)
+end
+grant(hash, leases, member, count, lease)
+tidy(hash, leases, writers)
+return {1, count}

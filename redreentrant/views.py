@@ -1,0 +1,46 @@
+"""What ``inspect`` reports: each master's view of the locks under one name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LockView:
+    """One lock kind present under a name on one master."""
+
+    kind: str
+    """``"lock"``, ``"rw"`` or ``"fair"``."""
+    mode: str | None
+    """``"read"`` or ``"write"`` for a read/write lock, else None."""
+    ttl: float | None
+    """Seconds left on the lock's key (None if it has no TTL)."""
+    holders: dict[str, int] = field(default_factory=dict)
+    """Owner id -> hold count. A writer that also reads appears once per side."""
+    queue: list[str] = field(default_factory=list)
+    """Waiting owners in order: a fair lock's queue, a read/write lock's waiting writers."""
+
+
+@dataclass
+class MasterView:
+    """One master's answer to ``inspect``."""
+
+    master: str
+    error: str | None = None
+    locks: list[LockView] = field(default_factory=list)
+
+
+def text(value: object) -> str:
+    """A reply item as text (clients may or may not decode responses)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def pairs(flat: object) -> dict[str, str]:
+    """A flat ``[field, value, ...]`` reply as a dict."""
+    items = [text(x) for x in flat] if isinstance(flat, list) else []
+    return dict(zip(items[::2], items[1::2], strict=False))
+
+
+def ttl_of(pttl: object) -> float | None:
+    ms = int(pttl) if isinstance(pttl, (int, str, bytes)) else -2
+    return ms / 1000.0 if ms >= 0 else None
