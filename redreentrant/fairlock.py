@@ -1,4 +1,4 @@
-"""The sync fair lock: reentrant, granted in order of arrival."""
+"""The fair lock: reentrant, granted in order of arrival (sync front end)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,11 @@ class LockKind:
     #: waiters hold a place in Redis that they must refresh while they wait
     queued = False
 
+    @property
+    def upgrade_from(self) -> LockKind | None:
+        """A kind whose holder may not take this one (it would wait for itself)."""
+        return None
+
     def key(self, name: str) -> str:
         """The key that holds the lock (named in errors)."""
         return keys.lock_key(name)
@@ -187,6 +192,10 @@ class WriteKind(_ReadWriteKind):
     label = "rw:write"
     side = "w"
     queued = True
+
+    @property
+    def upgrade_from(self) -> LockKind | None:
+        return READ
 
     def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
         readers, _ = self._channels(name)

@@ -1,23 +1,21 @@
-"""The sync read/write lock: many readers or one writer, both reentrant."""
+"""The read/write lock: many readers or one writer, both reentrant (sync front end)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
-from .errors import LockUpgradeError
 from .kinds import READ, WRITE, LockKind
 from .lock import Lock
 
-if TYPE_CHECKING:
-    from .manager import LockManager
+L = TypeVar("L")
 
 
 class ReadLock(Lock):
-    """The read side of a :class:`ReadWriteLock`: shared with other readers.
+    """The read side of a read/write lock: shared with other readers.
 
     A reader is refused while a writer holds the lock or waits for it (so a stream of
     readers cannot starve a writer). Each reader's hold has its own lease: a reader that
-    dies frees its share by itself when its lease ends. The thread holding the write lock
+    dies frees its share by itself when its lease ends. The owner holding the write lock
     may take the read lock too, and keeps it after releasing the write lock (downgrade).
     """
 
@@ -25,34 +23,27 @@ class ReadLock(Lock):
 
 
 class WriteLock(Lock):
-    """The write side of a :class:`ReadWriteLock`: excludes readers and other writers.
+    """The write side of a read/write lock: excludes readers and other writers.
 
-    A thread that holds only the read lock cannot take the write lock (it would wait for
+    An owner that holds only the read lock cannot take the write lock (it would wait for
     itself forever): the attempt raises :class:`LockUpgradeError` at once, whatever the
     timeout. Release the read lock first.
     """
 
     kind: LockKind = WRITE
 
-    def _check_first_hold(self, owner: str) -> None:
-        if self._manager._holds.get(READ, self.name, owner) is not None:
-            raise LockUpgradeError(
-                f"lock {self.name!r}: a holder of the read lock cannot take the write lock"
-                " (release the read lock first)"
-            )
 
-
-class ReadWriteLock:
+class ReadWriteLock(Generic[L]):
     """A read/write lock named ``name``: ``.read`` and ``.write`` are its two locks.
 
-    Both are reentrant and owned by the thread that acquires them. Get one from
-    :meth:`LockManager.rw_lock`.
+    Both are reentrant and owned by the thread (or task) that acquires them. Get one
+    from ``LockManager.rw_lock``.
     """
 
-    def __init__(self, manager: LockManager, name: str) -> None:
-        self.read = ReadLock(manager, name)
-        self.write = WriteLock(manager, name)
-        self.name = self.read.name
+    def __init__(self, name: str, read: L, write: L) -> None:
+        self.name = name
+        self.read = read
+        self.write = write
 
     def __repr__(self) -> str:
         return f"<ReadWriteLock {self.name!r}>"

@@ -54,7 +54,7 @@ class Watchdog:
         quorum: Quorum,
         holds: Holds,
         lease: float,
-        report: Callable[[Hold], None],
+        report: Callable[[Hold], object],
     ) -> None:
         self._run = run
         self._quorum = quorum

@@ -1,0 +1,225 @@
+"""What the sync and the asyncio lock managers share: settings, masters, holds, and
+the making of lock objects. Each flavour adds its driver, transport, wake-ups and
+watchdog."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from redis.connection import AbstractConnection
+
+from .holds import Hold, Holds
+from .keys import validate_name
+from .kinds import FAIR, READ, WRITE, LockKind
+from .owner import new_manager_id
+from .quorum import Quorum
+from .rwlock import ReadWriteLock
+from .transport import master_name
+
+log = logging.getLogger("redreentrant")
+L = TypeVar("L")  # the flavour's lock class
+
+
+def default_master_timeout(lease: float) -> float:
+    """How long one master may take to answer: small against the lease."""
+    return min(0.25, lease / 10)
+
+
+def no_handshake() -> dict[str, Any]:
+    """Client options that make connecting send nothing (no HELLO, no CLIENT SETINFO):
+    on a frozen master a handshake would block every reconnect for a socket time-out."""
+    params = inspect.signature(AbstractConnection.__init__).parameters
+    if "driver_info" in params:
+        return {"protocol": 2, "driver_info": None}
+    return {"protocol": 2, "lib_name": None, "lib_version": None}
+
+
+def master_identity(client: Any) -> tuple[object, ...]:
+    """What makes two clients the same master (host, port, db or socket path, db)."""
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return ("unix", kw["path"], int(kw.get("db", 0) or 0))
+    host = str(kw.get("host", "localhost"))
+    if host in ("localhost", "::1"):
+        host = "127.0.0.1"
+    return (host, int(kw.get("port", 6379)), int(kw.get("db", 0) or 0))
+
+
+def connect(
+    masters: object, client_type: type, from_url: Callable[[str], Any]
+) -> tuple[list[Any], list[Any]]:
+    """Clients for ``masters`` (URLs or ``client_type`` instances), checked for
+    duplicates. Returns (all clients, the ones made here from URLs)."""
+    if isinstance(masters, (str, client_type)):
+        masters = [masters]
+    if not isinstance(masters, Sequence):
+        raise TypeError("masters must be redis URLs or clients, or a sequence of them")
+    if not masters:
+        raise ValueError("at least one master is needed")
+    clients: list[Any] = []
+    for m in masters:
+        if isinstance(m, str):
+            clients.append(from_url(m))
+        elif isinstance(m, client_type):
+            clients.append(m)
+        else:
+            raise TypeError(f"a master is a redis URL or a {client_type.__name__}, not {m!r}")
+    own = [c for c, m in zip(clients, masters, strict=True) if isinstance(m, str)]
+    seen: dict[tuple[object, ...], int] = {}
+    for i, c in enumerate(clients):
+        ident = master_identity(c)
+        if ident in seen:
+            raise ValueError(
+                f"master {master_name(c)} is given twice (positions {seen[ident]} and {i})"
+            )
+        seen[ident] = i
+    return clients, own
+
+
+class ManagerBase(Generic[L]):
+    """Settings, masters and holds of a lock manager (see ``LockManager``)."""
+
+    _lock_class: Callable[[Any, str], L]
+    _read_class: Callable[[Any, str], L]
+    _write_class: Callable[[Any, str], L]
+    _fair_class: Callable[[Any, str], L]
+    _watchdog: Any
+
+    def __init__(
+        self,
+        lease: float,
+        drift_factor: float,
+        master_timeout: float | None,
+        retry_jitter: float,
+        on_lost: Callable[[Any], object] | None,
+    ) -> None:
+        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not lease > 0:
+            raise ValueError(f"lease must be a positive number of seconds, not {lease!r}")
+        if not 0 <= drift_factor < 0.5:
+            raise ValueError(f"drift_factor must be in [0, 0.5), not {drift_factor!r}")
+        timeout = default_master_timeout(lease) if master_timeout is None else master_timeout
+        if not 0 < timeout < lease / 3:
+            raise ValueError(f"master_timeout must be > 0 and < lease / 3, not {timeout!r}")
+        if not retry_jitter >= 0:
+            raise ValueError(f"retry_jitter must be >= 0, not {retry_jitter!r}")
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be callable")
+        self.lease = float(lease)
+        self.master_timeout = float(timeout)
+        self.drift_factor = drift_factor
+        self.retry_jitter = retry_jitter
+        self.on_lost = on_lost
+        self.id = new_manager_id()
+        self._holds = Holds()
+        self._closed = False
+
+    def _set_masters(self, clients: list[Any]) -> None:
+        self._clients = clients
+        self._quorum = Quorum(
+            tuple(master_name(c) for c in clients), self.drift_factor, self.retry_jitter
+        )
+        _after_fork.add(self)
+
+    # -- public API --------------------------------------------------------------------
+
+    @property
+    def masters(self) -> tuple[str, ...]:
+        """The masters' addresses, in order."""
+        return self._quorum.masters
+
+    @property
+    def quorum(self) -> int:
+        """How many masters must grant a lock: ``N // 2 + 1``."""
+        return self._quorum.needed
+
+    def lock(self, name: str) -> L:
+        """A reentrant lock named ``name``, owned by whoever acquires it."""
+        self._check_open()
+        return self._lock_class(self, name)
+
+    def rw_lock(self, name: str) -> ReadWriteLock[L]:
+        """A read/write lock named ``name``: ``.read`` (shared) and ``.write`` (exclusive)."""
+        self._check_open()
+        return ReadWriteLock(
+            validate_name(name), self._read_class(self, name), self._write_class(self, name)
+        )
+
+    def fair_lock(self, name: str) -> L:
+        """A reentrant lock named ``name`` that is granted in order of arrival."""
+        self._check_open()
+        return self._fair_class(self, name)
+
+    def owner_id(self) -> str:
+        """The calling owner's id under this manager."""
+        raise NotImplementedError
+
+    # -- internals shared by the lock kinds ---------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the lock manager is closed")
+
+    def _check_lease(self, lease: float | None) -> float:
+        if lease is None:
+            return self.lease
+        if isinstance(lease, bool) or not isinstance(lease, (int, float)):
+            raise TypeError(f"lease must be a number of seconds, not {type(lease).__name__}")
+        if math.isnan(lease) or lease <= 0:
+            raise ValueError(f"lease must be > 0 seconds, not {lease!r}")
+        if lease <= self._quorum.drift(lease) + self.master_timeout:
+            raise ValueError(
+                f"lease {lease!r}s is too short: it must exceed the clock drift allowance"
+                f" plus the master timeout ({self.master_timeout}s)"
+            )
+        return float(lease)
+
+    def _front(self, kind: LockKind, name: str) -> L:
+        """The lock object for a hold (handed to ``on_lost``)."""
+        make = {READ.label: self._read_class, WRITE.label: self._write_class}
+        make[FAIR.label] = self._fair_class
+        return make.get(kind.label, self._lock_class)(self, name)
+
+    def _lost(self, hold: Hold) -> object:
+        """Report a lost hold: log it and call ``on_lost`` (returning what it returned)."""
+        log.warning("redreentrant: lost lock %r (%s)", hold.name, hold.lost)
+        if self.on_lost is None:
+            return None
+        try:
+            return self.on_lost(self._front(hold.kind, hold.name))
+        except Exception:
+            log.exception("redreentrant: on_lost hook raised")
+            return None
+
+    def _after_fork_in_child(self) -> None:
+        # The child is a new owner: it never renews nor releases the parent's holds.
+        self.id = new_manager_id()
+        self._holds = Holds()
+
+
+class _ForkRegistry:
+    """Managers alive in this process, reset in a forked child."""
+
+    def __init__(self) -> None:
+        self._managers: weakref.WeakSet[ManagerBase[Any]] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._in_child)
+
+    def add(self, manager: ManagerBase[Any]) -> None:
+        with self._lock:
+            self._managers.add(manager)
+
+    def _in_child(self) -> None:
+        self._lock = threading.Lock()
+        for manager in list(self._managers):
+            manager._after_fork_in_child()
+
+
+_after_fork = _ForkRegistry()
