@@ -46,7 +46,11 @@ class LockBase:
         self.name = validate_name(name)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} hold_count={self.hold_count}>"
+        try:
+            held = f" hold_count={self.hold_count}"
+        except RuntimeError:  # an asyncio lock looked at from outside a task
+            held = ""
+        return f"<{type(self).__name__} {self.name!r}{held}>"
 
     def _hold(self) -> Hold | None:
         mgr = self._manager

@@ -32,10 +32,10 @@ def default_master_timeout(lease: float) -> float:
     return min(0.25, lease / 10)
 
 
-def no_handshake() -> dict[str, Any]:
+def no_handshake(connection_class: Any = AbstractConnection) -> dict[str, Any]:
     """Client options that make connecting send nothing (no HELLO, no CLIENT SETINFO):
     on a frozen master a handshake would block every reconnect for a socket time-out."""
-    params = inspect.signature(AbstractConnection.__init__).parameters
+    params = inspect.signature(connection_class.__init__).parameters
     if "driver_info" in params:
         return {"protocol": 2, "driver_info": None}
     return {"protocol": 2, "lib_name": None, "lib_version": None}

@@ -31,13 +31,37 @@ RECENT_RELEASES = 32
 
 
 @dataclass(eq=False)
-class _Channel:
-    cond: threading.Condition
+class ChannelState:
+    """A channel's bookkeeping, the same for the sync and the asyncio hubs."""
+
+    broadcast: bool = False
     refs: int = 0
     generation: int = 0
     confirmed: set[int] = field(default_factory=set)
-    broadcast: bool = False
     recent: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_RELEASES))
+
+    def accept(self, release_id: str) -> bool:
+        """Count a release once, however many masters announce it; True if it is new
+        (the generation moved on, and waiters should be woken)."""
+        if release_id in self.recent:
+            return False
+        self.recent.append(release_id)
+        self.generation += 1
+        return True
+
+
+def decode_message(message: dict[str, Any]) -> tuple[str, str, str]:
+    """A pub/sub message as (type, channel, data) text."""
+    out = []
+    for part in ("type", "channel", "data"):
+        value = message.get(part)
+        out.append(value.decode() if isinstance(value, bytes) else str(value))
+    return out[0], out[1], out[2]
+
+
+@dataclass(eq=False)
+class _Channel(ChannelState):
+    cond: threading.Condition = field(default_factory=threading.Condition)
 
 
 class WakeupHub:
@@ -85,20 +109,24 @@ class WakeupHub:
             chan = self._channels.get(channel)
             if chan is None:
                 chan = self._channels[channel] = _Channel(
-                    threading.Condition(self._lock), broadcast=broadcast
+                    broadcast=broadcast, cond=threading.Condition(self._lock)
                 )
             chan.refs += 1
             self._ensure_thread()
         self._poke()
         end = time.monotonic() + self._confirm_timeout
         everyone = set(range(len(self._clients)))
-        with self._lock:
-            while not everyone <= chan.confirmed | self._failed:
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                self._confirmations.wait(left)
-            return chan.generation
+        try:
+            with self._lock:
+                while not everyone <= chan.confirmed | self._failed:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._confirmations.wait(left)
+                return chan.generation
+        except BaseException:
+            self.unwatch(channel)  # interrupted: the caller will not unwatch it
+            raise
 
     def unwatch(self, channel: str) -> None:
         with self._lock:
@@ -136,10 +164,8 @@ class WakeupHub:
         """Count a release once (each master announces it), and wake one waiter: it
         takes the lock, or relays the wake-up when it gives up."""
         chan = self._channels.get(channel)
-        if chan is None or release_id in chan.recent:
+        if chan is None or not chan.accept(release_id):
             return
-        chan.recent.append(release_id)
-        chan.generation += 1
         if chan.broadcast:
             chan.cond.notify_all()
         else:
@@ -241,17 +267,13 @@ class WakeupHub:
             self._lose(i)
 
     def _dispatch(self, i: int, message: dict[str, Any]) -> None:
-        channel = message.get("channel")
-        if isinstance(channel, bytes):
-            channel = channel.decode()
-        kind = message.get("type")
+        kind, channel, data = decode_message(message)
         with self._lock:
-            chan = self._channels.get(str(channel))
+            chan = self._channels.get(channel)
             if chan is None:
                 return
             if kind == "message":
-                data = message.get("data")
-                self._bump(str(channel), data.decode() if isinstance(data, bytes) else str(data))
+                self._bump(channel, data)
             elif kind == "subscribe":
                 chan.confirmed.add(i)
                 self._confirmations.notify_all()

@@ -45,12 +45,23 @@ def judge(renewals: Sequence[Renewal], holds: Holds, interval: float) -> list[Ho
     return lost
 
 
+def tick_steps(
+    q: Quorum, holds: Holds, lease: float, cluster: set[int], interval: float
+) -> Steps[list[Hold]]:
+    """One watchdog round over every managed hold; returns the holds found lost."""
+    held = holds.managed()
+    if not held:
+        return []
+    renewals = yield from renew_steps(q, held, lease, cluster)
+    return judge(renewals, holds, interval)
+
+
 class Watchdog:
     """The sync watchdog thread of one manager."""
 
     def __init__(
         self,
-        run: Callable[[Steps[list[Renewal]]], list[Renewal]],
+        run: Callable[[Steps[list[Hold]]], list[Hold]],
         quorum: Quorum,
         holds: Holds,
         lease: float,
@@ -86,15 +97,13 @@ class Watchdog:
 
     def tick(self) -> None:
         """One renewal round over all managed holds."""
-        holds = self._holds.managed()
-        if not holds:
-            return
+        steps = tick_steps(self._quorum, self._holds, self._lease, self._cluster, self.interval)
         try:
-            renewals = self._run(renew_steps(self._quorum, holds, self._lease, self._cluster))
+            lost = self._run(steps)
         except Exception:
             log.exception("redreentrant watchdog: renewal round failed")
             return
-        for hold in judge(renewals, self._holds, self.interval):
+        for hold in lost:
             self._report(hold)
 
     def stop(self) -> None:

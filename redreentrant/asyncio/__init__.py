@@ -1,0 +1,38 @@
+"""The asyncio twin of redreentrant: the same names, owned by tasks instead of threads.
+
+>>> from redreentrant.asyncio import LockManager
+>>> async def main() -> None:                      # doctest: +SKIP
+...     async with LockManager(["redis://127.0.0.1:6379/0"]) as mgr:
+...         async with mgr.lock("orders:42"):
+...             ...
+"""
+
+from ..errors import (
+    LockError,
+    LockKeyTypeError,
+    LockLostError,
+    LockNotOwnedError,
+    LockUpgradeError,
+    QuorumUnavailableError,
+)
+from ..rwlock import ReadWriteLock
+from ..views import LockView, MasterView
+from .lock import FairLock, Lock, ReadLock, WriteLock
+from .manager import LockManager
+
+__all__ = [
+    "FairLock",
+    "Lock",
+    "LockError",
+    "LockKeyTypeError",
+    "LockLostError",
+    "LockManager",
+    "LockNotOwnedError",
+    "LockUpgradeError",
+    "LockView",
+    "MasterView",
+    "QuorumUnavailableError",
+    "ReadLock",
+    "ReadWriteLock",
+    "WriteLock",
+]

@@ -1,0 +1,79 @@
+"""The asyncio locks: the same semantics as the sync ones, owned by tasks."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ..errors import LockLostError
+from ..kinds import FAIR, READ, WRITE, LockKind
+from ..lockbase import LockBase
+
+if TYPE_CHECKING:
+    from .manager import LockManager
+
+
+class Lock(LockBase):
+    """The asyncio twin of :class:`redreentrant.Lock`, owned by the current task.
+
+    Re-entry within a task counts; another task (even of the same thread and loop) is a
+    different owner. See :meth:`redreentrant.Lock.acquire` for the full semantics.
+    Cancelling an acquire undoes whatever it had taken on every master (and leaves a
+    fair lock's queue) before the cancellation propagates; a release runs to its end
+    even if the task awaiting it is cancelled.
+    """
+
+    _manager: LockManager
+
+    async def acquire(
+        self, blocking: bool = True, timeout: float = -1, lease: float | None = None
+    ) -> bool:
+        """Acquire the lock; True once held, False if not obtained in time."""
+        mgr = self._manager
+        return await mgr._run(self._acquire(mgr.owner_id(), blocking, timeout, lease))
+
+    async def release(self) -> None:
+        """Release one hold level; the last release frees the lock and wakes waiters."""
+        mgr = self._manager
+        await mgr._run_shielded(self._release(mgr.owner_id(), quiet_if_lost=False))
+
+    async def __aenter__(self) -> Lock:
+        await self.acquire()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # An inner block already raised LockLostError for this lock: unwind quietly.
+        mgr = self._manager
+        quiet = isinstance(exc, LockLostError)
+        await mgr._run_shielded(self._release(mgr.owner_id(), quiet_if_lost=quiet))
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock on a quorum of masters (one round, read-only)."""
+        return await self._manager._run(self._locked())
+
+    async def force_unlock(self) -> bool:
+        """Delete the lock on every master, whoever holds it, and wake its waiters."""
+        return await self._manager._run(self._force_unlock())
+
+
+class ReadLock(Lock):
+    """The asyncio twin of :class:`redreentrant.ReadLock`."""
+
+    kind: LockKind = READ
+
+
+class WriteLock(Lock):
+    """The asyncio twin of :class:`redreentrant.WriteLock`."""
+
+    kind: LockKind = WRITE
+
+
+class FairLock(Lock):
+    """The asyncio twin of :class:`redreentrant.FairLock`."""
+
+    kind: LockKind = FAIR

@@ -1,0 +1,1556 @@
+"""The ``redreentrant`` command line (also ``python -m redreentrant``).
+
+Commands::
+
+    redreentrant demo [--quick]                       a guided tour on local masters
+    redreentrant run NAME [options] -- CMD ARGS...    a distributed flock(1)
+    redreentrant inspect NAME [--json]                what every master holds for NAME
+    redreentrant unlock --force NAME                  delete NAME's lock, whoever holds it
+    redreentrant ensemble up|down|status              local masters for development
+
+Masters come from ``--masters URL,URL,...`` (accepted before or after the command) or
+the ``REDREENTRANT_MASTERS`` environment variable. A bare ``host:port`` means
+``redis://host:port/0``.
+
+Exit status: 0 on success; 1 when a lock is not obtained, the masters are unavailable,
+or a demo check failed; 2 for usage errors (bad arguments, no masters, an empty name);
+``run`` passes its command's status through. Errors are one line on stderr, starting
+with ``redreentrant:``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
+from typing import Any, NoReturn, Protocol
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from . import __version__
+from .ensemble import LocalEnsemble, find_redis_server
+from .errors import LockError, LockLostError, QuorumUnavailableError, RedisServerNotFound
+from .keys import validate_name
+from .manager import LockManager
+
+__all__ = ["main"]
+
+PROG = "redreentrant"
+MASTERS_ENV = "REDREENTRANT_MASTERS"
+STATE_ENV = "REDREENTRANT_ENSEMBLE_STATE"
+STATE_FILE = "redreentrant-ensemble.json"
+HOST = "127.0.0.1"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 127  # as sh(1) and env(1): the command could not be found
+EXIT_NOT_RUNNABLE = 126  # ... found but could not be executed
+
+RUN_LEASE = 30.0
+"""Lease of ``run``'s watchdog-renewed locks (renewed every ``RUN_LEASE / 3``): how long
+a lock outlives a ``run`` killed with SIGKILL."""
+
+RUN_POLL = 0.1  # seconds between checks for a lost lease while CMD runs
+RUN_KILL_GRACE = 10.0  # seconds a CMD stopped for a lost lock gets before SIGKILL
+
+DEMO_LEASE = 5.0
+DEMO_HOLDER_LEASE = 2.0  # the fixed lease of the holder killed in stage 5
+
+_START_TIMEOUT = 10.0  # seconds for an ``ensemble up`` server to answer
+_STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL for ``ensemble down``
+_PORT_ATTEMPTS = 5
+
+
+# -- errors and argument parsing ------------------------------------------------------
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one ``redreentrant: ...`` line, exit ``code``."""
+
+    code = EXIT_FAILED
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class UsageError(CliError):
+    """Bad arguments or missing configuration: exit 2."""
+
+    code = EXIT_USAGE
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage dump) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _seconds(minimum_exclusive: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (minimum_exclusive and value == 0):
+            bound = "> 0" if minimum_exclusive else ">= 0"
+            raise argparse.ArgumentTypeError(f"must be a finite number of seconds {bound}")
+        return value
+
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+_RUN_HELP = f"""\
+Acquire the lock NAME, run CMD while holding it, release it when CMD ends, and exit
+with CMD's exit status (128+N if CMD was killed by signal N; 127 if CMD was not found,
+126 if it could not be executed). A distributed flock(1).
+
+The lock is watchdog-renewed for as long as CMD runs (lease {RUN_LEASE:g} s, renewed every
+{RUN_LEASE / 3:g} s: a run killed with SIGKILL leaves the lock held for at most {RUN_LEASE:g} s).
+With --lease S it has a fixed lease of S seconds instead, never renewed, and S is then
+also a time limit for CMD (see below).
+
+SIGINT, SIGTERM and SIGHUP are forwarded to CMD; the lock is released once CMD has
+exited. A SIGINT is not forwarded when redreentrant is in the foreground of a terminal:
+Ctrl-C already reached CMD (same process group), and a second one could cut short its
+clean-up.
+
+If the lock is lost while CMD runs (renewal failed on a quorum, someone ran
+'unlock --force', or the fixed lease ran out), CMD no longer runs under mutual
+exclusion: redreentrant says so on stderr, stops CMD with SIGTERM (SIGKILL after
+{RUN_KILL_GRACE:g} s) and exits 1, whatever CMD's own status.
+
+If the lock is not obtained within --timeout, nothing is run: one line on stderr,
+exit 1.
+"""
+
+_ENSEMBLE_HELP = """\
+Local redis-server masters for development, bound to 127.0.0.1 only, without
+persistence. 'up' starts them detached (they keep running after the command exits) and
+prints the REDREENTRANT_MASTERS=... line to use (the only line on stdout, so
+'export "$(redreentrant ensemble up)"' works); 'status' shows each one; 'down' stops
+them and removes their directory and the state file.
+
+The state file (pids, ports, directory) is --state FILE, else $REDREENTRANT_ENSEMBLE_STATE,
+else $XDG_RUNTIME_DIR/redreentrant-ensemble.json, else redreentrant-ensemble.json in the
+temp directory.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``redreentrant`` command."""
+    common = _Parser(add_help=False)
+    # SUPPRESS: a subcommand's --masters must not overwrite one given before the
+    # subcommand with its default (argparse copies every sub-namespace attribute).
+    common.add_argument(
+        "--masters",
+        metavar="URL,...",
+        default=argparse.SUPPRESS,
+        help=f"comma-separated redis URLs of the masters (default: ${MASTERS_ENV}); "
+        "a bare host:port means redis://host:port/0",
+    )
+    parser = _Parser(
+        prog=PROG,
+        parents=[common],
+        description="Reentrant distributed locks on a Redlock quorum of Redis masters.",
+        epilog="Exit status: 0 ok; 1 lock not obtained, masters unavailable, or a check "
+        "failed; 2 usage error. 'run' passes its command's status through.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser(
+        "demo",
+        parents=[common],
+        help="a guided, live tour of the lock kinds and of failures",
+        description="Show, live, workers contending for a reentrant lock, a read/write "
+        "lock, a fair lock, two masters crashing mid-run, and a holder killed with "
+        "SIGKILL whose lock frees itself after its lease. Without masters (--masters or "
+        f"${MASTERS_ENV}) it starts 5 local redis-servers and stops them at the end; "
+        "with masters it skips the stage that kills masters. Exit 1 if a check failed.",
+    )
+    demo.add_argument("--quick", action="store_true", help="keep every stage short")
+    demo.set_defaults(func=cmd_demo)
+
+    run = commands.add_parser(
+        "run",
+        parents=[common],
+        usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] [--shared | --fair] "
+        "[--lease S] NAME -- CMD [ARGS...]",
+        help="run a command while holding a lock (a distributed flock)",
+        description=_RUN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("name", metavar="NAME", help="the lock's name")
+    run.add_argument(
+        "--timeout",
+        type=_seconds(minimum_exclusive=False),
+        metavar="S",
+        help="give up if the lock is not obtained within S seconds (0: one try; "
+        "default: wait as long as it takes)",
+    )
+    kind = run.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--shared",
+        action="store_true",
+        help="take the read side of the read/write lock NAME: shared with other "
+        "--shared runs, exclusive of writers",
+    )
+    kind.add_argument(
+        "--fair", action="store_true", help="take the fair lock NAME: granted in FIFO order"
+    )
+    run.add_argument(
+        "--lease",
+        type=_seconds(minimum_exclusive=True),
+        metavar="S",
+        help="a fixed lease of S seconds, never renewed (CMD is stopped if it outlives it)",
+    )
+    # Only to say precisely what is wrong when the command is not after '--'.
+    run.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
+    run.set_defaults(func=cmd_run)
+
+    inspect = commands.add_parser(
+        "inspect",
+        parents=[common],
+        help="show what every master holds for a lock name",
+        description="Ask every master what it holds under NAME, of every lock kind: "
+        "the kind, the mode (read/write locks), the holders with their hold counts, "
+        "the TTL, and the queue (fair locks). A read-only look; exit 1 if fewer than a "
+        "quorum of masters answered.",
+    )
+    inspect.add_argument("name", metavar="NAME", help="the lock's name")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.set_defaults(func=cmd_inspect)
+
+    unlock = commands.add_parser(
+        "unlock",
+        parents=[common],
+        help="delete a lock whoever holds it (needs --force)",
+        description="Delete every kind of lock named NAME on every master, whoever holds "
+        "it, and wake its waiters. For recovering from a stuck holder: the holder is not "
+        "told until its next renewal, re-entry or release fails, so it may still be "
+        "working as if it held the lock. Refused (exit 2) without --force.",
+    )
+    unlock.add_argument("name", metavar="NAME", help="the lock's name")
+    unlock.add_argument("--force", action="store_true", help="really delete the lock")
+    unlock.set_defaults(func=cmd_unlock)
+
+    ensemble = commands.add_parser(
+        "ensemble",
+        parents=[common],
+        help="start/stop local redis-server masters for development",
+        description=_ENSEMBLE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    state = _Parser(add_help=False)
+    state.add_argument("--state", metavar="FILE", help="the state file (see above)")
+    actions = ensemble.add_subparsers(dest="action", metavar="ACTION", required=True)
+    up = actions.add_parser(
+        "up",
+        parents=[common, state],
+        help="start N local masters, detached",
+        description="Start N redis-server masters on 127.0.0.1, detached, and print the "
+        "REDREENTRANT_MASTERS=... line (stdout). Refused if the state file names "
+        "servers that are still up.",
+    )
+    up.add_argument("--size", type=_positive_int, default=5, metavar="N", help="default 5")
+    up.add_argument("--port-file", metavar="F", help="also write the ports to F, one a line")
+    up.set_defaults(func=cmd_ensemble_up)
+    down = actions.add_parser(
+        "down",
+        parents=[common, state],
+        help="stop them and remove their files",
+        description="Stop the servers of the state file (SIGTERM, then SIGKILL after "
+        f"{_STOP_TIMEOUT:g} s), remove their directory and the state file. A pid is only "
+        "signalled if it is still that redis-server. Exit 0 also when none is up.",
+    )
+    down.set_defaults(func=cmd_ensemble_down)
+    status = actions.add_parser(
+        "status",
+        parents=[common, state],
+        help="show whether each one is up",
+        description="Show each server of the state file as up, down or not answering. "
+        "Exit 0 if all are up, 1 otherwise (also when there is no state file).",
+    )
+    status.set_defaults(func=cmd_ensemble_status)
+    return parser
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Split ``run ... -- CMD ARGS`` into the arguments to parse and CMD ARGS.
+
+    Done before argparse, which would otherwise read CMD's own options as ours."""
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--masters":
+            i += 2
+        elif token.startswith("-"):
+            i += 1
+        else:
+            break
+    if i < len(argv) and argv[i] == "run" and "--" in argv[i + 1 :]:
+        cut = argv.index("--", i + 1)
+        return argv[:cut], argv[cut + 1 :]
+    return argv, None
+
+
+# -- masters and managers ----------------------------------------------------------------
+
+
+def _master_urls(args: argparse.Namespace) -> list[str] | None:
+    """The masters given by --masters or $REDREENTRANT_MASTERS, or None if neither."""
+    raw: str | None = getattr(args, "masters", None)
+    if raw is None:
+        raw = os.environ.get(MASTERS_ENV)
+    if raw is None or not raw.strip():
+        return None
+    urls = []
+    for part in raw.split(","):
+        part = part.strip()
+        if part:
+            urls.append(part if "://" in part else f"redis://{part}/0")
+    return urls
+
+
+def _require_masters(args: argparse.Namespace) -> list[str]:
+    urls = _master_urls(args)
+    if urls is None:
+        raise UsageError(
+            f"no masters: give --masters URL,URL,... or set {MASTERS_ENV} "
+            f"('{PROG} ensemble up' starts local masters and prints that line)"
+        )
+    return urls
+
+
+def _open_manager(urls: Sequence[str], **options: Any) -> LockManager:
+    try:
+        return LockManager(list(urls), **options)
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"bad masters ({', '.join(urls)}): {error}") from None
+
+
+def _name(text: str) -> str:
+    try:
+        return validate_name(text)
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
+def _quorum_message(error: QuorumUnavailableError) -> str:
+    first = next(iter(error.errors.items()), None)
+    detail = ""
+    if first is not None:
+        master, cause = first
+        more = len(error.errors) - 1
+        detail = f" ({master}: {_one_line(str(cause) or type(cause).__name__)}"
+        detail += f"; and {more} more)" if more else ")"
+    return (
+        f"masters unavailable: {len(error.errors)} failed to answer, a quorum of "
+        f"{error.needed} is out of reach{detail}"
+    )
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text.strip()
+
+
+# -- signals --------------------------------------------------------------------------
+
+
+class _Interrupted(BaseException):
+    """A terminating signal arrived (raised from its handler, in the main thread)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_Handler = Callable[[int, FrameType | None], Any]
+
+
+@contextlib.contextmanager
+def _signals(handler: _Handler, *signums: int) -> Iterator[None]:
+    """Install ``handler`` for ``signums`` for the duration of the block.
+
+    A signal ignored on entry stays ignored: under ``nohup`` a hang-up must neither
+    stop us nor be forwarded, and CMD then inherits the ignored disposition too."""
+    previous: dict[int, Any] = {}
+    try:
+        for signum in signums:
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                continue
+            previous[signum] = signal.signal(signum, handler)
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise _Interrupted(signum)
+
+
+def _terminal_delivers_to_us() -> bool:
+    """Whether our process group is the foreground one of our controlling terminal,
+    i.e. a Ctrl-C there reaches every process of the group, a child included."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False  # no controlling terminal
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _exit_status(returncode: int) -> int:
+    """A child's status the way a shell reports it: 128+N when killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# -- run --------------------------------------------------------------------------------
+
+
+class _Lockish(Protocol):
+    """What ``run`` needs of any lock kind (plain, read side, fair)."""
+
+    def acquire(
+        self, blocking: bool = ..., timeout: float = ..., lease: float | None = ...
+    ) -> bool: ...
+
+    def release(self) -> None: ...
+
+    def remaining(self) -> float: ...
+
+    @property
+    def hold_count(self) -> int: ...
+
+
+class _Child:
+    """The running CMD, and what happens to it from signal handlers and the watchdog."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.spawning = False
+        self.pending: list[int] = []  # signals that came while CMD was being started
+        self.lost = threading.Event()  # set from the watchdog thread by on_lost
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        process = self.process
+        if process is None:
+            if self.spawning:
+                self.pending.append(signum)
+                return
+            raise _Interrupted(signum)
+        if process.returncode is not None:
+            return  # CMD is done; the lock is being released and we exit right after
+        if signum == signal.SIGINT and _terminal_delivers_to_us():
+            return  # the terminal sent Ctrl-C to CMD as well
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+
+    def on_lost(self, lock: object) -> None:
+        self.lost.set()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``run``: hold a lock while a command runs, pass its exit status through."""
+    command: list[str] | None = args.command_argv
+    if args.stray or command is None:
+        raise UsageError(f"put the command after '--': {PROG} run NAME -- CMD [ARGS...]")
+    if not command:
+        raise UsageError("no command after '--'")
+    name = _name(args.name)
+    child = _Child()
+    with _open_manager(_require_masters(args), lease=RUN_LEASE, on_lost=child.on_lost) as mgr:
+        lock: _Lockish
+        if args.shared:
+            lock = mgr.rw_lock(name).read
+        elif args.fair:
+            lock = mgr.fair_lock(name)
+        else:
+            lock = mgr.lock(name)
+        with _signals(child.on_signal, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                if not _acquire(lock, args.timeout, args.lease):
+                    print(
+                        f"{PROG}: lock {name!r} is held elsewhere: not obtained within "
+                        f"{args.timeout:g} s",
+                        file=sys.stderr,
+                    )
+                    return EXIT_FAILED
+                return _run_holding(lock, name, command, child, fixed=args.lease is not None)
+            except _Interrupted as interrupted:
+                # The signal may have come after a grant but before acquire() returned.
+                with contextlib.suppress(Exception):
+                    while lock.hold_count:
+                        lock.release()
+                print(
+                    f"{PROG}: interrupted ({signal.Signals(interrupted.signum).name}) before "
+                    f"the command started; lock {name!r} not held",
+                    file=sys.stderr,
+                )
+                return 128 + interrupted.signum
+
+
+def _acquire(lock: _Lockish, timeout: float | None, lease: float | None) -> bool:
+    try:
+        if timeout is None:
+            return lock.acquire(lease=lease)
+        if timeout == 0:
+            return lock.acquire(blocking=False, lease=lease)
+        return lock.acquire(timeout=timeout, lease=lease)
+    except ValueError as error:  # a lease too short for the drift and master timeout
+        raise UsageError(str(error)) from None
+
+
+def _run_holding(
+    lock: _Lockish, name: str, command: list[str], child: _Child, *, fixed: bool
+) -> int:
+    """Run CMD under the held lock; release it however CMD ends; return the status."""
+    status, lost = EXIT_FAILED, False
+    try:
+        status, lost = _run_child(lock, name, command, child, fixed=fixed)
+    finally:
+        status = _release(lock, name, status, lost)
+    return status
+
+
+def _run_child(
+    lock: _Lockish, name: str, command: list[str], child: _Child, *, fixed: bool
+) -> tuple[int, bool]:
+    """Start CMD and wait for it: (exit status, whether it was stopped for a lost lock)."""
+    child.spawning = True
+    try:
+        child.process = subprocess.Popen(command)
+    except FileNotFoundError:
+        print(f"{PROG}: {command[0]}: command not found", file=sys.stderr)
+        return EXIT_NOT_FOUND, False
+    except OSError as error:
+        print(f"{PROG}: cannot run {command[0]}: {error.strerror}", file=sys.stderr)
+        return EXIT_NOT_RUNNABLE, False
+    finally:
+        child.spawning = False
+    for signum in child.pending:
+        child.on_signal(signum, None)
+    if _wait_for(child.process, lock, name, child, fixed=fixed):
+        return EXIT_FAILED, True
+    return _exit_status(child.process.returncode), False
+
+
+def _wait_for(
+    process: subprocess.Popen[bytes], lock: _Lockish, name: str, child: _Child, *, fixed: bool
+) -> bool:
+    """Wait for CMD to exit; return whether it was stopped because the lock was lost."""
+    stopped_at: float | None = None
+    while True:
+        try:
+            process.wait(timeout=RUN_POLL)
+            return stopped_at is not None
+        except subprocess.TimeoutExpired:
+            pass
+        if stopped_at is None:
+            # A fixed lease is never renewed, so no watchdog reports it: its validity
+            # running out is the loss.
+            expired = fixed and lock.remaining() <= 0
+            if child.lost.is_set() or expired:
+                why = "its fixed lease ran out" if expired else "its lease was lost"
+                print(
+                    f"{PROG}: lock {name!r} lost while the command ran ({why}): stopping "
+                    f"it (pid {process.pid}) with SIGTERM; exit status will be 1",
+                    file=sys.stderr,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    process.terminate()
+                stopped_at = time.monotonic()
+        elif time.monotonic() - stopped_at > RUN_KILL_GRACE:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+
+
+def _release(lock: _Lockish, name: str, status: int, lost: bool) -> int:
+    """Release the lock; return the exit status to use (1 if it turned out lost)."""
+    try:
+        lock.release()
+    except LockLostError as error:
+        if not lost:  # lost after the last check: CMD's end ran unprotected
+            print(
+                f"{PROG}: lock {name!r} was lost before the command ended: {error}",
+                file=sys.stderr,
+            )
+        return EXIT_FAILED
+    except QuorumUnavailableError as error:
+        # CMD ran under the lock; only the clean-up failed, and the lease ends it.
+        print(
+            f"{PROG}: could not release lock {name!r} ({_quorum_message(error)}); it frees "
+            "itself when its lease runs out",
+            file=sys.stderr,
+        )
+    return status
+
+
+# -- inspect ------------------------------------------------------------------------
+
+
+class _LockView(Protocol):
+    @property
+    def kind(self) -> str: ...
+    @property
+    def mode(self) -> str | None: ...
+    @property
+    def ttl(self) -> float | None: ...
+    @property
+    def holders(self) -> dict[str, int]: ...
+    @property
+    def queue(self) -> list[str]: ...
+
+
+class _MasterView(Protocol):
+    @property
+    def master(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def locks(self) -> Sequence[_LockView]: ...
+
+
+def _summary(views: Sequence[_MasterView], quorum: int) -> tuple[str, str]:
+    """(state, sentence): what a quorum of masters agrees on for the name."""
+    answered = [v for v in views if v.error is None]
+    if len(answered) < quorum:
+        failed = next((v for v in views if v.error is not None), None)
+        first = f" ({failed.master}: {_one_line(failed.error or '')})" if failed else ""
+        return "unknown", (
+            f"masters unavailable: only {len(answered)} of {len(views)} answered, a "
+            f"quorum of {quorum} is out of reach{first}"
+        )
+    seen: dict[tuple[str, str | None, str], list[int]] = {}
+    for view in answered:
+        for lv in view.locks:
+            for owner, count in lv.holders.items():
+                seen.setdefault((lv.kind, lv.mode, owner), []).append(count)
+    held = [(key, counts) for key, counts in seen.items() if len(counts) >= quorum]
+    if held:
+        parts = [
+            f"{kind}{'/' + mode if mode else ''} by {owner} (hold count {max(counts)}, "
+            f"on {len(counts)} of {len(views)} masters)"
+            for (kind, mode, owner), counts in held
+        ]
+        return "held", "held: " + "; ".join(parts)
+    partial = sum(1 for v in answered if v.locks)
+    if partial:
+        return "partial", (
+            f"not held on a quorum of {quorum}: leftovers on {partial} master(s) "
+            "(an acquire under way, or keys that expire with their TTL)"
+        )
+    return "free", "free"
+
+
+def _ttl(ttl: float | None) -> str:
+    return "-" if ttl is None else f"{ttl:.1f}s"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``inspect``: each master's view of a name (table or JSON)."""
+    name = _name(args.name)
+    with _open_manager(_require_masters(args)) as mgr:
+        views: Sequence[_MasterView] = mgr.inspect(name)
+        quorum = mgr.quorum
+    state, sentence = _summary(views, quorum)
+    if args.json:
+        document = {
+            "name": name,
+            "quorum": quorum,
+            "state": state,
+            "summary": sentence,
+            "masters": [
+                {
+                    "master": v.master,
+                    "error": v.error,
+                    "locks": [
+                        {
+                            "kind": lv.kind,
+                            "mode": lv.mode,
+                            "ttl": lv.ttl,
+                            "holders": dict(lv.holders),
+                            "queue": list(lv.queue),
+                        }
+                        for lv in v.locks
+                    ],
+                }
+                for v in views
+            ],
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(f"lock {name!r} on {len(views)} masters, quorum {quorum}: {sentence}")
+        rows = [["MASTER", "KIND", "MODE", "TTL", "HOLDERS (hold count)", "QUEUE"]]
+        for v in views:
+            if v.error is not None:
+                rows.append([v.master, "error", "", "", _one_line(v.error), ""])
+            elif not v.locks:
+                rows.append([v.master, "-", "-", "-", "(free)", "-"])
+            for lv in [] if v.error is not None else v.locks:
+                holders = ", ".join(f"{o} x{c}" for o, c in lv.holders.items()) or "(none)"
+                rows.append(
+                    [
+                        v.master,
+                        lv.kind,
+                        lv.mode or "-",
+                        _ttl(lv.ttl),
+                        holders,
+                        ", ".join(lv.queue) or "-",
+                    ]
+                )
+        print(_table(rows))
+    if state == "unknown":
+        print(f"{PROG}: {sentence}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+# -- unlock ---------------------------------------------------------------------------
+
+
+def cmd_unlock(args: argparse.Namespace) -> int:
+    """``unlock --force``: delete every kind of lock under a name."""
+    name = _name(args.name)
+    if not args.force:
+        raise UsageError(
+            f"refusing to unlock {name!r} without --force: it deletes the lock whoever "
+            f"holds it (see '{PROG} inspect {name}' first)"
+        )
+    with _open_manager(_require_masters(args)) as mgr:
+        deleted = mgr.force_unlock(name)
+    if deleted:
+        print(f"unlocked {name!r}: its keys were deleted and its waiters woken")
+    else:
+        print(f"{name!r} was not locked: nothing was deleted")
+    return EXIT_OK
+
+
+# -- ensemble -------------------------------------------------------------------------
+
+
+def _state_path(args: argparse.Namespace) -> str:
+    if args.state:
+        return os.path.abspath(str(args.state))
+    from_env = os.environ.get(STATE_ENV)
+    if from_env:
+        return os.path.abspath(from_env)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = runtime if runtime and os.path.isdir(runtime) else tempfile.gettempdir()
+    return os.path.join(base, STATE_FILE)
+
+
+def _load_state(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise CliError(f"cannot read the state file {path}: {error}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("servers"), list):
+        raise CliError(f"{path} is not a redreentrant ensemble state file")
+    return state
+
+
+def _write_state(path: str, state: dict[str, Any]) -> None:
+    # Written aside and renamed: a reader never sees half a file.
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=2)
+        f.write("\n")
+    os.replace(partial, path)
+
+
+def _free_ports(count: int) -> list[int]:
+    # All bound at once so no port is handed out twice; a race with another process
+    # before redis binds it is handled by retrying on a fresh port.
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _probe(port: int, timeout: float = 0.2) -> int | None:
+    """The pid of the redis-server answering on ``port``, or None."""
+    client = redis.Redis(
+        host=HOST,
+        port=port,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        return int(client.info("server").get("process_id", -1))
+    except (redis.RedisError, OSError, ValueError):
+        return None
+    finally:
+        client.close()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (zombies count as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            # The state follows the parenthesised command name, which may hold spaces.
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _is_our_server(pid: int, port: int) -> bool:
+    """Whether ``pid`` is still the redis-server we started on ``port`` (pids get reused)."""
+    if not _alive(pid):
+        return False
+    if _probe(port) == pid:
+        return True
+    try:  # not answering (e.g. stopped): recognise it by its command line
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return b"redis-server" in cmdline and str(port).encode() in cmdline
+
+
+def _server_command(binary: str, port: int, directory: str) -> list[str]:
+    return [
+        binary,
+        "--port", str(port),
+        "--bind", HOST,
+        "--protected-mode", "yes",
+        "--dir", directory,
+        "--logfile", os.path.join(directory, "redis.log"),
+        "--save", "",
+        "--appendonly", "no",
+        "--daemonize", "no",
+    ]  # fmt: skip
+
+
+def _start_detached(binary: str, port: int, directory: str) -> subprocess.Popen[bytes]:
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "redis.log"), "ab") as log:
+        return subprocess.Popen(
+            _server_command(binary, port, directory),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            # Own session: it survives this command, the terminal's Ctrl-C and hang-up.
+            start_new_session=True,
+        )
+
+
+def _wait_ready(process: subprocess.Popen[bytes], port: int) -> bool:
+    """True once ``process`` answers on ``port``; False if it exited (port taken)."""
+    deadline = time.monotonic() + _START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        if _probe(port) == process.pid:
+            return True
+        time.sleep(0.02)
+    raise CliError(f"redis-server on {HOST}:{port} did not answer within {_START_TIMEOUT:g} s")
+
+
+def _stop_pids(pids: Sequence[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_TIMEOUT
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _remove_ensemble_dir(directory: object) -> None:
+    # Only a directory this command made: a corrupt state file must not delete others.
+    if (
+        isinstance(directory, str)
+        and os.path.basename(directory).startswith("redreentrant-ensemble-")
+        and os.path.isdir(directory)
+    ):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _servers(state: dict[str, Any]) -> list[tuple[int, int]]:
+    """(port, pid) of every server in a state file."""
+    try:
+        return [(int(s["port"]), int(s["pid"])) for s in state["servers"]]
+    except (KeyError, TypeError, ValueError):
+        raise CliError("the state file is corrupt: remove it and stop servers by hand") from None
+
+
+def _masters_line(ports: Sequence[int]) -> str:
+    return f"{MASTERS_ENV}=" + ",".join(f"redis://{HOST}:{port}/0" for port in ports)
+
+
+def cmd_ensemble_up(args: argparse.Namespace) -> int:
+    """``ensemble up``: start detached local masters and record them in a state file."""
+    path = _state_path(args)
+    old = _load_state(path)
+    if old is not None:
+        if any(_is_our_server(pid, port) for port, pid in _servers(old)):
+            raise CliError(
+                f"an ensemble is already up (state file {path}): see "
+                f"'{PROG} ensemble status', stop it with '{PROG} ensemble down'"
+            )
+        _remove_ensemble_dir(old.get("dir"))
+        os.unlink(path)
+        print(f"{PROG}: removed the stale state file {path} (no server was up)", file=sys.stderr)
+    binary = find_redis_server()
+    base = tempfile.mkdtemp(prefix="redreentrant-ensemble-")
+    started: list[tuple[int, subprocess.Popen[bytes], str]] = []
+    try:
+        for index, port in enumerate(_free_ports(args.size)):
+            directory = os.path.join(base, f"server{index}")
+            for _ in range(_PORT_ATTEMPTS):
+                process = _start_detached(binary, port, directory)
+                if _wait_ready(process, port):
+                    break
+                port = _free_ports(1)[0]  # it lost the port to someone else: try another
+            else:
+                raise CliError(f"redis-server could not start; see {directory}/redis.log")
+            started.append((port, process, directory))
+        state = {
+            "version": 1,
+            "dir": base,
+            "binary": binary,
+            "servers": [{"port": p, "pid": proc.pid, "dir": d} for p, proc, d in started],
+        }
+        _write_state(path, state)
+        if args.port_file:
+            with open(args.port_file, "w", encoding="utf-8") as f:
+                f.writelines(f"{p}\n" for p, _, _ in started)
+    except BaseException:
+        for _, process, _ in started:
+            process.kill()
+            process.wait()
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    print(
+        f"{PROG}: started {len(started)} redis-server masters on {HOST} (state file "
+        f"{path}); stop them with '{PROG} ensemble down'",
+        file=sys.stderr,
+    )
+    print(_masters_line([p for p, _, _ in started]))
+    return EXIT_OK
+
+
+def cmd_ensemble_status(args: argparse.Namespace) -> int:
+    """``ensemble status``: each recorded server up, down or not answering."""
+    path = _state_path(args)
+    state = _load_state(path)
+    if state is None:
+        print(f"no ensemble: no state file {path}")
+        return EXIT_FAILED
+    servers = _servers(state)
+    print(f"ensemble of {len(servers)} (state file {path}, directory {state.get('dir')})")
+    up = 0
+    for port, pid in servers:
+        if _probe(port) == pid:
+            word, up = "up", up + 1
+        elif _is_our_server(pid, port):
+            word = "not answering"
+        else:
+            word = "down"
+        print(f"  {HOST}:{port}  pid {pid:<8} {word}")
+    print(_masters_line([port for port, _ in servers]))
+    return EXIT_OK if up == len(servers) else EXIT_FAILED
+
+
+def cmd_ensemble_down(args: argparse.Namespace) -> int:
+    """``ensemble down``: stop the recorded servers, remove their files."""
+    path = _state_path(args)
+    state = _load_state(path)
+    if state is None:
+        print(f"no ensemble to stop: no state file {path}")
+        return EXIT_OK
+    ours = [pid for port, pid in _servers(state) if _is_our_server(pid, port)]
+    _stop_pids(ours)
+    _remove_ensemble_dir(state.get("dir"))
+    os.unlink(path)
+    print(f"stopped {len(ours)} redis-server(s); removed {state.get('dir')} and {path}")
+    return EXIT_OK
+
+
+# -- demo -----------------------------------------------------------------------------
+
+
+_COLOURS = ["36", "33", "35", "34", "96", "93", "95", "94"]
+
+
+class _Out:
+    """Timestamped, per-worker lines on stdout; colour only on a terminal."""
+
+    def __init__(self, colour: bool) -> None:
+        self.colour = colour
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._palette: dict[str, str] = {}
+        # Set on interruption: worker threads still unwinding must not print past it.
+        self.muted = False
+
+    def _paint(self, text: str, code: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.colour else text
+
+    def say(self, who: str, text: str) -> None:
+        with self._lock:
+            if self.muted:
+                return
+            code = self._palette.setdefault(who, _COLOURS[len(self._palette) % len(_COLOURS)])
+            stamp = f"+{time.monotonic() - self.started:6.2f}s"
+            print(f"{stamp}  {self._paint(f'{who:<10}', code)}  {text}", flush=True)
+
+    def heading(self, text: str) -> None:
+        with self._lock:
+            if self.muted:
+                return
+            print(flush=True)
+            print(self._paint(f"== {text} ==", "1"), flush=True)
+
+    def result(self, ok: bool, text: str) -> None:
+        word = self._paint("PASS", "32") if ok else self._paint("FAIL", "1;31")
+        with self._lock:
+            if self.muted:
+                return
+            stamp = f"+{time.monotonic() - self.started:6.2f}s"
+            print(f"{stamp}  {'check':<10}  {word} {text}", flush=True)
+
+
+class _Worker:
+    """One demo worker: a thread with its own LockManager."""
+
+    def __init__(self, demo: _Demo, who: str, mgr: LockManager) -> None:
+        self.demo = demo
+        self.who = who
+        self.mgr = mgr
+
+    def say(self, text: str) -> None:
+        self.demo.out.say(self.who, text)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds * self.demo.pace)
+
+
+class _Demo:
+    """The stages of ``redreentrant demo``."""
+
+    def __init__(
+        self, out: _Out, urls: list[str], ensemble: LocalEnsemble | None, quick: bool
+    ) -> None:
+        self.out = out
+        self.urls = urls
+        self.ensemble = ensemble
+        # Every pause is scaled by pace: 1.0 is slow enough to follow live (about 20 s
+        # in all), --quick is for tests and impatience (about 7 s).
+        self.pace = 0.25 if quick else 1.0
+        self.rounds = 3 if quick else 4
+        # A fresh prefix: on masters the user gave us, never touch a real lock.
+        self.prefix = f"redreentrant-demo:{uuid.uuid4().hex[:8]}:"
+        self.passed = 0
+        self.failed = 0
+        self.holder: subprocess.Popen[bytes] | None = None
+
+    def check(self, ok: bool, text: str) -> None:
+        self.out.result(ok, text)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+
+    def manager(self) -> LockManager:
+        return LockManager(self.urls, lease=DEMO_LEASE)
+
+    def start(self, who: str, body: Callable[[_Worker], None]) -> threading.Thread:
+        """Start ``body`` in a daemon thread with its own manager (errors are checks)."""
+
+        def target() -> None:
+            try:
+                with self.manager() as mgr:
+                    body(_Worker(self, who, mgr))
+            except Exception as error:
+                self.check(False, f"{who} raised {type(error).__name__}: {_one_line(str(error))}")
+
+        thread = threading.Thread(target=target, name=f"demo-{who}", daemon=True)
+        thread.start()
+        return thread
+
+    def join(self, threads: Sequence[threading.Thread], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in threads if t.is_alive()]
+        if stuck:
+            self.check(False, f"workers still running after {timeout:g} s: {', '.join(stuck)}")
+
+    # -- the stages -----------------------------------------------------------------
+
+    def stage_reentrant(self) -> None:
+        name = self.prefix + "counter"
+        workers = 4
+        self.out.say(
+            "demo",
+            f"{workers} workers (threads, each with its own LockManager) add 1 to a shared "
+            f"counter {self.rounds} times each, by read, pause, write: a race without the "
+            "lock. Each holds the lock twice, with nested 'with' blocks.",
+        )
+        shared = {"counter": 0, "inside": 0, "most_inside": 0}
+        guard = threading.Lock()  # only for the demo's own bookkeeping of "inside"
+
+        def body(w: _Worker) -> None:
+            lock = w.mgr.lock(name)
+            for _ in range(self.rounds):
+                with lock:
+                    with guard:
+                        shared["inside"] += 1
+                        shared["most_inside"] = max(shared["most_inside"], shared["inside"])
+                    w.say(f"acquired   (hold count {lock.hold_count})")
+                    with lock:  # re-entry by the same thread: a deeper hold, no wait
+                        value = shared["counter"]  # a read-modify-write, on purpose
+                        w.sleep(0.2)
+                        shared["counter"] = value + 1
+                        w.say(
+                            f"re-entered (hold count {lock.hold_count}): counter "
+                            f"{value} -> {value + 1}"
+                        )
+                    with guard:
+                        shared["inside"] -= 1
+                w.say("released")
+
+        self.join([self.start(f"worker-{i}", body) for i in range(1, workers + 1)])
+        expected = workers * self.rounds
+        self.check(
+            shared["counter"] == expected,
+            f"non-atomic counter is {shared['counter']}, expected {expected}",
+        )
+        self.check(
+            shared["most_inside"] == 1,
+            f"at most one worker inside at a time (seen {shared['most_inside']})",
+        )
+
+    def stage_rw(self) -> None:
+        name = self.prefix + "rw"
+        guard = threading.Lock()
+        state = {"readers": 0, "most_readers": 0, "writers": 0, "overlaps": 0}
+        self.out.say(
+            "demo",
+            "readers share the lock; a writer waits for them to leave, and readers that "
+            "come while a writer waits queue behind it (no writer starvation).",
+        )
+
+        # Events, not only delays, order the story, so it holds on a slow machine too:
+        # the writer comes once two readers are in, the late reader once it waits.
+        two_reading = threading.Event()
+        writer_waiting = threading.Event()
+
+        def reader(after: threading.Event | None, delay: float) -> Callable[[_Worker], None]:
+            def body(w: _Worker) -> None:
+                if after is not None:
+                    after.wait(10)
+                w.sleep(delay)
+                w.say("wants to read")
+                with w.mgr.rw_lock(name).read:
+                    with guard:
+                        state["readers"] += 1
+                        state["most_readers"] = max(state["most_readers"], state["readers"])
+                        state["overlaps"] += state["writers"]
+                        now = state["readers"]
+                    if now >= 2:
+                        two_reading.set()
+                    w.say(f"reading   (readers now {now})")
+                    two_reading.wait(5)  # stay until another reader is in, to show overlap
+                    w.sleep(1.2)
+                    with guard:
+                        state["readers"] -= 1
+                w.say("done reading")
+
+            return body
+
+        def writer(w: _Worker) -> None:
+            two_reading.wait(10)
+            w.sleep(0.3)
+            w.say("wants to write: waits for the readers to leave")
+            writer_waiting.set()
+            with w.mgr.rw_lock(name).write:
+                with guard:
+                    state["writers"] += 1
+                    state["overlaps"] += state["readers"]
+                    now = state["readers"]
+                w.say(f"writing   (readers now {now})")
+                w.sleep(1.0)
+                with guard:
+                    state["writers"] -= 1
+            w.say("done writing")
+
+        threads = [self.start(f"reader-{i}", reader(None, 0.2 * (i - 1))) for i in range(1, 4)]
+        threads.append(self.start("writer", writer))
+        # A late reader: it comes while the writer waits, and must wait behind it.
+        threads.append(self.start("reader-4", reader(writer_waiting, 0.3)))
+        self.join(threads)
+        self.check(state["most_readers"] >= 2, f"{state['most_readers']} readers overlapped")
+        self.check(state["overlaps"] == 0, "the writer never overlapped a reader")
+
+    def stage_fair(self) -> None:
+        name = self.prefix + "fair"
+        order: list[int] = []
+        owner_ids: dict[int, str] = {}
+        ready = threading.Event()
+        workers = 4
+        self.out.say(
+            "demo",
+            f"a holder keeps the fair lock while {workers} workers queue up one after "
+            "the other; they must get it in the order they came.",
+        )
+
+        def waiter(i: int) -> Callable[[_Worker], None]:
+            def body(w: _Worker) -> None:
+                lock = w.mgr.fair_lock(name)
+                owner_ids[i] = w.mgr.owner_id()
+                ready.set()
+                w.say("queues up")
+                with lock:
+                    order.append(i)
+                    w.say(f"got the fair lock ({len(order)} of {workers})")
+                    w.sleep(0.4)
+
+            return body
+
+        with self.manager() as mgr:
+            fair = mgr.fair_lock(name)
+            fair.acquire()
+            self.out.say("holder", "holds the fair lock while the others queue up")
+            threads = []
+            for i in range(1, workers + 1):
+                ready.clear()
+                threads.append(self.start(f"fair-{i}", waiter(i)))
+                ready.wait(5)
+                self._wait_queued(mgr, name, owner_ids.get(i))
+            time.sleep(0.5 * self.pace)
+            self.out.say("holder", "releases: the queue is served first come, first served")
+            fair.release()
+        self.join(threads)
+        self.check(order == list(range(1, workers + 1)), f"granted in arrival order {order}")
+
+    def _wait_queued(self, mgr: LockManager, name: str, owner: str | None) -> None:
+        """Wait until ``owner`` shows in the fair lock's queue on a quorum of masters,
+        so the next waiter surely arrives after it."""
+        deadline = time.monotonic() + 3.0
+        while owner is not None and time.monotonic() < deadline:
+            views = mgr.inspect(name)
+            queued = sum(
+                1 for v in views if v.error is None and any(owner in lv.queue for lv in v.locks)
+            )
+            if queued >= mgr.quorum:
+                return
+            time.sleep(0.02)
+        time.sleep(0.2 * self.pace)  # could not see it: give it time instead
+
+    def stage_crash(self, ensemble: LocalEnsemble) -> None:
+        name = self.prefix + "crash"
+        stop = threading.Event()
+        guard = threading.Lock()
+        tally = {"counter": 0, "grants": 0, "after_kill": 0, "lost": 0}
+        killed = threading.Event()
+        self.out.say(
+            "demo",
+            "3 workers take turns on a lock; then masters 4 and 5 die. A quorum is 3 "
+            "of 5, so the lock keeps working. A hold that relied on the dead masters "
+            "(granted by, say, masters 1, 2, 4 and 5) is no longer on a quorum: its owner "
+            "is told (LockLostError), never left believing it holds the lock.",
+        )
+
+        def body(w: _Worker) -> None:
+            lock = w.mgr.lock(name)
+            while not stop.is_set():
+                try:
+                    with lock:
+                        value = tally["counter"]
+                        w.sleep(0.1)
+                        tally["counter"] = value + 1
+                        with guard:
+                            tally["grants"] += 1
+                            tally["after_kill"] += killed.is_set()
+                        up = sum(s.running for s in ensemble.servers)
+                        w.say(f"acquired: counter {value} -> {value + 1} ({up} of 5 masters up)")
+                except LockLostError:
+                    # Its grants were on the masters that died: expected, and reported.
+                    with guard:
+                        tally["lost"] += 1
+                    w.say("its hold was lost with the dead masters: told by LockLostError")
+                w.sleep(0.1)
+
+        threads = [self.start(f"worker-{i}", body) for i in range(1, 4)]
+        time.sleep(1.5 * self.pace)
+        for index in (3, 4):
+            ensemble[index].kill()
+            self.out.say("chaos", f"SIGKILLed master {index + 1} ({ensemble[index].url})")
+            killed.set()
+        time.sleep(2.0 * self.pace)
+        with self.manager() as mgr:
+            lock = mgr.lock(name)
+            with lock:
+                views = mgr.inspect(name)
+                granted = sum(1 for v in views if v.error is None and v.locks)
+                self.out.say(
+                    "observer",
+                    f"holds the lock: granted by {granted} of {len(views)} masters "
+                    f"(quorum {mgr.quorum})",
+                )
+        stop.set()
+        self.join(threads)
+        self.check(
+            tally["counter"] == tally["grants"],
+            f"counter {tally['counter']} matches {tally['grants']} grants",
+        )
+        self.check(
+            tally["after_kill"] > 0 and granted >= 3,
+            f"{tally['after_kill']} grants after two masters died (quorum 3 of 5 held)",
+        )
+        if tally["lost"]:
+            self.out.say("demo", f"{tally['lost']} hold(s) lost with the dead masters, and said so")
+        for index in (3, 4):
+            ensemble[index].start()
+        self.out.say("chaos", "restarted masters 4 and 5 (empty; no lock was held)")
+
+    def stage_sigkill(self) -> None:
+        name = self.prefix + "orphan"
+        lease = DEMO_HOLDER_LEASE
+        self.out.say(
+            "demo",
+            f"another process takes a lock with a {lease:g} s lease and is killed with "
+            "SIGKILL: it never releases, and the lock must free itself when the lease ends.",
+        )
+        script = (
+            "import sys, time\n"
+            "from redreentrant import LockManager\n"
+            "mgr = LockManager(sys.argv[1].split(','))\n"
+            "mgr.lock(sys.argv[2]).acquire(lease=float(sys.argv[3]))\n"
+            "print('held', flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        self.holder = subprocess.Popen(
+            [sys.executable, "-c", script, ",".join(self.urls), name, str(lease)],
+            stdout=subprocess.PIPE,
+            start_new_session=True,  # the terminal's Ctrl-C is ours to handle
+        )
+        assert self.holder.stdout is not None
+        readable, _, _ = select.select([self.holder.stdout], [], [], 15.0)
+        line = self.holder.stdout.readline() if readable else b""
+        if line.strip() != b"held":
+            self.check(False, "the holder process took the lock")
+            return
+        pid = self.holder.pid
+        self.out.say("holder", f"process {pid} holds {name!r} with a fixed {lease:g} s lease")
+        with self.manager() as mgr:
+            lock = mgr.lock(name)
+            refused = not lock.acquire(blocking=False)
+            self.out.say("observer", "try-acquire refused: it is held" if refused else "got it?!")
+            self.holder.send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+            self.holder.wait()
+            self.out.say("chaos", f"SIGKILLed process {pid}: it will never release")
+            self.out.say("observer", "waits for the lock (woken when the lease runs out)")
+            got = lock.acquire(timeout=lease + 5)
+            waited = time.monotonic() - killed_at
+            if got:
+                self.out.say("observer", f"got it {waited:.2f} s after the kill")
+                lock.release()
+        self.check(refused, "the lock was held while its holder lived")
+        self.check(
+            got and waited <= lease + 1.0,
+            f"freed by its lease {waited:.2f} s after the holder was killed (lease {lease:g} s)",
+        )
+
+    def run(self) -> None:
+        stages: list[tuple[str, Callable[[], None] | None]] = [
+            ("reentrant lock: workers, nested 'with', a shared counter", self.stage_reentrant),
+            ("read/write lock: readers overlap, a writer excludes them", self.stage_rw),
+            ("fair lock: first come, first served", self.stage_fair),
+            ("two of five masters crash while locking goes on", None),
+            ("a holder killed with SIGKILL: its lease frees the lock", self.stage_sigkill),
+        ]
+        if self.ensemble is not None:
+            ensemble = self.ensemble
+            stages[3] = (stages[3][0], lambda: self.stage_crash(ensemble))
+        for number, (title, stage) in enumerate(stages, 1):
+            self.out.heading(f"Stage {number}/{len(stages)}: {title}")
+            if stage is None:
+                self.out.say("demo", "skipped: it kills masters, and these masters are yours")
+                continue
+            try:
+                stage()
+            except (LockError, OSError, redis.RedisError) as error:
+                self.check(False, f"stage {number} raised {type(error).__name__}: {error}")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``demo``: the guided tour."""
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    out = _Out(colour)
+    urls = _master_urls(args)
+    ensemble: LocalEnsemble | None = None
+    demo: _Demo | None = None
+    # SIGTERM unwinds like Ctrl-C, so the servers are stopped in every case.
+    with _signals(_raise_interrupted, signal.SIGTERM, signal.SIGHUP):
+        try:
+            if urls is None:
+                ensemble = LocalEnsemble(5)
+                try:
+                    ensemble.start()
+                except RuntimeError as error:  # a server did not come up; says why
+                    raise CliError(f"cannot start the local masters: {error}") from None
+                urls = ensemble.urls
+                out.say("demo", f"started 5 local redis-server masters: {', '.join(urls)}")
+            else:
+                out.say("demo", f"using your {len(urls)} masters: {', '.join(urls)}")
+            demo = _Demo(out, urls, ensemble, args.quick)
+            demo.run()
+        except (KeyboardInterrupt, _Interrupted) as interrupted:
+            signum = getattr(interrupted, "signum", signal.SIGINT)
+            out.muted = True
+            print(f"{PROG}: demo interrupted; cleaning up", file=sys.stderr)
+            return 128 + int(signum)
+        finally:
+            holder = demo.holder if demo is not None else None
+            if holder is not None:
+                if holder.poll() is None:
+                    holder.kill()
+                    holder.wait()
+                if holder.stdout is not None:
+                    holder.stdout.close()
+            if ensemble is not None:
+                ensemble.stop()
+                out.say("demo", "stopped the local masters")
+    assert demo is not None
+    out.heading("Result")
+    total = demo.passed + demo.failed
+    if demo.failed:
+        out.say("demo", f"{demo.failed} of {total} checks FAILED")
+        return EXIT_FAILED
+    out.say("demo", f"all {total} checks passed")
+    return EXIT_OK
+
+
+# -- entry point --------------------------------------------------------------------
+
+
+class _OneLineFormatter(logging.Formatter):
+    """The library's warnings as single lines: a CLI prints no tracebacks."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            text += f": {type(error).__name__}: {_one_line(str(error))}"
+        return _one_line(text)
+
+
+def _setup_logging() -> None:
+    logger = logging.getLogger("redreentrant")
+    if not any(isinstance(h.formatter, _OneLineFormatter) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_OneLineFormatter())
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``redreentrant`` command; return its exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        arguments, command = _split_command(arguments)
+        args = build_parser().parse_args(arguments)
+        args.command_argv = command
+        _setup_logging()
+        status: int = args.func(args)
+        return status
+    except SystemExit as exit_:  # --help and --version
+        return exit_.code if isinstance(exit_.code, int) else EXIT_OK
+    except CliError as error:
+        _complain(str(error))
+        return error.code
+    except QuorumUnavailableError as error:
+        _complain(_quorum_message(error))
+        return EXIT_FAILED
+    except (LockError, RedisServerNotFound) as error:
+        _complain(str(error))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _complain("interrupted")
+        return 128 + signal.SIGINT
+    except _Interrupted as interrupted:
+        _complain(f"interrupted ({interrupted})")
+        return 128 + interrupted.signum
+    except BrokenPipeError:
+        # The reader went away (e.g. '| head'): nothing more to say, and nowhere to.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stops the flush at exit
+        return EXIT_FAILED
+    except OSError as error:  # e.g. a state file or directory we may not write
+        _complain(str(error))
+        return EXIT_FAILED
+
+
+def _complain(message: str) -> None:
+    print(f"{PROG}: {_one_line(message)}", file=sys.stderr)

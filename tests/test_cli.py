@@ -1,0 +1,466 @@
+"""The ``redreentrant`` command line, run as a subprocess against real masters."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from redreentrant import LockLostError, LockManager, __version__, cli
+from redreentrant.ensemble import find_redis_server
+from redreentrant.errors import RedisServerNotFound
+
+CLI = [sys.executable, "-m", "redreentrant"]
+PY = sys.executable
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without our variables (a developer's shell may have them set)."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in (cli.MASTERS_ENV, cli.STATE_ENV, "NO_COLOR")
+    }
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    *args: str,
+    masters: list[str] | None = None,
+    timeout: float = 30,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; ``masters`` go into $REDREENTRANT_MASTERS, ``env`` adds variables."""
+    env = dict(env or {})
+    if masters is not None:
+        env[cli.MASTERS_ENV] = ",".join(masters)
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean_env(**env),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """The user-error contract: exit ``code``, one ``redreentrant: ...`` line, no traceback."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("redreentrant: "), result.stderr
+    return lines[0]
+
+
+def start_cli(*args: str, masters: list[str]) -> subprocess.Popen[str]:
+    # Own session: no controlling terminal, so a SIGINT sent here is always forwarded.
+    return subprocess.Popen(
+        [*CLI, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(**{cli.MASTERS_ENV: ",".join(masters)}),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def read_line(process: subprocess.Popen[str], timeout: float = 15.0) -> str:
+    assert process.stdout is not None
+    readable, _, _ = select.select([process.stdout], [], [], timeout)
+    assert readable, "no output in time"
+    return process.stdout.readline()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie (a container's pid 1 may never reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+@pytest.fixture
+def redis_binary() -> str:
+    try:
+        return find_redis_server()
+    except RedisServerNotFound:
+        if IN_CI:
+            pytest.fail("no redis-server binary: the CLI tests must run in CI")
+        pytest.skip("no redis-server binary")
+
+
+# -- help ---------------------------------------------------------------------------
+
+
+def test_help_and_version_exit_0() -> None:
+    assert run_cli("--version").stdout.strip() == f"redreentrant {__version__}"
+    helped = run_cli("run", "--help")
+    assert helped.returncode == 0
+    assert "lost" in helped.stdout and "SIGTERM" in helped.stdout
+    for command in ("demo", "inspect", "unlock", "ensemble"):
+        assert run_cli(command, "--help").returncode == 0
+
+
+# -- run ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["before", "after", "env"])
+def test_run_passes_the_exit_status_through(urls: list[str], where: str) -> None:
+    masters = ",".join(urls)
+    command = ["job", "--", "sh", "-c", "exit 7"]
+    if where == "before":
+        result = run_cli("--masters", masters, "run", *command)
+    elif where == "after":
+        result = run_cli("run", "--masters", masters, *command)
+    else:
+        result = run_cli("run", *command, masters=urls)
+    assert result.returncode == 7, result.stderr
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind", "mode"),
+    [([], "lock", None), (["--shared"], "rw", "read"), (["--fair"], "fair", None)],
+)
+def test_run_holds_the_lock_while_the_command_runs(
+    urls: list[str], flags: list[str], kind: str, mode: str | None
+) -> None:
+    # The command looks at the lock itself, through the CLI.
+    look = [PY, "-m", "redreentrant", "inspect", "--json", "held"]
+    result = run_cli("run", *flags, "held", "--", *look, masters=urls)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["state"] == "held"
+    for view in seen["masters"]:
+        assert view["error"] is None
+        [lock] = view["locks"]
+        assert (lock["kind"], lock["mode"]) == (kind, mode)
+        assert list(lock["holders"].values()) == [1]
+        assert 0 < lock["ttl"] <= cli.RUN_LEASE
+    with LockManager(urls) as mgr:
+        assert not mgr.lock("held").locked()
+        assert all(not v.locks for v in mgr.inspect("held"))
+
+
+def test_run_gives_up_after_its_timeout(
+    manager: LockManager, urls: list[str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    with manager.lock("busy"):
+        for timeout in ("0.3", "0"):
+            started = time.monotonic()
+            result = run_cli(
+                "run", "--timeout", timeout, "busy", "--", "touch", str(marker),
+                masters=urls,
+            )  # fmt: skip
+            line = assert_one_error_line(result, 1)
+            assert "busy" in line and "not obtained" in line
+            assert time.monotonic() - started < 5
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("signum", "child", "status"),
+    [
+        (signal.SIGTERM, "signal.signal(signal.SIGTERM, lambda *a: sys.exit(5))", 5),
+        (signal.SIGTERM, "pass", 128 + signal.SIGTERM),
+        (signal.SIGINT, "signal.signal(signal.SIGINT, signal.SIG_DFL)", 128 + signal.SIGINT),
+    ],
+    ids=["sigterm-handled", "sigterm-default", "sigint-default"],
+)
+def test_a_signal_is_forwarded_and_the_lock_released(
+    urls: list[str], signum: int, child: str, status: int
+) -> None:
+    code = f"import signal, sys, time; {child}; print('ready', flush=True); time.sleep(60)"
+    process = start_cli("run", "sig", "--", PY, "-c", code, masters=urls)
+    try:
+        assert read_line(process) == "ready\n"
+        with LockManager(urls) as mgr:
+            assert mgr.lock("sig").locked()
+            process.send_signal(signum)
+            assert process.wait(timeout=10) == status
+            assert not mgr.lock("sig").locked()
+    finally:
+        process.kill()
+        process.communicate()
+
+
+def test_shared_runs_overlap(urls: list[str], tmp_path: Path) -> None:
+    # Each command announces itself and waits for the other: both succeed only if they
+    # ran at the same time.
+    rendezvous = (
+        "import pathlib, sys, time\n"
+        "mine, theirs = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])\n"
+        "mine.touch()\n"
+        "deadline = time.monotonic() + 10\n"
+        "while not theirs.exists():\n"
+        "    if time.monotonic() > deadline: sys.exit(9)\n"
+        "    time.sleep(0.02)\n"
+    )
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    runs = [
+        start_cli("run", "--shared", "--timeout", "10", "books", "--", PY, "-c", rendezvous, x, y,
+                  masters=urls)
+        for x, y in ((a, b), (b, a))
+    ]  # fmt: skip
+    for process in runs:
+        _, err = process.communicate(timeout=30)
+        assert process.returncode == 0, err
+
+
+def test_run_stops_the_command_when_its_fixed_lease_runs_out(urls: list[str]) -> None:
+    started = time.monotonic()
+    result = run_cli("run", "--lease", "1", "short", "--", "sleep", "30", masters=urls)
+    line = assert_one_error_line(result, 1)
+    assert "lost" in line and "fixed lease ran out" in line
+    assert time.monotonic() - started < 10
+
+
+def test_run_stops_the_command_when_the_watchdog_loses_the_lock(
+    urls: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In-process, to shorten the watchdog's lease (renewed every 0.5 s here).
+    monkeypatch.setattr(cli, "RUN_LEASE", 1.5)
+    monkeypatch.setattr(cli, "_setup_logging", lambda: None)  # leave logging alone
+    monkeypatch.setenv(cli.MASTERS_ENV, ",".join(urls))
+
+    def steal() -> None:
+        time.sleep(0.6)
+        with LockManager(urls) as mgr:
+            mgr.force_unlock("stolen")
+
+    thief = threading.Thread(target=steal)
+    thief.start()
+    started = time.monotonic()
+    try:
+        status = cli.main(["run", "stolen", "--", "sleep", "30"])
+    finally:
+        thief.join()
+    assert status == 1
+    assert time.monotonic() - started < 5  # the command was stopped, not waited for
+    assert "stopping it" in capsys.readouterr().err
+
+
+def test_run_reports_a_missing_command(urls: list[str]) -> None:
+    result = run_cli("run", "nocmd", "--", "no-such-command-here", masters=urls)
+    assert_one_error_line(result, 127)
+    with LockManager(urls) as mgr:
+        assert not mgr.lock("nocmd").locked()
+
+
+# -- inspect ------------------------------------------------------------------------
+
+
+def test_inspect_shows_the_holder_and_hold_count(manager: LockManager, urls: list[str]) -> None:
+    lock = manager.lock("shown")
+    with lock, lock:
+        owner = manager.owner_id()
+        table = run_cli("inspect", "shown", masters=urls)
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        assert lines[0].startswith("lock 'shown' on 5 masters, quorum 3: held")
+        rows = [line for line in lines if line.startswith("127.0.0.1:")]
+        assert len(rows) == 5
+        assert all(f"{owner} x2" in row and " lock " in row for row in rows)
+
+        document = json.loads(run_cli("inspect", "--json", "shown", masters=urls).stdout)
+        assert document["name"] == "shown" and document["quorum"] == 3
+        assert document["state"] == "held"
+        assert [v["master"] for v in document["masters"]] == list(manager.masters)
+        for view in document["masters"]:
+            assert view["locks"] == [
+                {
+                    "kind": "lock",
+                    "mode": None,
+                    "ttl": view["locks"][0]["ttl"],
+                    "holders": {owner: 2},
+                    "queue": [],
+                }
+            ]
+    free = run_cli("inspect", "--json", "shown", masters=urls)
+    assert json.loads(free.stdout)["state"] == "free"
+    assert "(free)" in run_cli("inspect", "shown", masters=urls).stdout
+
+
+# -- unlock -------------------------------------------------------------------------
+
+
+def test_unlock_force_frees_a_held_lock(manager: LockManager, urls: list[str]) -> None:
+    lock = manager.lock("stuck")
+    lock.acquire()
+    result = run_cli("unlock", "--force", "stuck", masters=urls)
+    assert result.returncode == 0, result.stderr
+    assert "unlocked 'stuck'" in result.stdout
+    with LockManager(urls) as other:
+        assert other.lock("stuck").acquire(blocking=False)
+        other.lock("stuck").release()
+    with pytest.raises(LockLostError):
+        lock.release()
+    again = run_cli("unlock", "--force", "stuck", masters=urls)
+    assert again.returncode == 0 and "nothing was deleted" in again.stdout
+
+
+def test_unlock_without_force_is_refused(manager: LockManager, urls: list[str]) -> None:
+    with manager.lock("kept") as lock:
+        line = assert_one_error_line(run_cli("unlock", "kept", masters=urls), 2)
+        assert "--force" in line
+        assert lock.is_owned() and lock.locked()
+
+
+# -- errors -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["run", "x", "--", "true"], ["inspect", "x"], ["unlock", "--force", "x"]],
+    ids=["run", "inspect", "unlock"],
+)
+def test_no_masters_is_a_usage_error(args: list[str]) -> None:
+    line = assert_one_error_line(run_cli(*args), 2)
+    assert "no masters" in line and "ensemble up" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["run", "x", "--", "true"], ["inspect", "x"], ["unlock", "--force", "x"]],
+    ids=["run", "inspect", "unlock"],
+)
+def test_unreachable_masters_fail_with_one_line(args: list[str]) -> None:
+    nowhere = [f"redis://127.0.0.1:{free_port()}/0", f"127.0.0.1:{free_port()}"]
+    result = run_cli(*args, masters=nowhere)
+    assert "masters unavailable" in assert_one_error_line(result, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["inspect", ""], "empty"),
+        (["run", "", "--", "true"], "empty"),
+        (["unlock", "--force", ""], "empty"),
+        (["run", "x"], "after '--'"),
+        (["run", "x", "sleep", "1"], "after '--'"),
+        (["run", "x", "--"], "no command"),
+        (["run", "--shared", "--fair", "x", "--", "true"], "not allowed"),
+        (["run", "--timeout", "-1", "x", "--", "true"], "--timeout"),
+        (["run", "--lease", "0", "x", "--", "true"], "--lease"),
+        (["run", "--lease", "0.01", "x", "--", "true"], "too short"),
+        (["frobnicate"], "invalid choice"),
+        ([], "required"),
+        (["--masters", "bogus://x", "inspect", "x"], "bad masters"),
+        (["ensemble", "up", "--size", "0"], "--size"),
+    ],
+)
+def test_bad_input_is_a_usage_error(urls: list[str], args: list[str], expected: str) -> None:
+    assert expected in assert_one_error_line(run_cli(*args, masters=urls), 2)
+
+
+# -- ensemble -----------------------------------------------------------------------
+
+
+def test_ensemble_up_status_down(redis_binary: str, tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    ports_file = tmp_path / "ports"
+    up = run_cli("ensemble", "up", "--size", "3", "--state", str(state),
+                 "--port-file", str(ports_file))  # fmt: skip
+    pids: list[int] = []
+    try:
+        assert up.returncode == 0, up.stderr
+        [line] = up.stdout.splitlines()
+        assert line.startswith(f"{cli.MASTERS_ENV}=")
+        masters = line.partition("=")[2].split(",")
+        ports = [int(p) for p in ports_file.read_text().split()]
+        assert masters == [f"redis://127.0.0.1:{p}/0" for p in ports] and len(ports) == 3
+        recorded = json.loads(state.read_text())
+        pids = [s["pid"] for s in recorded["servers"]]
+        directory = Path(recorded["dir"])
+        assert directory.is_dir()
+
+        # The state file may also come from the environment.
+        status = run_cli("ensemble", "status", env={cli.STATE_ENV: str(state)})
+        assert status.returncode == 0, status.stdout
+        assert status.stdout.count(" up") == 3
+
+        # The servers outlived the 'up' command, and they are usable masters.
+        assert run_cli("run", "dev", "--", "sh", "-c", "exit 3", masters=masters).returncode == 3
+
+        again = run_cli("ensemble", "up", "--state", str(state))
+        assert "already up" in assert_one_error_line(again, 1)
+
+        down = run_cli("ensemble", "down", "--state", str(state))
+        assert down.returncode == 0, down.stderr
+        deadline = time.monotonic() + 10
+        while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(gone(pid) for pid in pids)
+        assert not state.exists() and not directory.exists()
+        after = run_cli("ensemble", "status", "--state", str(state))
+        assert after.returncode == 1 and "no ensemble" in after.stdout
+        assert run_cli("ensemble", "down", "--state", str(state)).returncode == 0
+    finally:
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+# -- demo ---------------------------------------------------------------------------
+
+
+STAGES = [f"== Stage {n}/5: " for n in range(1, 6)]
+
+
+def test_demo_runs_every_stage_and_cleans_up(redis_binary: str) -> None:
+    started = time.monotonic()
+    result = run_cli("demo", "--quick", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""
+    positions = [result.stdout.index(stage) for stage in STAGES]
+    assert positions == sorted(positions)
+    assert "FAIL" not in result.stdout and "all 9 checks passed" in result.stdout
+    assert "\033[" not in result.stdout  # no colour when stdout is not a terminal
+    assert time.monotonic() - started < 60
+    # Every server it started is gone.
+    ports = [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)/0", result.stdout.splitlines()[0])]
+    assert len(ports) == 5
+    for port in ports:
+        with socket.socket() as sock, pytest.raises(OSError):
+            sock.connect(("127.0.0.1", port))
+
+
+def test_demo_on_given_masters_skips_the_crash_stage(urls: list[str]) -> None:
+    result = run_cli("demo", "--quick", timeout=120, masters=urls)
+    assert result.returncode == 0, result.stdout + result.stderr
+    crash = result.stdout.split(STAGES[3])[1].split(STAGES[4])[0]
+    assert "skipped" in crash
+    assert "all 7 checks passed" in result.stdout
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_masters_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # In-process calls of cli.main must not see a developer's variables either.
+    monkeypatch.delenv(cli.MASTERS_ENV, raising=False)
+    monkeypatch.delenv(cli.STATE_ENV, raising=False)
+    yield
