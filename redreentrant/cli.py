@@ -26,26 +26,19 @@ import json
 import logging
 import math
 import os
-import select
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any, NoReturn, Protocol
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from . import __version__
-from .ensemble import LocalEnsemble, find_redis_server
+from .demo import Demo, Out, first_line
+from .ensemble import LocalEnsemble, detached_servers, detached_status, stop_detached
 from .errors import LockError, LockLostError, QuorumUnavailableError, RedisServerNotFound
 from .keys import validate_name
 from .manager import LockManager
@@ -71,12 +64,8 @@ a lock outlives a ``run`` killed with SIGKILL."""
 RUN_POLL = 0.1  # seconds between checks for a lost lease while CMD runs
 RUN_KILL_GRACE = 10.0  # seconds a CMD stopped for a lost lock gets before SIGKILL
 
-DEMO_LEASE = 5.0
-DEMO_HOLDER_LEASE = 2.0  # the fixed lease of the holder killed in stage 5
 
-_START_TIMEOUT = 10.0  # seconds for an ``ensemble up`` server to answer
 _STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL for ``ensemble down``
-_PORT_ATTEMPTS = 5
 
 
 # -- errors and argument parsing ------------------------------------------------------
@@ -373,17 +362,12 @@ def _quorum_message(error: QuorumUnavailableError) -> str:
     if first is not None:
         master, cause = first
         more = len(error.errors) - 1
-        detail = f" ({master}: {_one_line(str(cause) or type(cause).__name__)}"
+        detail = f" ({master}: {first_line(str(cause) or type(cause).__name__)}"
         detail += f"; and {more} more)" if more else ")"
     return (
         f"masters unavailable: {len(error.errors)} failed to answer, a quorum of "
         f"{error.needed} is out of reach{detail}"
     )
-
-
-def _one_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0] if lines else text.strip()
 
 
 # -- signals --------------------------------------------------------------------------
@@ -653,7 +637,7 @@ def _summary(views: Sequence[_MasterView], quorum: int) -> tuple[str, str]:
     answered = [v for v in views if v.error is None]
     if len(answered) < quorum:
         failed = next((v for v in views if v.error is not None), None)
-        first = f" ({failed.master}: {_one_line(failed.error or '')})" if failed else ""
+        first = f" ({failed.master}: {first_line(failed.error or '')})" if failed else ""
         return "unknown", (
             f"masters unavailable: only {len(answered)} of {len(views)} answered, a "
             f"quorum of {quorum} is out of reach{first}"
@@ -729,7 +713,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         rows = [["MASTER", "KIND", "MODE", "TTL", "HOLDERS (hold count)", "QUEUE"]]
         for v in views:
             if v.error is not None:
-                rows.append([v.master, "error", "", "", _one_line(v.error), ""])
+                rows.append([v.master, "error", "", "", first_line(v.error), ""])
             elif not v.locks:
                 rows.append([v.master, "-", "-", "-", "(free)", "-"])
             for lv in [] if v.error is not None else v.locks:
@@ -808,136 +792,11 @@ def _write_state(path: str, state: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-def _free_ports(count: int) -> list[int]:
-    # All bound at once so no port is handed out twice; a race with another process
-    # before redis binds it is handled by retrying on a fresh port.
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.bind((HOST, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _probe(port: int, timeout: float = 0.2) -> int | None:
-    """The pid of the redis-server answering on ``port``, or None."""
-    client = redis.Redis(
-        host=HOST,
-        port=port,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
-    try:
-        return int(client.info("server").get("process_id", -1))
-    except (redis.RedisError, OSError, ValueError):
-        return None
-    finally:
-        client.close()
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (zombies count as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            # The state follows the parenthesised command name, which may hold spaces.
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _is_our_server(pid: int, port: int) -> bool:
-    """Whether ``pid`` is still the redis-server we started on ``port`` (pids get reused)."""
-    if not _alive(pid):
-        return False
-    if _probe(port) == pid:
-        return True
-    try:  # not answering (e.g. stopped): recognise it by its command line
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read().replace(b"\0", b" ")
-    except OSError:
-        return False
-    return b"redis-server" in cmdline and str(port).encode() in cmdline
-
-
-def _server_command(binary: str, port: int, directory: str) -> list[str]:
-    return [
-        binary,
-        "--port", str(port),
-        "--bind", HOST,
-        "--protected-mode", "yes",
-        "--dir", directory,
-        "--logfile", os.path.join(directory, "redis.log"),
-        "--save", "",
-        "--appendonly", "no",
-        "--daemonize", "no",
-    ]  # fmt: skip
-
-
-def _start_detached(binary: str, port: int, directory: str) -> subprocess.Popen[bytes]:
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "redis.log"), "ab") as log:
-        return subprocess.Popen(
-            _server_command(binary, port, directory),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            # Own session: it survives this command, the terminal's Ctrl-C and hang-up.
-            start_new_session=True,
-        )
-
-
-def _wait_ready(process: subprocess.Popen[bytes], port: int) -> bool:
-    """True once ``process`` answers on ``port``; False if it exited (port taken)."""
-    deadline = time.monotonic() + _START_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return False
-        if _probe(port) == process.pid:
-            return True
-        time.sleep(0.02)
-    raise CliError(f"redis-server on {HOST}:{port} did not answer within {_START_TIMEOUT:g} s")
-
-
-def _stop_pids(pids: Sequence[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + _STOP_TIMEOUT
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    for pid in pids:
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _remove_ensemble_dir(directory: object) -> None:
-    # Only a directory this command made: a corrupt state file must not delete others.
-    if (
-        isinstance(directory, str)
-        and os.path.basename(directory).startswith("redreentrant-ensemble-")
-        and os.path.isdir(directory)
-    ):
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 def _servers(state: dict[str, Any]) -> list[tuple[int, int]]:
     """(port, pid) of every server in a state file."""
     try:
-        return [(int(s["port"]), int(s["pid"])) for s in state["servers"]]
-    except (KeyError, TypeError, ValueError):
+        return detached_servers(state)
+    except ValueError:
         raise CliError("the state file is corrupt: remove it and stop servers by hand") from None
 
 
@@ -950,51 +809,41 @@ def cmd_ensemble_up(args: argparse.Namespace) -> int:
     path = _state_path(args)
     old = _load_state(path)
     if old is not None:
-        if any(_is_our_server(pid, port) for port, pid in _servers(old)):
+        if any(word != "down" for _, _, word in _status(old)):
             raise CliError(
                 f"an ensemble is already up (state file {path}): see "
                 f"'{PROG} ensemble status', stop it with '{PROG} ensemble down'"
             )
-        _remove_ensemble_dir(old.get("dir"))
+        stop_detached(old)  # nothing is up: this only removes its directory
         os.unlink(path)
         print(f"{PROG}: removed the stale state file {path} (no server was up)", file=sys.stderr)
-    binary = find_redis_server()
-    base = tempfile.mkdtemp(prefix="redreentrant-ensemble-")
-    started: list[tuple[int, subprocess.Popen[bytes], str]] = []
+    ensemble = LocalEnsemble(args.size)
     try:
-        for index, port in enumerate(_free_ports(args.size)):
-            directory = os.path.join(base, f"server{index}")
-            for _ in range(_PORT_ATTEMPTS):
-                process = _start_detached(binary, port, directory)
-                if _wait_ready(process, port):
-                    break
-                port = _free_ports(1)[0]  # it lost the port to someone else: try another
-            else:
-                raise CliError(f"redis-server could not start; see {directory}/redis.log")
-            started.append((port, process, directory))
-        state = {
-            "version": 1,
-            "dir": base,
-            "binary": binary,
-            "servers": [{"port": p, "pid": proc.pid, "dir": d} for p, proc, d in started],
-        }
-        _write_state(path, state)
-        if args.port_file:
-            with open(args.port_file, "w", encoding="utf-8") as f:
-                f.writelines(f"{p}\n" for p, _, _ in started)
+        ensemble.start()
+    except RuntimeError as error:  # a server did not come up; says why
+        ensemble.stop()
+        raise CliError(f"cannot start the local masters: {first_line(str(error))}") from None
+    try:
+        _write_state(path, ensemble.detach())
     except BaseException:
-        for _, process, _ in started:
-            process.kill()
-            process.wait()
-        shutil.rmtree(base, ignore_errors=True)
+        stop_detached(_load_state(path) or {"servers": []})
         raise
+    ports = [server.port for server in ensemble.servers]
+    if args.port_file:
+        with open(args.port_file, "w", encoding="utf-8") as f:
+            f.writelines(f"{port}\n" for port in ports)
     print(
-        f"{PROG}: started {len(started)} redis-server masters on {HOST} (state file "
+        f"{PROG}: started {len(ports)} redis-server masters on {HOST} (state file "
         f"{path}); stop them with '{PROG} ensemble down'",
         file=sys.stderr,
     )
-    print(_masters_line([p for p, _, _ in started]))
+    print(_masters_line(ports))
     return EXIT_OK
+
+
+def _status(state: dict[str, Any]) -> list[tuple[int, int, str]]:
+    _servers(state)  # a corrupt file is a clear error, not a traceback
+    return detached_status(state)
 
 
 def cmd_ensemble_status(args: argparse.Namespace) -> int:
@@ -1004,19 +853,12 @@ def cmd_ensemble_status(args: argparse.Namespace) -> int:
     if state is None:
         print(f"no ensemble: no state file {path}")
         return EXIT_FAILED
-    servers = _servers(state)
-    print(f"ensemble of {len(servers)} (state file {path}, directory {state.get('dir')})")
-    up = 0
-    for port, pid in servers:
-        if _probe(port) == pid:
-            word, up = "up", up + 1
-        elif _is_our_server(pid, port):
-            word = "not answering"
-        else:
-            word = "down"
+    rows = _status(state)
+    print(f"ensemble of {len(rows)} (state file {path}, directory {state.get('dir')})")
+    for port, pid, word in rows:
         print(f"  {HOST}:{port}  pid {pid:<8} {word}")
-    print(_masters_line([port for port, _ in servers]))
-    return EXIT_OK if up == len(servers) else EXIT_FAILED
+    print(_masters_line([port for port, _, _ in rows]))
+    return EXIT_OK if all(word == "up" for _, _, word in rows) else EXIT_FAILED
 
 
 def cmd_ensemble_down(args: argparse.Namespace) -> int:
@@ -1026,431 +868,23 @@ def cmd_ensemble_down(args: argparse.Namespace) -> int:
     if state is None:
         print(f"no ensemble to stop: no state file {path}")
         return EXIT_OK
-    ours = [pid for port, pid in _servers(state) if _is_our_server(pid, port)]
-    _stop_pids(ours)
-    _remove_ensemble_dir(state.get("dir"))
+    _servers(state)
+    stopped = stop_detached(state)
     os.unlink(path)
-    print(f"stopped {len(ours)} redis-server(s); removed {state.get('dir')} and {path}")
+    print(f"stopped {stopped} redis-server(s); removed {state.get('dir')} and {path}")
     return EXIT_OK
 
 
 # -- demo -----------------------------------------------------------------------------
 
 
-_COLOURS = ["36", "33", "35", "34", "96", "93", "95", "94"]
-
-
-class _Out:
-    """Timestamped, per-worker lines on stdout; colour only on a terminal."""
-
-    def __init__(self, colour: bool) -> None:
-        self.colour = colour
-        self.started = time.monotonic()
-        self._lock = threading.Lock()
-        self._palette: dict[str, str] = {}
-        # Set on interruption: worker threads still unwinding must not print past it.
-        self.muted = False
-
-    def _paint(self, text: str, code: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.colour else text
-
-    def say(self, who: str, text: str) -> None:
-        with self._lock:
-            if self.muted:
-                return
-            code = self._palette.setdefault(who, _COLOURS[len(self._palette) % len(_COLOURS)])
-            stamp = f"+{time.monotonic() - self.started:6.2f}s"
-            print(f"{stamp}  {self._paint(f'{who:<10}', code)}  {text}", flush=True)
-
-    def heading(self, text: str) -> None:
-        with self._lock:
-            if self.muted:
-                return
-            print(flush=True)
-            print(self._paint(f"== {text} ==", "1"), flush=True)
-
-    def result(self, ok: bool, text: str) -> None:
-        word = self._paint("PASS", "32") if ok else self._paint("FAIL", "1;31")
-        with self._lock:
-            if self.muted:
-                return
-            stamp = f"+{time.monotonic() - self.started:6.2f}s"
-            print(f"{stamp}  {'check':<10}  {word} {text}", flush=True)
-
-
-class _Worker:
-    """One demo worker: a thread with its own LockManager."""
-
-    def __init__(self, demo: _Demo, who: str, mgr: LockManager) -> None:
-        self.demo = demo
-        self.who = who
-        self.mgr = mgr
-
-    def say(self, text: str) -> None:
-        self.demo.out.say(self.who, text)
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds * self.demo.pace)
-
-
-class _Demo:
-    """The stages of ``redreentrant demo``."""
-
-    def __init__(
-        self, out: _Out, urls: list[str], ensemble: LocalEnsemble | None, quick: bool
-    ) -> None:
-        self.out = out
-        self.urls = urls
-        self.ensemble = ensemble
-        # Every pause is scaled by pace: 1.0 is slow enough to follow live (about 20 s
-        # in all), --quick is for tests and impatience (about 7 s).
-        self.pace = 0.25 if quick else 1.0
-        self.rounds = 3 if quick else 4
-        # A fresh prefix: on masters the user gave us, never touch a real lock.
-        self.prefix = f"redreentrant-demo:{uuid.uuid4().hex[:8]}:"
-        self.passed = 0
-        self.failed = 0
-        self.holder: subprocess.Popen[bytes] | None = None
-
-    def check(self, ok: bool, text: str) -> None:
-        self.out.result(ok, text)
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-
-    def manager(self) -> LockManager:
-        return LockManager(self.urls, lease=DEMO_LEASE)
-
-    def start(self, who: str, body: Callable[[_Worker], None]) -> threading.Thread:
-        """Start ``body`` in a daemon thread with its own manager (errors are checks)."""
-
-        def target() -> None:
-            try:
-                with self.manager() as mgr:
-                    body(_Worker(self, who, mgr))
-            except Exception as error:
-                self.check(False, f"{who} raised {type(error).__name__}: {_one_line(str(error))}")
-
-        thread = threading.Thread(target=target, name=f"demo-{who}", daemon=True)
-        thread.start()
-        return thread
-
-    def join(self, threads: Sequence[threading.Thread], timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        stuck = [t.name for t in threads if t.is_alive()]
-        if stuck:
-            self.check(False, f"workers still running after {timeout:g} s: {', '.join(stuck)}")
-
-    # -- the stages -----------------------------------------------------------------
-
-    def stage_reentrant(self) -> None:
-        name = self.prefix + "counter"
-        workers = 4
-        self.out.say(
-            "demo",
-            f"{workers} workers (threads, each with its own LockManager) add 1 to a shared "
-            f"counter {self.rounds} times each, by read, pause, write: a race without the "
-            "lock. Each holds the lock twice, with nested 'with' blocks.",
-        )
-        shared = {"counter": 0, "inside": 0, "most_inside": 0}
-        guard = threading.Lock()  # only for the demo's own bookkeeping of "inside"
-
-        def body(w: _Worker) -> None:
-            lock = w.mgr.lock(name)
-            for _ in range(self.rounds):
-                with lock:
-                    with guard:
-                        shared["inside"] += 1
-                        shared["most_inside"] = max(shared["most_inside"], shared["inside"])
-                    w.say(f"acquired   (hold count {lock.hold_count})")
-                    with lock:  # re-entry by the same thread: a deeper hold, no wait
-                        value = shared["counter"]  # a read-modify-write, on purpose
-                        w.sleep(0.2)
-                        shared["counter"] = value + 1
-                        w.say(
-                            f"re-entered (hold count {lock.hold_count}): counter "
-                            f"{value} -> {value + 1}"
-                        )
-                    with guard:
-                        shared["inside"] -= 1
-                w.say("released")
-
-        self.join([self.start(f"worker-{i}", body) for i in range(1, workers + 1)])
-        expected = workers * self.rounds
-        self.check(
-            shared["counter"] == expected,
-            f"non-atomic counter is {shared['counter']}, expected {expected}",
-        )
-        self.check(
-            shared["most_inside"] == 1,
-            f"at most one worker inside at a time (seen {shared['most_inside']})",
-        )
-
-    def stage_rw(self) -> None:
-        name = self.prefix + "rw"
-        guard = threading.Lock()
-        state = {"readers": 0, "most_readers": 0, "writers": 0, "overlaps": 0}
-        self.out.say(
-            "demo",
-            "readers share the lock; a writer waits for them to leave, and readers that "
-            "come while a writer waits queue behind it (no writer starvation).",
-        )
-
-        # Events, not only delays, order the story, so it holds on a slow machine too:
-        # the writer comes once two readers are in, the late reader once it waits.
-        two_reading = threading.Event()
-        writer_waiting = threading.Event()
-
-        def reader(after: threading.Event | None, delay: float) -> Callable[[_Worker], None]:
-            def body(w: _Worker) -> None:
-                if after is not None:
-                    after.wait(10)
-                w.sleep(delay)
-                w.say("wants to read")
-                with w.mgr.rw_lock(name).read:
-                    with guard:
-                        state["readers"] += 1
-                        state["most_readers"] = max(state["most_readers"], state["readers"])
-                        state["overlaps"] += state["writers"]
-                        now = state["readers"]
-                    if now >= 2:
-                        two_reading.set()
-                    w.say(f"reading   (readers now {now})")
-                    two_reading.wait(5)  # stay until another reader is in, to show overlap
-                    w.sleep(1.2)
-                    with guard:
-                        state["readers"] -= 1
-                w.say("done reading")
-
-            return body
-
-        def writer(w: _Worker) -> None:
-            two_reading.wait(10)
-            w.sleep(0.3)
-            w.say("wants to write: waits for the readers to leave")
-            writer_waiting.set()
-            with w.mgr.rw_lock(name).write:
-                with guard:
-                    state["writers"] += 1
-                    state["overlaps"] += state["readers"]
-                    now = state["readers"]
-                w.say(f"writing   (readers now {now})")
-                w.sleep(1.0)
-                with guard:
-                    state["writers"] -= 1
-            w.say("done writing")
-
-        threads = [self.start(f"reader-{i}", reader(None, 0.2 * (i - 1))) for i in range(1, 4)]
-        threads.append(self.start("writer", writer))
-        # A late reader: it comes while the writer waits, and must wait behind it.
-        threads.append(self.start("reader-4", reader(writer_waiting, 0.3)))
-        self.join(threads)
-        self.check(state["most_readers"] >= 2, f"{state['most_readers']} readers overlapped")
-        self.check(state["overlaps"] == 0, "the writer never overlapped a reader")
-
-    def stage_fair(self) -> None:
-        name = self.prefix + "fair"
-        order: list[int] = []
-        owner_ids: dict[int, str] = {}
-        ready = threading.Event()
-        workers = 4
-        self.out.say(
-            "demo",
-            f"a holder keeps the fair lock while {workers} workers queue up one after "
-            "the other; they must get it in the order they came.",
-        )
-
-        def waiter(i: int) -> Callable[[_Worker], None]:
-            def body(w: _Worker) -> None:
-                lock = w.mgr.fair_lock(name)
-                owner_ids[i] = w.mgr.owner_id()
-                ready.set()
-                w.say("queues up")
-                with lock:
-                    order.append(i)
-                    w.say(f"got the fair lock ({len(order)} of {workers})")
-                    w.sleep(0.4)
-
-            return body
-
-        with self.manager() as mgr:
-            fair = mgr.fair_lock(name)
-            fair.acquire()
-            self.out.say("holder", "holds the fair lock while the others queue up")
-            threads = []
-            for i in range(1, workers + 1):
-                ready.clear()
-                threads.append(self.start(f"fair-{i}", waiter(i)))
-                ready.wait(5)
-                self._wait_queued(mgr, name, owner_ids.get(i))
-            time.sleep(0.5 * self.pace)
-            self.out.say("holder", "releases: the queue is served first come, first served")
-            fair.release()
-        self.join(threads)
-        self.check(order == list(range(1, workers + 1)), f"granted in arrival order {order}")
-
-    def _wait_queued(self, mgr: LockManager, name: str, owner: str | None) -> None:
-        """Wait until ``owner`` shows in the fair lock's queue on a quorum of masters,
-        so the next waiter surely arrives after it."""
-        deadline = time.monotonic() + 3.0
-        while owner is not None and time.monotonic() < deadline:
-            views = mgr.inspect(name)
-            queued = sum(
-                1 for v in views if v.error is None and any(owner in lv.queue for lv in v.locks)
-            )
-            if queued >= mgr.quorum:
-                return
-            time.sleep(0.02)
-        time.sleep(0.2 * self.pace)  # could not see it: give it time instead
-
-    def stage_crash(self, ensemble: LocalEnsemble) -> None:
-        name = self.prefix + "crash"
-        stop = threading.Event()
-        guard = threading.Lock()
-        tally = {"counter": 0, "grants": 0, "after_kill": 0, "lost": 0}
-        killed = threading.Event()
-        self.out.say(
-            "demo",
-            "3 workers take turns on a lock; then masters 4 and 5 die. A quorum is 3 "
-            "of 5, so the lock keeps working. A hold that relied on the dead masters "
-            "(granted by, say, masters 1, 2, 4 and 5) is no longer on a quorum: its owner "
-            "is told (LockLostError), never left believing it holds the lock.",
-        )
-
-        def body(w: _Worker) -> None:
-            lock = w.mgr.lock(name)
-            while not stop.is_set():
-                try:
-                    with lock:
-                        value = tally["counter"]
-                        w.sleep(0.1)
-                        tally["counter"] = value + 1
-                        with guard:
-                            tally["grants"] += 1
-                            tally["after_kill"] += killed.is_set()
-                        up = sum(s.running for s in ensemble.servers)
-                        w.say(f"acquired: counter {value} -> {value + 1} ({up} of 5 masters up)")
-                except LockLostError:
-                    # Its grants were on the masters that died: expected, and reported.
-                    with guard:
-                        tally["lost"] += 1
-                    w.say("its hold was lost with the dead masters: told by LockLostError")
-                w.sleep(0.1)
-
-        threads = [self.start(f"worker-{i}", body) for i in range(1, 4)]
-        time.sleep(1.5 * self.pace)
-        for index in (3, 4):
-            ensemble[index].kill()
-            self.out.say("chaos", f"SIGKILLed master {index + 1} ({ensemble[index].url})")
-            killed.set()
-        time.sleep(2.0 * self.pace)
-        with self.manager() as mgr:
-            lock = mgr.lock(name)
-            with lock:
-                views = mgr.inspect(name)
-                granted = sum(1 for v in views if v.error is None and v.locks)
-                self.out.say(
-                    "observer",
-                    f"holds the lock: granted by {granted} of {len(views)} masters "
-                    f"(quorum {mgr.quorum})",
-                )
-        stop.set()
-        self.join(threads)
-        self.check(
-            tally["counter"] == tally["grants"],
-            f"counter {tally['counter']} matches {tally['grants']} grants",
-        )
-        self.check(
-            tally["after_kill"] > 0 and granted >= 3,
-            f"{tally['after_kill']} grants after two masters died (quorum 3 of 5 held)",
-        )
-        if tally["lost"]:
-            self.out.say("demo", f"{tally['lost']} hold(s) lost with the dead masters, and said so")
-        for index in (3, 4):
-            ensemble[index].start()
-        self.out.say("chaos", "restarted masters 4 and 5 (empty; no lock was held)")
-
-    def stage_sigkill(self) -> None:
-        name = self.prefix + "orphan"
-        lease = DEMO_HOLDER_LEASE
-        self.out.say(
-            "demo",
-            f"another process takes a lock with a {lease:g} s lease and is killed with "
-            "SIGKILL: it never releases, and the lock must free itself when the lease ends.",
-        )
-        script = (
-            "import sys, time\n"
-            "from redreentrant import LockManager\n"
-            "mgr = LockManager(sys.argv[1].split(','))\n"
-            "mgr.lock(sys.argv[2]).acquire(lease=float(sys.argv[3]))\n"
-            "print('held', flush=True)\n"
-            "time.sleep(60)\n"
-        )
-        self.holder = subprocess.Popen(
-            [sys.executable, "-c", script, ",".join(self.urls), name, str(lease)],
-            stdout=subprocess.PIPE,
-            start_new_session=True,  # the terminal's Ctrl-C is ours to handle
-        )
-        assert self.holder.stdout is not None
-        readable, _, _ = select.select([self.holder.stdout], [], [], 15.0)
-        line = self.holder.stdout.readline() if readable else b""
-        if line.strip() != b"held":
-            self.check(False, "the holder process took the lock")
-            return
-        pid = self.holder.pid
-        self.out.say("holder", f"process {pid} holds {name!r} with a fixed {lease:g} s lease")
-        with self.manager() as mgr:
-            lock = mgr.lock(name)
-            refused = not lock.acquire(blocking=False)
-            self.out.say("observer", "try-acquire refused: it is held" if refused else "got it?!")
-            self.holder.send_signal(signal.SIGKILL)
-            killed_at = time.monotonic()
-            self.holder.wait()
-            self.out.say("chaos", f"SIGKILLed process {pid}: it will never release")
-            self.out.say("observer", "waits for the lock (woken when the lease runs out)")
-            got = lock.acquire(timeout=lease + 5)
-            waited = time.monotonic() - killed_at
-            if got:
-                self.out.say("observer", f"got it {waited:.2f} s after the kill")
-                lock.release()
-        self.check(refused, "the lock was held while its holder lived")
-        self.check(
-            got and waited <= lease + 1.0,
-            f"freed by its lease {waited:.2f} s after the holder was killed (lease {lease:g} s)",
-        )
-
-    def run(self) -> None:
-        stages: list[tuple[str, Callable[[], None] | None]] = [
-            ("reentrant lock: workers, nested 'with', a shared counter", self.stage_reentrant),
-            ("read/write lock: readers overlap, a writer excludes them", self.stage_rw),
-            ("fair lock: first come, first served", self.stage_fair),
-            ("two of five masters crash while locking goes on", None),
-            ("a holder killed with SIGKILL: its lease frees the lock", self.stage_sigkill),
-        ]
-        if self.ensemble is not None:
-            ensemble = self.ensemble
-            stages[3] = (stages[3][0], lambda: self.stage_crash(ensemble))
-        for number, (title, stage) in enumerate(stages, 1):
-            self.out.heading(f"Stage {number}/{len(stages)}: {title}")
-            if stage is None:
-                self.out.say("demo", "skipped: it kills masters, and these masters are yours")
-                continue
-            try:
-                stage()
-            except (LockError, OSError, redis.RedisError) as error:
-                self.check(False, f"stage {number} raised {type(error).__name__}: {error}")
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """``demo``: the guided tour."""
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    out = _Out(colour)
+    out = Out(colour)
     urls = _master_urls(args)
     ensemble: LocalEnsemble | None = None
-    demo: _Demo | None = None
+    demo: Demo | None = None
     # SIGTERM unwinds like Ctrl-C, so the servers are stopped in every case.
     with _signals(_raise_interrupted, signal.SIGTERM, signal.SIGHUP):
         try:
@@ -1464,7 +898,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 out.say("demo", f"started 5 local redis-server masters: {', '.join(urls)}")
             else:
                 out.say("demo", f"using your {len(urls)} masters: {', '.join(urls)}")
-            demo = _Demo(out, urls, ensemble, args.quick)
+            demo = Demo(out, urls, ensemble, args.quick)
             demo.run()
         except (KeyboardInterrupt, _Interrupted) as interrupted:
             signum = getattr(interrupted, "signum", signal.SIGINT)
@@ -1502,8 +936,8 @@ class _OneLineFormatter(logging.Formatter):
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]
-            text += f": {type(error).__name__}: {_one_line(str(error))}"
-        return _one_line(text)
+            text += f": {type(error).__name__}: {first_line(str(error))}"
+        return first_line(text)
 
 
 def _setup_logging() -> None:
@@ -1553,4 +987,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _complain(message: str) -> None:
-    print(f"{PROG}: {_one_line(message)}", file=sys.stderr)
+    print(f"{PROG}: {first_line(message)}", file=sys.stderr)

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -47,8 +48,10 @@ __all__ = [
     "LocalEnsemble",
     "LocalServer",
     "RedisServerNotFound",
+    "detached_status",
     "find_redis_server",
     "redis_server_version",
+    "stop_detached",
 ]
 
 HOST = "127.0.0.1"
@@ -609,6 +612,30 @@ class LocalEnsemble:
     ) -> None:
         self.stop()
 
+    def detach(self) -> dict[str, Any]:
+        """Leave the servers running after this process exits, and describe them.
+
+        For ``redreentrant ensemble up``: the servers are taken off the exit-time
+        clean-up and forgotten by this object (which can no longer be used). The returned
+        description (ports, pids, directories; JSON-ready) is what
+        :func:`detached_status` and :func:`stop_detached` take.
+        """
+        with _live_lock:
+            _live_ensembles.discard(self)
+            for server in self.servers:
+                _live_servers.discard(server)
+        state: dict[str, Any] = {
+            "version": 1,
+            "dir": self.directory,
+            "binary": self.servers[0].binary,
+            "servers": [{"port": s.port, "pid": s.pid, "dir": s.directory} for s in self.servers],
+        }
+        for server in self.servers:
+            server._process = None  # not ours to stop any more
+            server._closed = True
+        self._stopped = True
+        return state
+
     def _reachable(self) -> list[LocalServer]:
         # Paused servers would block every command until the socket timeout.
         return [server for server in self.servers if server.running and not server.paused]
@@ -640,3 +667,96 @@ class LocalEnsemble:
                 key if isinstance(key, str) else key.decode("utf-8", "replace") for key in found
             )
         return result
+
+
+# -- detached ensembles (``redreentrant ensemble up/status/down``) --------------------
+
+
+def detached_servers(state: dict[str, Any]) -> list[tuple[int, int]]:
+    """(port, pid) of every server in a :meth:`LocalEnsemble.detach` description."""
+    try:
+        return [(int(s["port"]), int(s["pid"])) for s in state["servers"]]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("not a description of a detached ensemble") from None
+
+
+def detached_status(state: dict[str, Any]) -> list[tuple[int, int, str]]:
+    """(port, pid, ``"up"`` | ``"not answering"`` | ``"down"``) of each detached server."""
+    out = []
+    for port, pid in detached_servers(state):
+        if _pid_on(port) == pid:
+            word = "up"
+        elif _is_our_server(pid, port):
+            word = "not answering"
+        else:
+            word = "down"
+        out.append((port, pid, word))
+    return out
+
+
+def stop_detached(state: dict[str, Any], timeout: float = _STOP_TIMEOUT) -> int:
+    """Stop the servers of a detached ensemble that are still ours (pids get reused:
+    a pid is only signalled while it is still that redis-server), remove its directory,
+    and return how many were stopped."""
+    pids = [pid for port, pid in detached_servers(state) if _is_our_server(pid, port)]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(_POLL_INTERVAL)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    directory = state.get("dir")
+    # Only a directory an ensemble made: a corrupt description must not delete others.
+    if (
+        isinstance(directory, str)
+        and os.path.basename(directory).startswith("redreentrant-ensemble-")
+        and os.path.isdir(directory)
+    ):
+        shutil.rmtree(directory, ignore_errors=True)
+    return len(pids)
+
+
+def _pid_on(port: int) -> int | None:
+    """The pid of the redis-server answering on ``port``, or None."""
+    client = _client(port, timeout=_PROBE_TIMEOUT)
+    try:
+        return int(client.info("server").get("process_id", -1))
+    except (redis.RedisError, OSError, ValueError):
+        return None
+    finally:
+        client.close()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            # The state follows the parenthesised command name, which may hold spaces.
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _is_our_server(pid: int, port: int) -> bool:
+    """Whether ``pid`` is still the redis-server started on ``port``."""
+    if not _alive(pid):
+        return False
+    if _pid_on(port) == pid:
+        return True
+    try:  # not answering (e.g. stopped): recognise it by its command line
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return b"redis-server" in cmdline and str(port).encode() in cmdline
