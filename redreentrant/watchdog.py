@@ -11,14 +11,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from .holds import Hold, Holds
 from .quorum import Quorum, Steps
 from .steps import Renewal, renew_steps
 
 log = logging.getLogger("redreentrant")
-T = TypeVar("T")
+R = TypeVar("R")  # what a round gives: the lost holds, or an awaitable of them
 
 
 def judge(renewals: Sequence[Renewal], holds: Holds, interval: float) -> list[Hold]:
@@ -56,12 +56,12 @@ def tick_steps(
     return judge(renewals, holds, interval)
 
 
-class Watchdog:
-    """The sync watchdog thread of one manager."""
+class WatchdogBase(Generic[R]):
+    """What the sync and asyncio watchdogs share: their manager's rounds and holds."""
 
     def __init__(
         self,
-        run: Callable[[Steps[list[Hold]]], list[Hold]],
+        run: Callable[[Steps[list[Hold]]], R],
         quorum: Quorum,
         holds: Holds,
         lease: float,
@@ -73,7 +73,27 @@ class Watchdog:
         self._lease = lease
         self._report = report
         self.interval = lease / 3
+        # masters found to be Redis Cluster nodes: renewals are split by hash slot there
         self._cluster: set[int] = set()
+
+    def _tick(self) -> R:
+        return self._run(
+            tick_steps(self._quorum, self._holds, self._lease, self._cluster, self.interval)
+        )
+
+
+class Watchdog(WatchdogBase[list[Hold]]):
+    """The sync watchdog thread of one manager."""
+
+    def __init__(
+        self,
+        run: Callable[[Steps[list[Hold]]], list[Hold]],
+        quorum: Quorum,
+        holds: Holds,
+        lease: float,
+        report: Callable[[Hold], object],
+    ) -> None:
+        super().__init__(run, quorum, holds, lease, report)
         self._reset()
 
     def _reset(self) -> None:
@@ -97,9 +117,8 @@ class Watchdog:
 
     def tick(self) -> None:
         """One renewal round over all managed holds."""
-        steps = tick_steps(self._quorum, self._holds, self._lease, self._cluster, self.interval)
         try:
-            lost = self._run(steps)
+            lost = self._tick()
         except Exception:
             log.exception("redreentrant watchdog: renewal round failed")
             return

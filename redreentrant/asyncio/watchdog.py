@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 
 from ..holds import Hold, Holds
 from ..quorum import Quorum, Steps
-from ..watchdog import log, tick_steps
+from ..watchdog import WatchdogBase, log
 
 
-class AsyncWatchdog:
+class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
     """Renews the manager's watchdog-managed leases every ``lease / 3``."""
 
     def __init__(
@@ -24,13 +24,7 @@ class AsyncWatchdog:
         lease: float,
         report: Callable[[Hold], object],
     ) -> None:
-        self._run = run
-        self._quorum = quorum
-        self._holds = holds
-        self._lease = lease
-        self._report = report
-        self.interval = lease / 3
-        self._cluster: set[int] = set()
+        super().__init__(run, quorum, holds, lease, report)
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -45,9 +39,8 @@ class AsyncWatchdog:
 
     async def tick(self) -> None:
         """One renewal round over all managed holds."""
-        steps = tick_steps(self._quorum, self._holds, self._lease, self._cluster, self.interval)
         try:
-            lost = await self._run(steps)
+            lost = await self._tick()
         except Exception:
             log.exception("redreentrant watchdog: renewal round failed")
             return
