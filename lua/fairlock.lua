@@ -1,5 +1,5 @@
 -- name: fairlock
--- version: 1
+-- version: 2
 -- The fair lock: reentrant like the plain lock, but granted in order of arrival.
 -- Waiters queue in KEYS[2] with a deadline each in KEYS[3] (server time, ms): a waiter
 -- stays queued while it keeps its deadline fresh. A head of the queue past its deadline
@@ -13,16 +13,21 @@
 -- ARGV[1]  the operation; the rest depends on it:
 --   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] count to record (1 takes, >1
 --            re-enters), ARGV[5] ms the waiter stays queued (0: do not queue)
---            Reply {1, count} granted; {0, ms} refused, ms = when a retry may succeed
---            (-2: a re-entry whose hold is gone)
+--            Reply {1, count} granted; {0, ms, head} refused, ms = when a retry may
+--            succeed (-2: a re-entry whose hold is gone), head = the queue's head here
+--            ('' when none)
 --   release  ARGV[2] owner, ARGV[3] count left (0 frees), ARGV[4] prefix of the
 --            waiters' channels (the head's owner id is appended), ARGV[5] release id,
---            ARGV[6] '1' to leave the queue too (a try that reached this master too
---            late to count may have queued the owner), '0' to keep the place (undoing
---            a try that failed elsewhere, while still waiting)
+--            ARGV[6] '1' to leave the queue too when the hold ends (a try that reached
+--            this master too late to count may have queued the owner), '0' to keep the
+--            place (undoing a try that failed elsewhere, while still waiting)
 --            Reply 1 still held; 0 the hold is gone; -1 the owner held nothing here
 --   abandon  ARGV[2] owner, ARGV[3] channel prefix, ARGV[4] release id: leave the queue
 --            (and wake the next head if the lock is free). Reply 0
+--   yield    ARGV[2] owner, ARGV[3] another waiter: if the owner is queued ahead of it
+--            here, move the owner to just behind it. Masters that saw two arrivals in
+--            different orders each grant a different head (a split vote, again and
+--            again); yielding to the smaller owner id settles one order. Reply 1 moved
 --   force    ARGV[2] channel prefix, ARGV[3] release id. Reply 1 deleted, 0 none
 --   probe    (after purging dead heads) Reply {pttl, {owner, count, ...}, {waiter, ...}}
 -- A KEYS[1] that is not a hash is refused with a WRONGTYPE error (nothing changes).
@@ -92,14 +97,30 @@ end
 
 local owner = ARGV[2]
 
+if op == 'yield' then
+  local other = ARGV[3]
+  local mine, theirs
+  for i, waiter in ipairs(redis.call('lrange', queue, 0, -1)) do
+    if waiter == owner then mine = i end
+    if waiter == other then theirs = i end
+  end
+  if mine and theirs and mine < theirs then
+    redis.call('lrem', queue, 1, owner)
+    redis.call('linsert', queue, 'after', other, owner)
+    return 1
+  end
+  return 0
+end
+
 if op == 'release' then
-  if ARGV[6] == '1' then
+  local left = tonumber(ARGV[3])
+  local held = redis.call('hexists', hash, owner) == 1
+  if ARGV[6] == '1' and (left == 0 or not held) then
     leave(owner)
   end
-  if redis.call('hexists', hash, owner) == 0 then
+  if not held then
     return -1
   end
-  local left = tonumber(ARGV[3])
   if left > 0 then
     redis.call('hset', hash, owner, left)
     return 1
@@ -136,4 +157,4 @@ if head and head ~= owner then
   local until_purge = tonumber(redis.call('zscore', deadlines, head)) - now
   if retry < 0 or until_purge < retry then retry = until_purge end
 end
-return {0, math.max(1, retry)}
+return {0, math.max(1, retry), head or ''}

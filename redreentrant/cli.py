@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         parents=[common],
-        usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] [--shared | --fair] "
+        usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] [--shared | --write | --fair] "
         "[--lease S] NAME -- CMD [ARGS...]",
         help="run a command while holding a lock (a distributed flock)",
         description=_RUN_HELP,
@@ -213,7 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--shared",
         action="store_true",
         help="take the read side of the read/write lock NAME: shared with other "
-        "--shared runs, exclusive of writers",
+        "--shared runs, excluded by --write runs (and by rw_lock(NAME).write holders)",
+    )
+    kind.add_argument(
+        "--write",
+        action="store_true",
+        help="take the write side of the read/write lock NAME: excludes --shared and "
+        "other --write runs (a plain run takes lock(NAME), a separate lock)",
     )
     kind.add_argument(
         "--fair", action="store_true", help="take the fair lock NAME: granted in FIFO order"
@@ -484,6 +490,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         lock: _Lockish
         if args.shared:
             lock = mgr.rw_lock(name).read
+        elif args.write:
+            lock = mgr.rw_lock(name).write
         elif args.fair:
             lock = mgr.fair_lock(name)
         else:

@@ -70,6 +70,11 @@ class LockKind:
         """Remove a waiter's place when its acquire gives up (nothing to do here)."""
         return None
 
+    def settle(self, name: str, owner: str, replies: Sequence[Sequence[object]]) -> Call | None:
+        """After a split vote (granted by some masters, not a quorum): a call that makes
+        the next round likelier to agree (nothing to do here: jitter suffices)."""
+        return None
+
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
         """Renew many ``(name, owner)`` holds of this kind in one call."""
         return Call(
@@ -247,6 +252,21 @@ class FairKind(LockKind):
         return Call(
             scripts.FAIRLOCK, self._keys(name), ("abandon", owner, self._prefix(name), release_id)
         )
+
+    def settle(self, name: str, owner: str, replies: Sequence[Sequence[object]]) -> Call | None:
+        # Masters whose queues disagree grant different heads, round after round. Every
+        # waiter caught in such a split yields to the smallest other head it was refused
+        # for, so one order wins on every master and the next round reaches a quorum.
+        heads = {
+            text(reply[2])
+            for per_master in replies
+            for reply in per_master[:1]
+            if isinstance(reply, list) and len(reply) >= 3 and int(reply[0]) == 0
+        }
+        heads -= {"", owner}
+        if not heads or min(heads) > owner:
+            return None
+        return Call(scripts.FAIRLOCK, self._keys(name), ("yield", owner, min(heads)))
 
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
         # The held lock is a plain owner -> count hash: the plain renewal serves.

@@ -42,14 +42,16 @@ def no_handshake(connection_class: Any = AbstractConnection) -> dict[str, Any]:
 
 
 def master_identity(client: Any) -> tuple[object, ...]:
-    """What makes two clients the same master (host, port, db or socket path, db)."""
+    """What makes two clients the same master: the server (host and port, or socket
+    path). Two databases of one server are not independent masters: one crash or
+    restart would take both votes."""
     kw = client.connection_pool.connection_kwargs
     if "path" in kw:
-        return ("unix", kw["path"], int(kw.get("db", 0) or 0))
+        return ("unix", kw["path"])
     host = str(kw.get("host", "localhost"))
     if host in ("localhost", "::1"):
         host = "127.0.0.1"
-    return (host, int(kw.get("port", 6379)), int(kw.get("db", 0) or 0))
+    return (host, int(kw.get("port", 6379)))
 
 
 def connect(

@@ -157,7 +157,7 @@ def tally_grants(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tal
     t = Tally()
     for i, per_master in enumerate(replies):
         reply = per_master[0]
-        if isinstance(reply, list) and len(reply) == 2:
+        if isinstance(reply, list) and len(reply) >= 2:
             if int(reply[0]) == 1:
                 t.granted.append(i)
             else:

@@ -91,6 +91,9 @@ def acquire_steps(
                 # Undo everywhere, also where the reply was lost: a failed master may
                 # have granted before failing to answer.
                 yield undo
+                settle = kind.settle(name, owner, replies) if tally.granted else None
+                if settle is not None:
+                    yield q.everywhere(settle)
             if tally.wrong_type is not None:
                 raise tally.wrong_type
             if len(tally.failed) > q.tolerated:

@@ -103,8 +103,8 @@ class SyncTransport:
                 results[i] = [error] * len(per_master)
                 continue
             sent.append((i, conn))
-        # Each master has the master timeout from when its request went out (a slow
-        # connect to one master must not eat the others' time).
+        # The master timeout runs from when the last request went out, so a slow connect
+        # to one master does not eat the others' time.
         deadline = time.monotonic() + self.timeout
         for i, conn in sent:
             results[i] = self._read(conn, len(calls[i]), deadline)

@@ -144,7 +144,12 @@ def test_run_passes_the_exit_status_through(urls: list[str], where: str) -> None
 
 @pytest.mark.parametrize(
     ("flags", "kind", "mode"),
-    [([], "lock", None), (["--shared"], "rw", "read"), (["--fair"], "fair", None)],
+    [
+        ([], "lock", None),
+        (["--shared"], "rw", "read"),
+        (["--write"], "rw", "write"),
+        (["--fair"], "fair", None),
+    ],
 )
 def test_run_holds_the_lock_while_the_command_runs(
     urls: list[str], flags: list[str], kind: str, mode: str | None
@@ -230,6 +235,15 @@ def test_shared_runs_overlap(urls: list[str], tmp_path: Path) -> None:
     for process in runs:
         _, err = process.communicate(timeout=30)
         assert process.returncode == 0, err
+
+
+def test_write_runs_exclude_shared_holders(manager: LockManager, urls: list[str]) -> None:
+    with manager.rw_lock("books").read:
+        result = run_cli("run", "--write", "--timeout", "0.3", "books", "--", "true", masters=urls)
+        line = assert_one_error_line(result, 1)
+        assert "held elsewhere" in line
+    result = run_cli("run", "--write", "--timeout", "5", "books", "--", "true", masters=urls)
+    assert result.returncode == 0, result.stderr
 
 
 def test_run_stops_the_command_when_its_fixed_lease_runs_out(urls: list[str]) -> None:

@@ -212,6 +212,8 @@ def test_bad_manager_arguments_are_refused(urls: list[str]) -> None:
         LockManager([urls[0], urls[1], urls[0]])
     with pytest.raises(ValueError, match="given twice"):
         LockManager([urls[0], urls[0].replace("127.0.0.1", "localhost")])
+    with pytest.raises(ValueError, match="given twice"):  # two dbs of one server
+        LockManager([urls[0], urls[0].removesuffix("/0") + "/1"])
     with pytest.raises(ValueError, match="lease"):
         LockManager(urls, lease=0)
     with pytest.raises(ValueError, match="master_timeout"):

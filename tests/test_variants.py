@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from redreentrant import LockManager, LockUpgradeError
 from redreentrant.ensemble import LocalEnsemble
+from redreentrant.keys import aux_key
 
 WORKERS = Path(__file__).with_name("workers.py")
 
@@ -312,3 +314,45 @@ def test_a_killed_waiter_does_not_stick_the_queue(mgr: LockManager, masters: lis
     finally:
         if proc.poll() is None:
             kill(proc)
+
+
+def test_masters_that_queued_waiters_in_different_orders_still_agree(
+    ensemble: LocalEnsemble,
+) -> None:
+    # (Waiters block with a 10 s timeout below: their queue entries last that long.)
+    # Four masters (quorum 3): two saw W before V, two saw V before W. Each master grants
+    # only its own head, so without a tie-break every round splits 2-2 until the
+    # waiters' entries lapse (their 10 s timeout); with it, one yields at once.
+    urls = ensemble.urls[:4]
+    queue = aux_key("split", "fair:queue")
+    with LockManager(urls) as holder, LockManager(urls) as one, LockManager(urls) as two:
+        got: dict[str, float] = {}
+        fair = holder.fair_lock("split")
+        fair.acquire()
+
+        def wait(who: str, mgr: LockManager) -> None:
+            lock = mgr.fair_lock("split")
+            if lock.acquire(timeout=10):
+                got[who] = time.monotonic()
+                lock.release()
+
+        threads = [
+            threading.Thread(target=wait, args=("W", one)),
+            threading.Thread(target=wait, args=("V", two)),
+        ]
+        for t in threads:
+            t.start()
+            time.sleep(0.2)
+        with redis.Redis.from_url(urls[0]) as r:
+            order = r.lrange(queue, 0, -1)
+        assert len(order) == 2
+        for url in urls[2:]:
+            with redis.Redis.from_url(url) as r:
+                r.delete(queue)
+                r.rpush(queue, *reversed(order))
+        released = time.monotonic()
+        fair.release()
+        for t in threads:
+            t.join(timeout=15)
+        assert set(got) == {"W", "V"}
+        assert max(got.values()) - released < 3.0, "the split vote did not settle"
