@@ -10,30 +10,36 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
-import ipaddress
 import json
-import platform
-import secrets
 import statistics
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
+from benchcommon import (
+    BASE_DISTS,
+    LEASE_S,
+    WAIT_S,
+    WARMUP_CYCLES,
+    add_masters_arg,
+    check_masters_arg,
+    cleanup,
+    ensure_repo_importable,
+    fail_text,
+    host_port_db,
+    new_run_id,
+    quorum_urls,
+    server_version,
+    servers,
+    versions,
+)
 
-# Lease and blocking timeouts are generous on purpose: nothing here should ever
-# expire or time out, so every library is measured on its happy path.
-LEASE_S = 30.0
-WAIT_S = 30.0
-WARMUP_CYCLES = 50
-QUORUM_SIZE = 5
 MAX_PER_THREAD = 1_000_000
 STALL_S = WAIT_S + 15.0
 
@@ -125,7 +131,7 @@ def open_pottery(urls: Sequence[str]) -> Backend:
 def open_redlock_py(urls: Sequence[str]) -> Backend:
     import redlock  # type: ignore[import-untyped]
 
-    dlm = redlock.Redlock([_host_port_db(u) for u in urls])
+    dlm = redlock.Redlock([host_port_db(u) for u in urls])
 
     def new_lock(name: str) -> LockOps:
         held: list[Any] = []
@@ -165,12 +171,8 @@ class Result:
     mismatch: bool = False
 
 
-def _fail_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _report_exception(library: str, label: str, exc: BaseException) -> None:
-    print(f"  ! {library} / {label} failed: {_fail_text(exc)}", file=sys.stderr)
+    print(f"  ! {library} / {label} failed: {fail_text(exc)}", file=sys.stderr)
     traceback.print_exception(exc, file=sys.stderr)
 
 
@@ -236,7 +238,7 @@ def run_contended(
         try:
             ops = backend.new_lock(name)  # created in the thread that will own it
         except Exception as exc:
-            errors.append(_fail_text(exc))
+            errors.append(fail_text(exc))
             barrier.abort()
             return
         try:
@@ -256,7 +258,7 @@ def run_contended(
                 finally:
                     ops.release()
         except Exception as exc:
-            errors.append(_fail_text(exc))
+            errors.append(fail_text(exc))
         finally:
             finished[slot] = time.perf_counter()
 
@@ -306,71 +308,6 @@ def calibrate_contended(
 # --------------------------------------------------------------------------- plumbing
 
 
-def _host_port_db(url: str) -> dict[str, Any]:
-    parts = urlsplit(url)
-    db = parts.path.strip("/")
-    return {"host": parts.hostname, "port": parts.port or 6379, "db": int(db) if db else 0}
-
-
-def _is_loopback(url: str) -> bool:
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        return False
-    if parts.hostname == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(parts.hostname).is_loopback
-    except ValueError:
-        return False
-
-
-def _ensure_repo_importable() -> None:
-    # Benchmark the working tree, even when run as `python benchmarks/bench_locks.py`.
-    root = str(Path(__file__).resolve().parents[1])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-
-
-def _versions() -> dict[str, str]:
-    out: dict[str, str] = {"python": platform.python_version()}
-    for dist in ("redis", "hiredis", "pottery", "python-redis-lock", "redlock-py", "redreentrant"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    with contextlib.suppress(Exception):
-        import redreentrant
-
-        out["redreentrant"] = str(getattr(redreentrant, "__version__", "working tree"))
-    return out
-
-
-def _split_urls(masters: str) -> list[str]:
-    return [u.strip() for u in masters.split(",") if u.strip()]
-
-
-@contextlib.contextmanager
-def _servers(masters: str | None) -> Iterator[list[str]]:
-    if masters:
-        yield _split_urls(masters)
-        return
-    # Imported late: the ensemble module is only needed when no --masters are given.
-    from redreentrant.ensemble import LocalEnsemble
-
-    with LocalEnsemble(QUORUM_SIZE) as ensemble:
-        yield list(ensemble.urls)
-
-
-def _cleanup(urls: Sequence[str], run_id: str) -> int:
-    deleted = 0
-    for url in urls:
-        with contextlib.suppress(redis.RedisError), redis.Redis.from_url(url) as client:
-            keys = list(client.scan_iter(match=f"*{run_id}*", count=1000))
-            if keys:
-                deleted += int(client.delete(*keys))
-    return deleted
-
-
 OPENERS: dict[str, Opener] = {
     RR: open_redreentrant,
     REDIS_PY: open_redis_py,
@@ -395,7 +332,7 @@ def run_uncontended_case(res: Result, masters: Sequence[str], name: str, duratio
         finally:
             backend.close()
     except Exception as exc:
-        res.error = _fail_text(exc)
+        res.error = fail_text(exc)
         _report_exception(res.library, res.label, exc)
         return
     print(f"  {res.library:18} {res.label:30} {res.samples[-1]:>10.0f}/s", file=sys.stderr)
@@ -423,7 +360,7 @@ def run_contended_case(
         finally:
             backend.close()
     except Exception as exc:
-        res.error = _fail_text(exc)
+        res.error = fail_text(exc)
         _report_exception(lib, res.label, exc)
         return
     for r in runs:
@@ -450,7 +387,7 @@ def run_contended_case(
 
 
 def run_all(args: argparse.Namespace, urls: list[str], run_id: str) -> list[Result]:
-    quorum = urls[:QUORUM_SIZE] if len(urls) >= 3 else []
+    quorum = quorum_urls(urls)
     labels = {
         UNCONTENDED_1: "uncontended, 1 master",
         UNCONTENDED_Q: f"uncontended, {len(quorum)} masters",
@@ -547,11 +484,7 @@ def print_targets(targets: Sequence[Target], results: Sequence[Result]) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--duration", type=float, default=2.0, help="seconds per scenario (2)")
-    p.add_argument(
-        "--masters",
-        help="comma-separated redis:// URLs of existing loopback servers "
-        "(default: start a private LocalEnsemble of 5 and stop it afterwards)",
-    )
+    add_masters_arg(p)
     p.add_argument("--json", type=Path, help="also write results to this JSON file")
     p.add_argument("--threads", type=int, default=4, help="contending threads (4)")
     p.add_argument(
@@ -567,35 +500,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--duration, --threads and --rounds must be positive")
     if args.increments is not None and args.increments < 1:
         p.error("--increments must be positive")
-    if args.masters is not None:
-        urls = _split_urls(args.masters)
-        if not urls:
-            p.error("--masters is empty")
-        # The benchmark writes and deletes keys: keep it away from anything but loopback.
-        bad = [u for u in urls if not _is_loopback(u)]
-        if bad:
-            p.error(f"only loopback redis:// masters are allowed, got: {', '.join(bad)}")
+    check_masters_arg(p, args.masters)
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _ensure_repo_importable()
-    run_id = f"rrbench-{secrets.token_hex(4)}"
-    versions = _versions()
-    print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    ensure_repo_importable()
+    run_id = new_run_id()
+    dists = versions((*BASE_DISTS, "pottery", "python-redis-lock", "redlock-py"))
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in dists.items()))
 
-    with _servers(args.masters) as urls:
-        with redis.Redis.from_url(urls[0]) as probe:
-            server_version = str(probe.info("server").get("redis_version", "?"))
+    with servers(args.masters) as urls:
+        redis_version = server_version(urls[0])
         print(
-            f"servers: {len(urls)} (redis {server_version}), duration {args.duration:g}s "
+            f"servers: {len(urls)} (redis {redis_version}), duration {args.duration:g}s "
             f"per scenario, rounds {args.rounds}, run id {run_id}"
         )
         try:
             results = run_all(args, urls, run_id)
         finally:
-            deleted = _cleanup(urls, run_id)
+            deleted = cleanup(urls, run_id)
             print(f"cleanup: deleted {deleted} key(s) matching *{run_id}*", file=sys.stderr)
 
     print_table(results)
@@ -605,8 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         payload = {
             "run_id": run_id,
-            "versions": versions,
-            "redis_server": server_version,
+            "versions": dists,
+            "redis_server": redis_version,
             "masters": len(urls),
             "duration_s": args.duration,
             "threads": args.threads,

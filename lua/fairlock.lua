@@ -1,5 +1,5 @@
 -- name: fairlock
--- version: 2
+-- version: 3
 -- The fair lock: reentrant like the plain lock, but granted in order of arrival.
 -- Waiters queue in KEYS[2] with a deadline each in KEYS[3] (server time, ms): a waiter
 -- stays queued while it keeps its deadline fresh. A head of the queue past its deadline
@@ -24,10 +24,12 @@
 --            Reply 1 still held; 0 the hold is gone; -1 the owner held nothing here
 --   abandon  ARGV[2] owner, ARGV[3] channel prefix, ARGV[4] release id: leave the queue
 --            (and wake the next head if the lock is free). Reply 0
---   yield    ARGV[2] owner, ARGV[3] another waiter: if the owner is queued ahead of it
---            here, move the owner to just behind it. Masters that saw two arrivals in
---            different orders each grant a different head (a split vote, again and
---            again); yielding to the smaller owner id settles one order. Reply 1 moved
+--   yield    ARGV[2] owner, ARGV[3] another waiter, ARGV[4] channel prefix, ARGV[5]
+--            release id: if the owner is queued ahead of the other waiter here, move
+--            the owner to just behind it, and wake the new head if the lock is free.
+--            Masters that saw two arrivals in different orders each grant a different
+--            head (a split vote, again and again); yielding to the smaller owner id
+--            settles one order. Reply 1 moved, 0 not
 --   force    ARGV[2] channel prefix, ARGV[3] release id. Reply 1 deleted, 0 none
 --   probe    (after purging dead heads) Reply {pttl, {owner, count, ...}, {waiter, ...}}
 -- A KEYS[1] that is not a hash is refused with a WRONGTYPE error (nothing changes).
@@ -107,6 +109,7 @@ if op == 'yield' then
   if mine and theirs and mine < theirs then
     redis.call('lrem', queue, 1, owner)
     redis.call('linsert', queue, 'after', other, owner)
+    wake_head(ARGV[4], ARGV[5])
     return 1
   end
   return 0

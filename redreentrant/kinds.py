@@ -70,7 +70,9 @@ class LockKind:
         """Remove a waiter's place when its acquire gives up (nothing to do here)."""
         return None
 
-    def settle(self, name: str, owner: str, replies: Sequence[Sequence[object]]) -> Call | None:
+    def settle(
+        self, name: str, owner: str, replies: Sequence[Sequence[object]], release_id: str
+    ) -> Call | None:
         """After a split vote (granted by some masters, not a quorum): a call that makes
         the next round likelier to agree (nothing to do here: jitter suffices)."""
         return None
@@ -253,7 +255,9 @@ class FairKind(LockKind):
             scripts.FAIRLOCK, self._keys(name), ("abandon", owner, self._prefix(name), release_id)
         )
 
-    def settle(self, name: str, owner: str, replies: Sequence[Sequence[object]]) -> Call | None:
+    def settle(
+        self, name: str, owner: str, replies: Sequence[Sequence[object]], release_id: str
+    ) -> Call | None:
         # Masters whose queues disagree grant different heads, round after round. Every
         # waiter caught in such a split yields to the smallest other head it was refused
         # for, so one order wins on every master and the next round reaches a quorum.
@@ -266,7 +270,8 @@ class FairKind(LockKind):
         heads -= {"", owner}
         if not heads or min(heads) > owner:
             return None
-        return Call(scripts.FAIRLOCK, self._keys(name), ("yield", owner, min(heads)))
+        args = ("yield", owner, min(heads), self._prefix(name), release_id)
+        return Call(scripts.FAIRLOCK, self._keys(name), args)
 
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
         # The held lock is a plain owner -> count hash: the plain renewal serves.

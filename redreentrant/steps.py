@@ -91,7 +91,9 @@ def acquire_steps(
                 # Undo everywhere, also where the reply was lost: a failed master may
                 # have granted before failing to answer.
                 yield undo
-                settle = kind.settle(name, owner, replies) if tally.granted else None
+                settle = None
+                if tally.granted:
+                    settle = kind.settle(name, owner, replies, release_id(owner))
                 if settle is not None:
                     yield q.everywhere(settle)
             if tally.wrong_type is not None:

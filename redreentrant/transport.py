@@ -93,9 +93,9 @@ class SyncTransport:
                 continue
             try:
                 if len(per_master) == 1:
-                    packed = conn.pack_command(*_evalsha(per_master[0]))
+                    packed = conn.pack_command(*evalsha_args(per_master[0]))
                 else:
-                    packed = conn.pack_commands([_evalsha(c) for c in per_master])
+                    packed = conn.pack_commands([evalsha_args(c) for c in per_master])
                 conn.send_packed_command(packed, check_health=False)
             except Exception as error:
                 conn.disconnect()
@@ -144,7 +144,7 @@ class SyncTransport:
         redo = [c for c, r in zip(calls, replies, strict=True) if isinstance(r, NoScriptError)]
         sources = {c.script.sha: c.script.source for c in redo}
         commands: list[tuple[object, ...]] = [("SCRIPT", "LOAD", s) for s in sources.values()]
-        commands += [_evalsha(c) for c in redo]
+        commands += [evalsha_args(c) for c in redo]
         try:
             conn = self._take(i)
         except Exception as error:
@@ -170,5 +170,6 @@ class SyncTransport:
                 self.clients[i].connection_pool.release(idle.pop())
 
 
-def _evalsha(call: Call) -> tuple[object, ...]:
+def evalsha_args(call: Call) -> tuple[object, ...]:
+    """The EVALSHA command for a call."""
     return ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)

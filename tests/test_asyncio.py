@@ -258,15 +258,15 @@ def cancelling_at(mgr: LockManager, k: int) -> list[int]:
     seen = [0, 0]
     carry_out = mgr._carry_out
 
-    async def carry(effect: object, watched: list[str]) -> object:
+    async def carry(effect: object, watched: list[str], shielded: bool) -> object:
         if seen[1]:
-            return await carry_out(effect, watched)
+            return await carry_out(effect, watched, shielded)
         seen[0] += 1
         if seen[0] == k:
             task = asyncio.current_task()
             assert task is not None
             task.cancel()
-        return await carry_out(effect, watched)
+        return await carry_out(effect, watched, shielded)
 
     mgr._carry_out = carry  # type: ignore[method-assign]
     return seen
@@ -332,11 +332,25 @@ def test_cancelling_an_acquire_anywhere_leaves_nothing_behind(
 def test_cancelling_a_release_still_frees_the_lock(urls: list[str]) -> None:
     async def main() -> None:
         async with LockManager(urls, lease=30) as mgr, LockManager(urls) as rival:
-            lock = mgr.lock("release-cancel")
-            await lock.acquire()
-            cancelling_at(mgr, 1)  # the release round itself
-            with pytest.raises(asyncio.CancelledError):
+            in_round = asyncio.Event()
+            carry_out = mgr._carry_out
+
+            async def carry(effect: object, watched: list[str], shielded: bool) -> object:
+                in_round.set()  # the release round is under way
+                await asyncio.sleep(0.05)  # ... and still is when the caller is cancelled
+                return await carry_out(effect, watched, shielded)
+
+            async def owner() -> None:
+                lock = mgr.lock("release-cancel")
+                await lock.acquire()
+                mgr._carry_out = carry  # type: ignore[method-assign]
                 await lock.release()
+
+            task = asyncio.create_task(owner())
+            await in_round.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
             # The release went on under the shield: free now, not in 30 s.
             assert await rival.lock("release-cancel").acquire(timeout=2)
             await rival.lock("release-cancel").release()
@@ -365,3 +379,24 @@ def test_close_stops_the_watchdog_and_readers(urls: list[str]) -> None:
 
 
 Wrapped = Callable[[], Awaitable[None]]
+
+
+def test_flushed_scripts_and_a_restarted_master_are_handled(ensemble: LocalEnsemble) -> None:
+    async def main() -> None:
+        async with LockManager(ensemble.urls, master_timeout=0.2) as mgr:
+            lock = mgr.lock("reload")
+            async with lock:
+                pass
+            for server in ensemble.servers:
+                with redis.Redis.from_url(server.url) as r:
+                    r.script_flush()
+            ensemble[1].restart()  # its kept connections are dead now
+            async with lock:
+                assert lock.is_owned()
+            ensemble[2].pause()  # one round waits out the master timeout, then goes on
+            async with lock:
+                assert lock.is_owned()
+            ensemble[2].resume()
+
+    run(main())
+    assert lock_keys(ensemble) == {}

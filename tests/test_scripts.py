@@ -19,7 +19,7 @@ PINS: dict[str, tuple[int, str]] = {
     "force_unlock": (2, "cba81e2c4840f734"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (1, "6eca856f431d1e9f"),
-    "fairlock": (2, "ceb07799f02450e5"),
+    "fairlock": (3, "c55931264e875e51"),
 }
 
 

@@ -32,10 +32,13 @@ Master = str | redis.asyncio.Redis
 
 
 def url_client(url: str, timeout: float) -> redis.asyncio.Redis:
-    """An asyncio client for one master, with ``timeout`` for connecting and reading."""
+    """An asyncio client for one master, with ``timeout`` for connecting.
+
+    No socket time-out: the transport bounds every master's part of a round itself, and
+    redis.asyncio would wrap each read and write in a task of its own to enforce one."""
     return redis.asyncio.Redis.from_url(
         url,
-        socket_timeout=timeout,
+        socket_timeout=None,
         socket_connect_timeout=timeout,
         **no_handshake(AbstractConnection),
     )
@@ -108,6 +111,7 @@ class LockManager(ManagerBase[Lock]):
         self._closed = True
         await self._watchdog.stop()
         await self._hub.close()
+        await self._transport.close()
         for client in self._own_clients:
             await client.aclose()
 
@@ -122,15 +126,18 @@ class LockManager(ManagerBase[Lock]):
     ) -> None:
         await self.close()
 
-    async def _run(self, steps: Steps[T]) -> T:
-        """Drive an algorithm's effects with this manager's transport and wake-ups."""
+    async def _run(self, steps: Steps[T], shielded: bool = False) -> T:
+        """Drive an algorithm's effects with this manager's transport and wake-ups.
+
+        ``shielded``: the caller already runs these steps where no cancellation reaches
+        (a release): rounds then need no shield of their own."""
         self._check_open()
         watched: list[str] = []
         try:
             effect = next(steps)
             while True:
                 try:
-                    result = await self._carry_out(effect, watched)
+                    result = await self._carry_out(effect, watched, shielded)
                 except BaseException as error:  # cancellation too: the steps clean up
                     effect = steps.throw(error)
                     continue
@@ -144,10 +151,12 @@ class LockManager(ManagerBase[Lock]):
 
     async def _run_shielded(self, steps: Steps[T]) -> T:
         """Run ``steps`` to their end even if the caller is cancelled (releases)."""
-        return await finish(asyncio.ensure_future(self._run(steps)))
+        return await finish(asyncio.ensure_future(self._run(steps, shielded=True)))
 
-    async def _carry_out(self, effect: object, watched: list[str]) -> object:
+    async def _carry_out(self, effect: object, watched: list[str], shielded: bool) -> object:
         if isinstance(effect, Fanout):
+            if shielded:
+                return await self._transport.fanout(effect.calls)
             # A round under way is let finish before a cancellation is acted on, so the
             # undo that follows reaches each master after the round it undoes.
             return await finish(asyncio.ensure_future(self._transport.fanout(effect.calls)))
