@@ -13,7 +13,7 @@ import sys
 # Document the source tree next to this directory, not whatever version is installed.
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-import redreentrant  # noqa: E402
+import redreentrant
 
 project = "redreentrant"
 release = redreentrant.__version__
