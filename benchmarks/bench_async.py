@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -29,22 +28,17 @@ from typing import Any
 import redis
 import redis.asyncio
 from benchcommon import (
-    BASE_DISTS,
     LEASE_S,
     WAIT_S,
     WARMUP_CYCLES,
     add_masters_arg,
     check_masters_arg,
-    cleanup,
-    ensure_repo_importable,
     fail_text,
     host_port_db,
-    new_run_id,
     quorum_urls,
     ratio_text,
-    server_version,
-    servers,
-    versions,
+    run_session,
+    write_json,
 )
 
 STALL_S = WAIT_S + 15.0
@@ -416,36 +410,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    ensure_repo_importable()
-    run_id = new_run_id()
-    dists = versions((*BASE_DISTS, "aioredlock", "aioredis"))
-    print("versions: " + ", ".join(f"{k} {v}" for k, v in dists.items()))
-    with servers(args.masters) as urls:
-        redis_version = server_version(urls[0])
-        print(
-            f"servers: {len(urls)} (redis {redis_version}), duration {args.duration:g}s "
-            f"per scenario, rounds {args.rounds}, run id {run_id}"
-        )
-        try:
-            results = run_all(args, urls, run_id)
-        finally:
-            deleted = cleanup(urls, run_id)
-            print(f"cleanup: deleted {deleted} key(s) matching *{run_id}*", file=sys.stderr)
+    results, facts = run_session(
+        args, ("aioredlock", "aioredis"), f"per scenario, rounds {args.rounds}", run_all
+    )
     print_table(results)
     if args.json:
-        payload = {
-            "run_id": run_id,
-            "versions": dists,
-            "redis_server": redis_version,
-            "masters": len(urls),
-            "duration_s": args.duration,
-            "tasks": args.tasks,
-            "work_ms": args.work_ms,
-            "rounds": args.rounds,
-            "results": [asdict(r) for r in results],
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+        write_json(
+            args.json,
+            {
+                **facts,
+                "duration_s": args.duration,
+                "tasks": args.tasks,
+                "work_ms": args.work_ms,
+                "rounds": args.rounds,
+                "results": [asdict(r) for r in results],
+            },
+        )
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import threading
@@ -23,21 +22,16 @@ from typing import Any
 
 import redis
 from benchcommon import (
-    BASE_DISTS,
     LEASE_S,
     WAIT_S,
     WARMUP_CYCLES,
     add_masters_arg,
     check_masters_arg,
-    cleanup,
-    ensure_repo_importable,
     fail_text,
     host_port_db,
-    new_run_id,
     quorum_urls,
-    server_version,
-    servers,
-    versions,
+    run_session,
+    write_json,
 )
 
 MAX_PER_THREAD = 1_000_000
@@ -506,41 +500,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    ensure_repo_importable()
-    run_id = new_run_id()
-    dists = versions((*BASE_DISTS, "pottery", "python-redis-lock", "redlock-py"))
-    print("versions: " + ", ".join(f"{k} {v}" for k, v in dists.items()))
-
-    with servers(args.masters) as urls:
-        redis_version = server_version(urls[0])
-        print(
-            f"servers: {len(urls)} (redis {redis_version}), duration {args.duration:g}s "
-            f"per scenario, rounds {args.rounds}, run id {run_id}"
-        )
-        try:
-            results = run_all(args, urls, run_id)
-        finally:
-            deleted = cleanup(urls, run_id)
-            print(f"cleanup: deleted {deleted} key(s) matching *{run_id}*", file=sys.stderr)
-
+    results, facts = run_session(
+        args,
+        ("pottery", "python-redis-lock", "redlock-py"),
+        f"per scenario, rounds {args.rounds}",
+        run_all,
+    )
     print_table(results)
     targets = evaluate_targets(results)
     print_targets(targets, results)
-
     if args.json:
-        payload = {
-            "run_id": run_id,
-            "versions": dists,
-            "redis_server": redis_version,
-            "masters": len(urls),
-            "duration_s": args.duration,
-            "threads": args.threads,
-            "rounds": args.rounds,
-            "results": [asdict(r) for r in results],
-            "targets": [asdict(t) for t in targets],
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+        write_json(
+            args.json,
+            {
+                **facts,
+                "duration_s": args.duration,
+                "threads": args.threads,
+                "rounds": args.rounds,
+                "results": [asdict(r) for r in results],
+                "targets": [asdict(t) for t in targets],
+            },
+        )
     return 0
 
 

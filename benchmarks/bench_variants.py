@@ -19,7 +19,6 @@ STALL instead of raising.  See benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
@@ -32,21 +31,16 @@ from typing import TYPE_CHECKING
 
 import redis
 from benchcommon import (
-    BASE_DISTS,
     LEASE_S,
     WAIT_S,
     add_masters_arg,
     check_masters_arg,
-    cleanup,
-    ensure_repo_importable,
     fail_text,
     fmt_ms,
-    new_run_id,
     percentile,
     ratio_text,
-    server_version,
-    servers,
-    versions,
+    run_session,
+    write_json,
 )
 
 if TYPE_CHECKING:
@@ -749,32 +743,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    ensure_repo_importable()
-    run_id = new_run_id()
-    dists = versions(BASE_DISTS)
-    print("versions: " + ", ".join(f"{k} {v}" for k, v in dists.items()))
-    with servers(args.masters) as urls:
-        redis_version = server_version(urls[0])
-        print(
-            f"servers: {len(urls)} (redis {redis_version}), duration {args.duration:g}s "
-            f"per timed case, run id {run_id}"
-        )
-        try:
-            report = run_all(args, urls, run_id)
-        finally:
-            deleted = cleanup(urls, run_id)
-            print(f"cleanup: deleted {deleted} key(s) matching *{run_id}*", file=sys.stderr)
+    report, facts = run_session(args, (), "per timed case", run_all)
     print_report(report, args)
     if args.json:
-        payload = {
-            "run_id": run_id,
-            "versions": dists,
-            "redis_server": redis_version,
-            "args": {k: v for k, v in vars(args).items() if k not in ("json", "masters")},
-            **asdict(report),
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+        write_json(
+            args.json,
+            {
+                **facts,
+                "args": {k: v for k, v in vars(args).items() if k not in ("json", "masters")},
+                **asdict(report),
+            },
+        )
     return 0
 
 

@@ -10,13 +10,14 @@ import argparse
 import contextlib
 import importlib.metadata
 import ipaddress
+import json
 import math
 import platform
 import secrets
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
@@ -29,6 +30,8 @@ WARMUP_CYCLES = 50
 QUORUM_SIZE = 5
 
 BASE_DISTS = ("redis", "hiredis", "redreentrant")
+
+T = TypeVar("T")
 
 
 def fail_text(exc: BaseException) -> str:
@@ -153,3 +156,41 @@ def fmt_ms(seconds: float) -> str:
 
 def ratio_text(num: float | None, den: float | None) -> str:
     return f"{num / den:.2f}x" if num and den else "-"
+
+
+def run_session(
+    args: argparse.Namespace,
+    extra_dists: Sequence[str],
+    scope: str,
+    run_all: Callable[[argparse.Namespace, list[str], str], T],
+) -> tuple[T, dict[str, Any]]:
+    """The frame every script shares: print versions, start (or use) the servers, run,
+    delete the run's keys whatever happens. Returns the results and the run's facts
+    (run id, versions, server version, master count) for a JSON dump."""
+    ensure_repo_importable()
+    run_id = new_run_id()
+    dists = versions((*BASE_DISTS, *extra_dists))
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in dists.items()))
+    with servers(args.masters) as urls:
+        redis_version = server_version(urls[0])
+        print(
+            f"servers: {len(urls)} (redis {redis_version}), duration {args.duration:g}s "
+            f"{scope}, run id {run_id}"
+        )
+        try:
+            results = run_all(args, urls, run_id)
+        finally:
+            deleted = cleanup(urls, run_id)
+            print(f"cleanup: deleted {deleted} key(s) matching *{run_id}*", file=sys.stderr)
+    facts = {
+        "run_id": run_id,
+        "versions": dists,
+        "redis_server": redis_version,
+        "masters": len(urls),
+    }
+    return results, facts
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {path}")
