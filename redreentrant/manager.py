@@ -8,12 +8,11 @@ from typing import Any, TypeVar
 
 import redis
 
-from . import keys
 from .fairlock import FairLock
 from .keys import validate_name
 from .kinds import FAMILIES
 from .lock import Lock
-from .managerbase import ManagerBase, connect, no_handshake
+from .managerbase import ManagerBase, no_handshake
 from .owner import thread_token
 from .quorum import Fanout, Notify, Relay, Steps, Wait, Watch
 from .rwlock import ReadLock, WriteLock
@@ -68,14 +67,7 @@ class LockManager(ManagerBase[Lock]):
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
         super().__init__(lease, drift_factor, master_timeout, retry_jitter, on_lost)
-        timeout = self.master_timeout
-        clients, self._own_clients = connect(
-            masters, redis.Redis, lambda url: url_client(url, timeout)
-        )
-        self._set_masters(clients)
-        self._transport = SyncTransport(clients, timeout)
-        self._hub = WakeupHub(clients, 2 * timeout, keys.PREFIX + "hub:" + self.id)
-        self._watchdog = Watchdog(self._run, self._quorum, self._holds, self.lease, self._lost)
+        self._wire(masters, redis.Redis, url_client, SyncTransport, WakeupHub, Watchdog)
 
     def owner_id(self) -> str:
         """The calling thread's owner id under this manager."""

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from redis.connection import AbstractConnection
 
+from . import keys
 from .holds import Hold, Holds
 from .keys import validate_name
 from .kinds import FAIR, READ, WRITE, LockKind
@@ -92,6 +93,8 @@ class ManagerBase(Generic[L]):
     _read_class: Callable[[Any, str], L]
     _write_class: Callable[[Any, str], L]
     _fair_class: Callable[[Any, str], L]
+    _transport: Any
+    _hub: Any
     _watchdog: Any
 
     def __init__(
@@ -122,12 +125,33 @@ class ManagerBase(Generic[L]):
         self._holds = Holds()
         self._closed = False
 
-    def _set_masters(self, clients: list[Any]) -> None:
+    def _wire(
+        self,
+        masters: object,
+        client_type: type,
+        url_client: Callable[[str, float], Any],
+        transport: Callable[[list[Any], float], Any],
+        hub: Callable[[list[Any], float, str], Any],
+        watchdog: Callable[..., Any],
+    ) -> None:
+        """Connect the masters and build the flavour's transport, wake-up hub and
+        watchdog (the one place both flavours are put together)."""
+        timeout = self.master_timeout
+        clients, self._own_clients = connect(
+            masters, client_type, lambda url: url_client(url, timeout)
+        )
         self._clients = clients
         self._quorum = Quorum(
             tuple(master_name(c) for c in clients), self.drift_factor, self.retry_jitter
         )
+        self._transport = transport(clients, timeout)
+        # Confirmations of a subscription may take a round trip from every master.
+        self._hub = hub(clients, 2 * timeout, keys.PREFIX + "hub:" + self.id)
+        self._watchdog = watchdog(self._run, self._quorum, self._holds, self.lease, self._lost)
         _after_fork.add(self)
+
+    def _run(self, steps: Any) -> Any:
+        raise NotImplementedError
 
     # -- public API --------------------------------------------------------------------
 

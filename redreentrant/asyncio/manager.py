@@ -12,11 +12,10 @@ from typing import Any, TypeVar
 import redis.asyncio
 from redis.asyncio.connection import AbstractConnection
 
-from .. import keys
 from ..holds import Hold
 from ..keys import validate_name
 from ..kinds import FAMILIES
-from ..managerbase import ManagerBase, connect, no_handshake
+from ..managerbase import ManagerBase, no_handshake
 from ..owner import task_token
 from ..quorum import Fanout, Notify, Relay, Steps, Wait, Watch
 from ..steps import force_unlock_steps, probe_steps
@@ -80,14 +79,9 @@ class LockManager(ManagerBase[Lock]):
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
         super().__init__(lease, drift_factor, master_timeout, retry_jitter, on_lost)
-        timeout = self.master_timeout
-        clients, self._own_clients = connect(
-            masters, redis.asyncio.Redis, lambda url: url_client(url, timeout)
+        self._wire(
+            masters, redis.asyncio.Redis, url_client, AsyncTransport, AsyncWakeupHub, AsyncWatchdog
         )
-        self._set_masters(clients)
-        self._transport = AsyncTransport(clients, timeout)
-        self._hub = AsyncWakeupHub(clients, 2 * timeout, keys.PREFIX + "hub:" + self.id)
-        self._watchdog = AsyncWatchdog(self._run, self._quorum, self._holds, self.lease, self._lost)
 
     def owner_id(self) -> str:
         """The current task's owner id under this manager."""
