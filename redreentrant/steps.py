@@ -61,7 +61,10 @@ def acquire_steps(
     :class:`LockLostError` because the owner's hold is gone.
     """
     ms = lease_ms(lease)
-    undo = q.everywhere(kind.undo(name, owner, count - 1, release_id(owner)))
+
+    def undo() -> Fanout:  # made only when needed: the usual grant never undoes
+        return q.everywhere(kind.undo(name, owner, count - 1, release_id(owner)))
+
     channel = kind.wake_channel(name, owner)
     key = kind.key(name)
     generation: int | None = None
@@ -80,7 +83,7 @@ def acquire_steps(
                 replies = yield acquire
             except BaseException:
                 # Interrupted mid-round: some masters may have granted.
-                yield undo
+                yield undo()
                 raise
             tally = tally_grants(q, key, replies)
             valid_until = started + lease - q.drift(lease)
@@ -90,7 +93,7 @@ def acquire_steps(
             if tally.granted or tally.failed:
                 # Undo everywhere, also where the reply was lost: a failed master may
                 # have granted before failing to answer.
-                yield undo
+                yield undo()
                 settle = None
                 if tally.granted:
                     settle = kind.settle(name, owner, replies, release_id(owner))
