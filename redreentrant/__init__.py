@@ -11,13 +11,16 @@ from .errors import (
     LockKeyTypeError,
     LockLostError,
     LockNotOwnedError,
+    LockOwnerError,
     LockUpgradeError,
+    ManagerClosedError,
     QuorumUnavailableError,
     RedisServerNotFound,
 )
 from .fairlock import FairLock
 from .lock import Lock
 from .manager import LockManager
+from .owner import OwnerInfo, parse_owner
 from .rwlock import ReadLock, ReadWriteLock, WriteLock
 from .views import LockView, MasterView
 
@@ -31,13 +34,17 @@ __all__ = [
     "LockLostError",
     "LockManager",
     "LockNotOwnedError",
+    "LockOwnerError",
     "LockUpgradeError",
     "LockView",
+    "ManagerClosedError",
     "MasterView",
+    "OwnerInfo",
     "QuorumUnavailableError",
     "ReadLock",
     "ReadWriteLock",
     "RedisServerNotFound",
     "WriteLock",
     "__version__",
+    "parse_owner",
 ]

@@ -7,15 +7,22 @@ Hierarchy::
     ├── LockLostError               the lease was lost while held
     ├── LockUpgradeError            a reader asked for the write lock (would self-deadlock)
     ├── LockKeyTypeError            a lock key holds data that is not a lock
+    ├── LockOwnerError              an asyncio acquire ran in a task of its own
+    ├── ManagerClosedError          the manager was closed (also a RuntimeError)
     └── QuorumUnavailableError      too many masters failed to answer for a quorum
 
 Bad arguments (an empty name, a lease <= 0, a negative timeout, ...) raise the built-in
 ``ValueError`` or ``TypeError`` before anything is sent to Redis.
+
+Every error pickles (it crosses ``multiprocessing`` and ``concurrent.futures``); a
+master's error that does not pickle travels as a ``RuntimeError`` with its text.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
+from typing import Any
 
 
 class LockError(Exception):
@@ -45,6 +52,22 @@ class LockKeyTypeError(LockError):
         super().__init__(f"key {key!r} on {master} is not a redreentrant lock ({detail})")
         self.key = key
         self.master = master
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.master, self.detail))
+
+
+class LockOwnerError(LockError):
+    """An asyncio ``acquire`` ran as the whole of a task of its own (``create_task``,
+    ``gather``, or ``asyncio.wait_for`` before Python 3.12): that task would own the
+    lock and end at once, leaving a hold nobody can use or release. Raised before
+    anything is held; the message says what to write instead."""
+
+
+class ManagerClosedError(LockError, RuntimeError):
+    """The lock manager was closed: waiters woken by ``close()`` and every later call
+    fail with it, and no new hold is taken."""
 
 
 class QuorumUnavailableError(LockError):
@@ -59,8 +82,26 @@ class QuorumUnavailableError(LockError):
             f"{action}: {len(errors)} master(s) failed, a quorum of {needed} is out of reach"
             f" ({detail})"
         )
+        self.action = action
         self.errors: dict[str, BaseException] = dict(errors)
         self.needed = needed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        errors = _picklable(self.errors)
+        # The message is kept as it was, also for errors sent as RuntimeErrors.
+        state = {**self.__dict__, "errors": errors, "args": self.args}
+        return (type(self), (self.action, errors, self.needed), state)
+
+
+def _picklable(errors: Mapping[str, BaseException]) -> dict[str, BaseException]:
+    out: dict[str, BaseException] = {}
+    for master, error in errors.items():
+        try:
+            pickle.loads(pickle.dumps(error))
+            out[master] = error
+        except Exception:
+            out[master] = RuntimeError(f"{type(error).__name__}: {error}")
+    return out
 
 
 class RedisServerNotFound(RuntimeError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .kinds import LockKind
@@ -25,10 +26,17 @@ class Hold:
     managed: bool
     valid_until: float
     lost: str | None = None
+    #: where the first acquire was called (``file:line in function``), for warnings
+    site: str = "?"
 
     @property
     def ident(self) -> tuple[str, str, str]:
         return (self.kind.label, self.name, self.owner)
+
+    @property
+    def token(self) -> str:
+        """The owner's thread or task token (the last part of the owner id)."""
+        return self.owner.rpartition(":")[2]
 
 
 class Holds:
@@ -57,6 +65,56 @@ class Holds:
         """The holds the watchdog must renew (not lost, not fixed-lease)."""
         with self._lock:
             return [h for h in self._table.values() if h.managed and h.lost is None]
+
+    def owned_by(self, token: str) -> bool:
+        """Whether an owner with this token has a watchdog-managed hold here."""
+        with self._lock:
+            return any(h.managed and h.token == token for h in self._table.values())
+
+    def take_dead(self, alive: Callable[[str], bool]) -> list[Hold]:
+        """Remove the managed holds whose owner has ended, marked lost, and return them
+        (the watchdog releases them and reports them)."""
+        dead: list[Hold] = []
+        with self._lock:
+            for h in list(self._table.values()):
+                if h.managed and h.lost is None and not alive(h.token):
+                    h.lost = "its owner ended while holding it"
+                    del self._table[h.ident]
+                    dead.append(h)
+        return dead
+
+    def renewed(self, hold: Hold, valid_until: float) -> bool:
+        """Record a renewal of ``hold``, unless it was released or found lost meanwhile."""
+        with self._lock:
+            if hold.lost is not None or self._table.get(hold.ident) is not hold:
+                return False
+            hold.valid_until = valid_until
+            return True
+
+    def mark_lost(self, hold: Hold, why: str) -> bool:
+        """Mark ``hold`` lost (True), unless it was released or lost already."""
+        with self._lock:
+            if hold.lost is not None or self._table.get(hold.ident) is not hold:
+                return False
+            hold.lost = why
+            return True
+
+    def overdue(self, now: float, margin: float) -> list[Hold]:
+        """Mark lost, and return, the managed holds whose validity ends within
+        ``margin`` of ``now`` without a renewal: reported before their validity ends."""
+        out: list[Hold] = []
+        with self._lock:
+            for h in self._table.values():
+                if h.managed and h.lost is None and h.valid_until - margin <= now:
+                    h.lost = "the lease could not be renewed on a quorum before its validity ended"
+                    out.append(h)
+        return out
+
+    def next_deadline(self, margin: float) -> float | None:
+        """When the next managed hold becomes overdue (see :meth:`overdue`), if any."""
+        with self._lock:
+            ends = [h.valid_until for h in self._table.values() if h.managed and h.lost is None]
+        return min(ends) - margin if ends else None
 
     def all(self) -> list[Hold]:
         with self._lock:

@@ -3,6 +3,13 @@
 All keys of a lock share the hash tag ``{name}``, so they live in one slot of a Redis
 Cluster. The prefix carries the key-schema version: a release with an incompatible
 layout changes it, so two versions never read each other's keys.
+
+A hash tag ends at the first ``}``: a name holding one would give an empty or partial
+tag and spread one lock's keys over several slots. Such a name is escaped (``%`` as
+``%25``, ``}`` as ``%7D``) and its keys carry a ``!`` right after the tag, so they can
+never equal the keys of another name; a name without ``}`` keeps its keys as they are.
+Any non-empty string is a usable name (braces, newlines and NUL included), as long as
+it can be encoded as UTF-8.
 """
 
 from __future__ import annotations
@@ -17,22 +24,37 @@ def validate_name(name: object) -> str:
         raise TypeError(f"lock name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("lock name must not be empty")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"lock name {name!r} cannot be encoded as UTF-8 ({error.reason} at position"
+            f" {error.start})"
+        ) from None
     return name
+
+
+def tag(name: str) -> str:
+    """The start of every key of lock ``name``: the prefix and its hash tag."""
+    if "}" not in name:
+        return f"{PREFIX}{{{name}}}"
+    escaped = name.replace("%", "%25").replace("}", "%7D")
+    return f"{PREFIX}{{{escaped}}}!"
 
 
 def lock_key(name: str) -> str:
     """The hash holding ``owner -> hold count`` for lock ``name``."""
-    return f"{PREFIX}{{{name}}}"
+    return tag(name)
 
 
 def aux_key(name: str, part: str) -> str:
     """An auxiliary key of lock ``name`` (same hash slot as its lock key)."""
-    return f"{PREFIX}{{{name}}}:{part}"
+    return f"{tag(name)}:{part}"
 
 
 def wake_channel(name: str) -> str:
     """The pub/sub channel on which a release of ``name`` is announced."""
-    return f"{PREFIX}{{{name}}}:wake"
+    return f"{tag(name)}:wake"
 
 
 def name_of(key: str) -> str:
@@ -40,5 +62,9 @@ def name_of(key: str) -> str:
     if not key.startswith(PREFIX + "{"):
         raise ValueError(f"not a redreentrant key: {key!r}")
     body = key[len(PREFIX) + 1 :]
-    end = body.rfind("}")
+    end = body.find("}")
+    if end < 0:
+        raise ValueError(f"not a redreentrant key: {key!r}")
+    if body[end + 1 : end + 2] == "!":
+        return body[:end].replace("%7D", "}").replace("%25", "%")
     return body[:end]

@@ -42,9 +42,15 @@ class Lock(LockBase):
 
         Re-entry by the owner always succeeds at once (one round that records the new
         hold count and refreshes the lease), or raises :class:`LockLostError` if the
-        owner's lease was lost. Raises :class:`QuorumUnavailableError` when too many
-        masters fail to answer, and :class:`LockKeyTypeError` if the key holds non-lock
-        data.
+        owner's lease was lost. A re-entry keeps the hold's kind of lease: ``lease=`` on
+        a watchdog-managed hold raises ``ValueError`` (changing nothing); on a fixed hold
+        it sets the fixed lease anew. Raises :class:`QuorumUnavailableError` when too
+        many masters fail to answer, :class:`LockKeyTypeError` if the key holds non-lock
+        data, and :class:`ManagerClosedError` if the manager is (or gets) closed, the
+        wait included; then nothing is held.
+
+        A thread that ends while it holds a watchdog-managed lock has it released by the
+        watchdog, with a warning and an ``on_lost`` report.
         """
         mgr = self._manager
         return mgr._run(self._acquire(mgr.owner_id(), blocking, timeout, lease))

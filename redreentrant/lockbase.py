@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .errors import LockLostError, LockNotOwnedError, LockUpgradeError
+from .errors import LockLostError, LockNotOwnedError, LockUpgradeError, ManagerClosedError
 from .holds import Hold
 from .keys import validate_name
 from .kinds import EXCLUSIVE, LockKind
@@ -34,6 +36,21 @@ def check_acquire_args(blocking: bool, timeout: float) -> None:
         raise ValueError("can't specify a timeout for a non-blocking call")
     if timeout < 0 and timeout != -1:
         raise ValueError("timeout value must be a non-negative number, or -1 for no limit")
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def call_site() -> str:
+    """Where the caller outside this package is (``file:line in function``): named in
+    the warning when a hold's owner dies. A few frame hops, no traceback is built."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "?"
+    code = frame.f_code
+    return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
 
 
 class LockBase:
@@ -69,6 +86,14 @@ class LockBase:
         if hold is not None:
             if hold.lost is not None:
                 raise LockLostError(f"lock {self.name!r} was lost: {hold.lost}")
+            if hold.managed and lease is not None:
+                # The watchdog renews this hold with the manager's lease every lease/3:
+                # a shorter TTL set now would expire between its ticks.
+                raise ValueError(
+                    f"lock {self.name!r} is held with a watchdog-managed lease: a re-entry"
+                    " cannot set lease= (re-enter without it, or take the first hold"
+                    " with a fixed lease)"
+                )
             renewed = hold.lease if lease is None else lease_s
             count = hold.count + 1
             steps = acquire_steps(q, self.kind, self.name, owner, count, renewed, True, None)
@@ -79,6 +104,7 @@ class LockBase:
                 raise
             assert valid_until is not None  # a re-entry succeeds or raises
             hold.count += 1
+            hold.lease = renewed
             hold.valid_until = valid_until
             return True
         upgrade = self.kind.upgrade_from
@@ -87,12 +113,20 @@ class LockBase:
                 f"lock {self.name!r}: a holder of the read lock cannot take the write lock"
                 " (release the read lock first)"
             )
+        site = call_site()
         deadline = None if timeout == -1 or not blocking else time.monotonic() + timeout
-        steps = acquire_steps(q, self.kind, self.name, owner, 1, lease_s, blocking, deadline)
+        steps = acquire_steps(
+            q, self.kind, self.name, owner, 1, lease_s, blocking, deadline, mgr._is_closed
+        )
         valid_until = yield from steps
         if valid_until is None:
             return False
-        hold = Hold(self.kind, self.name, owner, 1, lease_s, lease is None, valid_until)
+        if mgr.closed:
+            # Granted while the manager was closing: nothing would renew or report it.
+            with contextlib.suppress(Exception):
+                yield from release_steps(q, self.kind, self.name, owner, 0)
+            raise ManagerClosedError("the lock manager was closed during the acquire")
+        hold = Hold(self.kind, self.name, owner, 1, lease_s, lease is None, valid_until, site=site)
         mgr._holds.add(hold)
         if hold.managed:
             mgr._watchdog.ensure_started()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -37,7 +38,8 @@ def url_client(url: str, timeout: float) -> redis.Redis:
 class LockManager(ManagerBase[Lock]):
     """Locks over a Redlock quorum of N independent Redis masters (threads own locks).
 
-    ``masters`` are redis URLs or ``redis.Redis`` clients (a single one is legal). A lock
+    ``masters`` are redis URLs or ``redis.Redis`` clients (a single one is legal), or one
+    string of URLs separated by commas (bare ``host:port`` allowed). A lock
     is held when a majority (``N // 2 + 1``) granted it within the lease's validity:
     ``lease - elapsed - (lease * drift_factor + 2 ms)``, measured on a monotonic clock.
 
@@ -46,7 +48,9 @@ class LockManager(ManagerBase[Lock]):
     ``min(0.25, lease / 10)``); clients made from URLs get it as their socket time-outs,
     and clients you pass in should have time-outs of their own. ``retry_jitter`` is the
     upper bound (seconds) of the random pause after a split vote. ``on_lost(lock)`` is
-    called from the watchdog thread when a held lock's lease is lost.
+    called, in a thread of its own, when a held lock's lease is lost or its owner thread
+    ended while holding it; always before the lease's validity ends. Bad settings raise
+    ``ValueError``/``TypeError`` naming the argument.
 
     Use it as a context manager, or call :meth:`close`.
     """
@@ -89,12 +93,20 @@ class LockManager(ManagerBase[Lock]):
 
     def close(self) -> None:
         """Stop the watchdog and the wake-up subscriber, and close the clients made from
-        URLs. Held locks are not released: their leases run out (release them first)."""
+        URLs. Held locks are not released: their leases run out (release them first).
+
+        Threads waiting in ``acquire`` wake and fail with :class:`ManagerClosedError`
+        (taking no hold), and so does every later call on the manager."""
         if self._closed:
             return
         self._closed = True
         self._watchdog.stop()
         self._hub.close()
+        # Woken waiters undo what they took and leave queues: let them, on an open
+        # transport (bounded: each round is).
+        deadline = time.monotonic() + self._close_timeout()
+        while self._runs and time.monotonic() < deadline:
+            time.sleep(0.005)
         self._transport.close()
         for client in self._own_clients:
             client.close()
@@ -114,6 +126,7 @@ class LockManager(ManagerBase[Lock]):
         """Drive an algorithm's effects with this manager's transport and wake-ups."""
         self._check_open()
         watched: list[str] = []
+        self._runs.add(steps)
         try:
             effect = next(steps)
             while True:
@@ -127,6 +140,7 @@ class LockManager(ManagerBase[Lock]):
             value: T = stop.value
             return value
         finally:
+            self._runs.discard(steps)
             for channel in watched:
                 self._hub.unwatch(channel)
 

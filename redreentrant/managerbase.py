@@ -8,19 +8,22 @@ import inspect
 import logging
 import math
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 from redis.connection import AbstractConnection
 
 from . import keys
+from .errors import ManagerClosedError
 from .holds import Hold, Holds
 from .keys import validate_name
 from .kinds import FAIR, READ, WRITE, LockKind
-from .owner import new_manager_id
-from .quorum import Quorum
+from .owner import new_manager_id, parse_owner
+from .quorum import Quorum, drift_allowance
 from .rwlock import ReadWriteLock
 from .transport import master_name
 
@@ -55,12 +58,47 @@ def master_identity(client: Any) -> tuple[object, ...]:
     return (host, int(kw.get("port", 6379)))
 
 
+_BARE_MASTER = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?$")
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def master_url(text: str) -> str:
+    """One master as a URL: a ``redis://``, ``rediss://`` or ``unix://`` URL as it is,
+    a bare ``host`` or ``host:port`` as ``redis://host:port/0``. Anything else (a
+    malformed URL such as ``redis//host:6379``) is a ValueError naming it."""
+    part = text.strip()
+    if "://" in part:
+        scheme = part.split("://", 1)[0].lower()
+        parsed = urlsplit(part)
+        if scheme not in _SCHEMES or (scheme != "unix" and not parsed.hostname):
+            raise ValueError(f"malformed master URL {text!r}: expected redis://host:port/db")
+        return part
+    if not _BARE_MASTER.match(part):
+        raise ValueError(f"malformed master {text!r}: expected a redis:// URL or host:port")
+    return f"redis://{part}/0"
+
+
+def master_urls(text: str) -> list[str]:
+    """Masters written as one string, separated by commas (the command line's form and
+    ``$REDREENTRANT_MASTERS``): each a URL or a bare ``host:port`` (see
+    :func:`master_url`)."""
+    urls = [master_url(part) for part in text.split(",") if part.strip()]
+    if not urls:
+        raise ValueError(f"no master in {text!r}")
+    return urls
+
+
 def connect(
     masters: object, client_type: type, from_url: Callable[[str], Any]
 ) -> tuple[list[Any], list[Any]]:
     """Clients for ``masters`` (URLs or ``client_type`` instances), checked for
-    duplicates. Returns (all clients, the ones made here from URLs)."""
-    if isinstance(masters, (str, client_type)):
+    duplicates. Returns (all clients, the ones made here from URLs).
+
+    One string may hold several masters separated by commas: never a silent quorum of
+    one master when the list came from an environment variable."""
+    if isinstance(masters, str):
+        masters = master_urls(masters)
+    elif isinstance(masters, client_type):
         masters = [masters]
     if not isinstance(masters, Sequence):
         raise TypeError("masters must be redis URLs or clients, or a sequence of them")
@@ -69,7 +107,12 @@ def connect(
     clients: list[Any] = []
     for m in masters:
         if isinstance(m, str):
-            clients.append(from_url(m))
+            if "," in m:
+                raise ValueError(
+                    f"master {m!r} holds a comma: give one master per item, or all of"
+                    " them as one comma-separated string"
+                )
+            clients.append(from_url(master_url(m)))
         elif isinstance(m, client_type):
             clients.append(m)
         else:
@@ -84,6 +127,29 @@ def connect(
             )
         seen[ident] = i
     return clients, own
+
+
+#: the longest lease accepted (ten years): longer ones overflow Redis' expiry times
+MAX_LEASE = 10 * 365 * 86400.0
+
+
+def number(argument: str, value: object) -> float:
+    """``value`` as a float, or a TypeError/ValueError that names ``argument``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{argument} must be a number, not {type(value).__name__}")
+    if math.isnan(value):
+        raise ValueError(f"{argument} must not be NaN")
+    return float(value)
+
+
+def check_lease(argument: str, value: object) -> float:
+    """A lease in seconds: > 0 and at most :data:`MAX_LEASE`."""
+    lease = number(argument, value)
+    if not 0 < lease <= MAX_LEASE:
+        raise ValueError(
+            f"{argument} must be > 0 and at most {MAX_LEASE:.0f} seconds (ten years), not {value!r}"
+        )
+    return lease
 
 
 class ManagerBase(Generic[L]):
@@ -105,15 +171,24 @@ class ManagerBase(Generic[L]):
         retry_jitter: float,
         on_lost: Callable[[Any], object] | None,
     ) -> None:
-        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not lease > 0:
-            raise ValueError(f"lease must be a positive number of seconds, not {lease!r}")
+        lease = check_lease("lease", lease)
+        drift_factor = number("drift_factor", drift_factor)
         if not 0 <= drift_factor < 0.5:
             raise ValueError(f"drift_factor must be in [0, 0.5), not {drift_factor!r}")
         timeout = default_master_timeout(lease) if master_timeout is None else master_timeout
+        timeout = number("master_timeout", timeout)
         if not 0 < timeout < lease / 3:
             raise ValueError(f"master_timeout must be > 0 and < lease / 3, not {timeout!r}")
-        if not retry_jitter >= 0:
-            raise ValueError(f"retry_jitter must be >= 0, not {retry_jitter!r}")
+        retry_jitter = number("retry_jitter", retry_jitter)
+        if not (math.isfinite(retry_jitter) and retry_jitter >= 0):
+            raise ValueError(
+                f"retry_jitter must be a finite number of seconds >= 0, not {retry_jitter!r}"
+            )
+        if lease <= drift_allowance(lease, drift_factor) + timeout:
+            raise ValueError(
+                f"lease {lease!r}s is too short: it must exceed the clock drift allowance"
+                f" plus the master timeout ({timeout}s)"
+            )
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be callable")
         self.lease = float(lease)
@@ -124,6 +199,9 @@ class ManagerBase(Generic[L]):
         self.id = new_manager_id()
         self._holds = Holds()
         self._closed = False
+        # The rounds under way (each a generator): close() lets them finish their
+        # clean-up on the transport before closing it.
+        self._runs: set[object] = set()
 
     def _wire(
         self,
@@ -188,17 +266,27 @@ class ManagerBase(Generic[L]):
 
     # -- internals shared by the lock kinds ---------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: every later call fails with
+        :class:`ManagerClosedError`."""
+        return self._closed
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("the lock manager is closed")
+            raise ManagerClosedError("the lock manager is closed")
+
+    def _close_timeout(self) -> float:
+        """How long close() waits for rounds under way to finish their clean-up."""
+        return 2.0 + 4 * self.master_timeout
 
     def _check_lease(self, lease: float | None) -> float:
         if lease is None:
             return self.lease
-        if isinstance(lease, bool) or not isinstance(lease, (int, float)):
-            raise TypeError(f"lease must be a number of seconds, not {type(lease).__name__}")
-        if math.isnan(lease) or lease <= 0:
-            raise ValueError(f"lease must be > 0 seconds, not {lease!r}")
+        lease = check_lease("lease", lease)
         if lease <= self._quorum.drift(lease) + self.master_timeout:
             raise ValueError(
                 f"lease {lease!r}s is too short: it must exceed the clock drift allowance"
@@ -214,7 +302,14 @@ class ManagerBase(Generic[L]):
 
     def _lost(self, hold: Hold) -> object:
         """Report a lost hold: log it and call ``on_lost`` (returning what it returned)."""
-        log.warning("redreentrant: lost lock %r (%s)", hold.name, hold.lost)
+        who = parse_owner(hold.owner)
+        log.warning(
+            "redreentrant: lost lock %r held by %s (%s); acquired at %s",
+            hold.name,
+            who.describe() if who is not None else hold.owner,
+            hold.lost,
+            hold.site,
+        )
         if self.on_lost is None:
             return None
         try:
@@ -227,6 +322,7 @@ class ManagerBase(Generic[L]):
         # The child is a new owner: it never renews nor releases the parent's holds.
         self.id = new_manager_id()
         self._holds = Holds()
+        self._runs = set()
 
 
 class _ForkRegistry:

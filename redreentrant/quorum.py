@@ -117,7 +117,7 @@ class Quorum:
 
     def drift(self, lease: float) -> float:
         """Clock drift allowance for a lease: a fraction of it plus 2 ms."""
-        return lease * self.drift_factor + 0.002
+        return drift_allowance(lease, self.drift_factor)
 
     def everywhere(self, *calls: Call) -> Fanout:
         """The same calls on every master."""
@@ -129,6 +129,11 @@ class Quorum:
         return QuorumUnavailableError(
             action, {self.masters[i]: e for i, e in failed.items()}, self.needed
         )
+
+
+def drift_allowance(lease: float, drift_factor: float) -> float:
+    """Clock drift allowance for a lease: ``lease * drift_factor`` plus 2 ms."""
+    return lease * drift_factor + 0.002
 
 
 def lease_ms(lease: float) -> int:

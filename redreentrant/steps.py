@@ -10,13 +10,13 @@ import itertools
 import random
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from redis.crc import key_slot
 from redis.exceptions import ClusterCrossSlotError
 
-from .errors import LockKeyTypeError, LockLostError
+from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .holds import Hold
 from .kinds import LockKind
 from .quorum import (
@@ -53,12 +53,14 @@ def acquire_steps(
     lease: float,
     blocking: bool,
     deadline: float | None,
+    closed: Callable[[], bool] = lambda: False,
 ) -> Steps[float | None]:
     """Take (``count == 1``) or re-enter (``count > 1``) a lock.
 
     Returns the end of the validity (monotonic clock) when granted, ``None`` when the
     lock was not free in time. Re-entry never waits: it succeeds, or raises
-    :class:`LockLostError` because the owner's hold is gone.
+    :class:`LockLostError` because the owner's hold is gone. A waiter whose manager was
+    closed (``closed()``) gives up with :class:`ManagerClosedError` before its next try.
     """
     ms = lease_ms(lease)
 
@@ -73,6 +75,8 @@ def acquire_steps(
     woken = False
     try:
         while True:
+            if closed():
+                raise ManagerClosedError("the lock manager was closed while waiting")
             started = time.monotonic()
             # How long a queued waiter's place lasts unless refreshed by its next try.
             wait_s = 0.0

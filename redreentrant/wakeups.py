@@ -22,6 +22,8 @@ from typing import Any
 
 import redis
 
+from .errors import ManagerClosedError
+
 #: how long a master whose pub/sub connection failed is left alone before a retry
 RECONNECT_DELAY = 0.5
 
@@ -105,7 +107,7 @@ class WakeupHub:
         On a ``broadcast`` channel a release wakes every waiter, else one."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("the lock manager is closed")
+                raise ManagerClosedError("the lock manager is closed")
             chan = self._channels.get(channel)
             if chan is None:
                 chan = self._channels[channel] = _Channel(
@@ -141,8 +143,8 @@ class WakeupHub:
         """Sleep until ``channel`` moves past ``generation`` or ``timeout`` passes."""
         with self._lock:
             chan = self._channels[channel]
-            if chan.generation == generation:
-                chan.cond.wait_for(lambda: chan.generation != generation, timeout)
+            if chan.generation == generation and not self._closed:
+                chan.cond.wait_for(lambda: chan.generation != generation or self._closed, timeout)
             return chan.generation
 
     def notify(self, channels: Sequence[str], release_id: str) -> None:

@@ -214,12 +214,21 @@ def test_read_write_semantics_with_tasks(urls: list[str]) -> None:
     async def main() -> None:
         async with LockManager(urls) as mgr, LockManager(urls) as other:
             rw, theirs = mgr.rw_lock("rw"), other.rw_lock("rw")
+            held, done = asyncio.Event(), asyncio.Event()
+
+            async def other_reader() -> None:
+                assert await theirs.read.acquire(blocking=False)
+                held.set()
+                await done.wait()
+                await theirs.read.release()
+
             async with rw.read:
-                assert await asyncio.create_task(theirs.read.acquire(blocking=False))
+                reader = asyncio.create_task(other_reader())
+                await held.wait()
                 with pytest.raises(LockUpgradeError):
                     await rw.write.acquire(timeout=10)
-            # the other manager's task that took the read lock ended holding it
-            await other.force_unlock("rw")
+            done.set()
+            await reader
             async with rw.write:
                 await rw.read.acquire()  # a writer may read, and keeps it (downgrade)
             assert rw.read.hold_count == 1 and await rw.read.locked()
@@ -365,8 +374,11 @@ def test_close_stops_the_watchdog_and_readers(urls: list[str]) -> None:
             pass
         waiter_mgr = LockManager(urls)
         async with mgr.lock("closing"):
-            pending = asyncio.create_task(waiter_mgr.lock("closing").acquire(timeout=0.3))
-            assert not await pending
+
+            async def wait_briefly() -> bool:
+                return await waiter_mgr.lock("closing").acquire(timeout=0.3)
+
+            assert not await asyncio.create_task(wait_briefly())
         await mgr.close()
         await waiter_mgr.close()
         leftover = [

@@ -12,9 +12,12 @@ from ..errors import (
     LockKeyTypeError,
     LockLostError,
     LockNotOwnedError,
+    LockOwnerError,
     LockUpgradeError,
+    ManagerClosedError,
     QuorumUnavailableError,
 )
+from ..owner import OwnerInfo, parse_owner
 from ..rwlock import ReadWriteLock
 from ..views import LockView, MasterView
 from .lock import FairLock, Lock, ReadLock, WriteLock
@@ -28,11 +31,15 @@ __all__ = [
     "LockLostError",
     "LockManager",
     "LockNotOwnedError",
+    "LockOwnerError",
     "LockUpgradeError",
     "LockView",
+    "ManagerClosedError",
     "MasterView",
+    "OwnerInfo",
     "QuorumUnavailableError",
     "ReadLock",
     "ReadWriteLock",
     "WriteLock",
+    "parse_owner",
 ]

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
-from types import TracebackType
+import sys
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
-from ..errors import LockLostError
+from ..errors import LockLostError, LockOwnerError
 from ..kinds import FAIR, READ, WRITE, LockKind
 from ..lockbase import LockBase
+from ..owner import current_task
 
 if TYPE_CHECKING:
     from .manager import LockManager
+
+
+def refuse_a_task_of_its_own(frame: FrameType, what: str) -> None:
+    """Raise :class:`LockOwnerError` when the coroutine running in ``frame`` is the
+    whole of the current task (``create_task(lock.acquire())``, ``gather``, or
+    ``asyncio.wait_for`` before Python 3.12): that task would own the hold and end at
+    once, leaving a lock nobody can use or release."""
+    coro = current_task().get_coro()
+    if getattr(coro, "cr_frame", None) is frame:
+        raise LockOwnerError(
+            f"{what} ran as a task of its own (asyncio.create_task, gather, or"
+            " asyncio.wait_for before Python 3.12), which would own the lock and end at"
+            " once. Await it in the task that uses the lock: 'await lock.acquire(timeout=t)'"
+            " instead of 'asyncio.wait_for(lock.acquire(), t)', or 'async with lock:'"
+            " inside the coroutine that needs it"
+        )
 
 
 class Lock(LockBase):
@@ -28,7 +46,13 @@ class Lock(LockBase):
     async def acquire(
         self, blocking: bool = True, timeout: float = -1, lease: float | None = None
     ) -> bool:
-        """Acquire the lock; True once held, False if not obtained in time."""
+        """Acquire the lock; True once held, False if not obtained in time.
+
+        The current task becomes the owner. Raises :class:`LockOwnerError`, holding
+        nothing, when this coroutine is the whole of a task made just to run it (see
+        the asyncio docs: use ``acquire(timeout=...)`` rather than
+        ``asyncio.wait_for``)."""
+        refuse_a_task_of_its_own(sys._getframe(), "lock.acquire()")
         mgr = self._manager
         return await mgr._run(self._acquire(mgr.owner_id(), blocking, timeout, lease))
 
@@ -38,6 +62,7 @@ class Lock(LockBase):
         await mgr._run_shielded(self._release(mgr.owner_id(), quiet_if_lost=False))
 
     async def __aenter__(self) -> Lock:
+        refuse_a_task_of_its_own(sys._getframe(), "lock.__aenter__()")
         await self.acquire()
         return self
 

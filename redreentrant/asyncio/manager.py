@@ -99,12 +99,21 @@ class LockManager(ManagerBase[Lock]):
 
     async def close(self) -> None:
         """Stop the watchdog task and the wake-up readers, and close the clients made
-        from URLs. Held locks are not released: their leases run out."""
+        from URLs. Held locks are not released: their leases run out.
+
+        Tasks waiting in ``acquire`` wake and fail with :class:`ManagerClosedError`
+        (taking no hold), and so does every later call on the manager."""
         if self._closed:
             return
         self._closed = True
         await self._watchdog.stop()
         await self._hub.close()
+        # Woken waiters undo what they took and leave queues: let them, on an open
+        # transport (bounded: each round is).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._close_timeout()
+        while self._runs and loop.time() < deadline:
+            await asyncio.sleep(0.005)
         await self._transport.close()
         for client in self._own_clients:
             await client.aclose()
@@ -127,6 +136,7 @@ class LockManager(ManagerBase[Lock]):
         (a release): rounds then need no shield of their own."""
         self._check_open()
         watched: list[str] = []
+        self._runs.add(steps)
         try:
             effect = next(steps)
             while True:
@@ -140,6 +150,7 @@ class LockManager(ManagerBase[Lock]):
             value: T = stop.value
             return value
         finally:
+            self._runs.discard(steps)
             for channel in watched:
                 self._hub.unwatch(channel)
 

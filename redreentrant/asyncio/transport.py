@@ -6,7 +6,8 @@ slowest master's round trip, and no task is made per master or per call. Each ma
 connections are checked out of its client's pool once and kept on a free list. Replies
 are read under one deadline (the master timeout, from when the last request went out);
 a connection whose reply did not come in time is closed, so a late reply is never read
-by the next round.
+by the next round (``redis.asyncio`` reports a read time-out by returning ``None``,
+which is treated as the time-out it is).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..quorum import Call, Reply
 from ..transport import connection_getter, evalsha_args
@@ -92,7 +94,13 @@ class AsyncTransport:
         for n in range(count):
             try:
                 left = max(deadline - loop.time(), 1e-6)
-                out.append(await conn.read_response(timeout=left))
+                reply = await conn.read_response(timeout=left)
+                if reply is None:
+                    # redis.asyncio answers a time-out with None instead of raising
+                    # (no script of ours replies nil): the reply is still owed, so
+                    # this connection must never serve another round.
+                    raise RedisTimeoutError(f"no reply within {self.timeout:.3f}s")
+                out.append(reply)
             except ResponseError as error:
                 out.append(error)
             except Exception as error:  # timed out or broken: the stream is out of step

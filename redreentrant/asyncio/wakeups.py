@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ManagerClosedError
 from ..wakeups import RECONNECT_DELAY, ChannelState, decode_message
 
 
@@ -50,7 +51,7 @@ class AsyncWakeupHub:
         """Register interest in ``channel``, subscribe on the reachable masters and wait
         (bounded) for their confirmations. Returns the channel's generation."""
         if self._closed:
-            raise RuntimeError("the lock manager is closed")
+            raise ManagerClosedError("the lock manager is closed")
         chan = self._channels.get(channel)
         if chan is None:
             chan = self._channels[channel] = _Channel(broadcast=broadcast)
@@ -102,7 +103,7 @@ class AsyncWakeupHub:
     async def wait(self, channel: str, generation: int, timeout: float) -> int:
         """Sleep until ``channel`` moves past ``generation`` or ``timeout`` passes."""
         chan = self._channels[channel]
-        if chan.generation == generation:
+        if chan.generation == generation and not self._closed:
             waiter = asyncio.get_running_loop().create_future()
             chan.waiters.append(waiter)
             try:

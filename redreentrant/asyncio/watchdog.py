@@ -1,13 +1,15 @@
-"""The asyncio watchdog: one task per manager, the same rounds and loss rules as the
-sync watchdog (:func:`redreentrant.watchdog.tick_steps`)."""
+"""The asyncio watchdog: a renewer task and a deadline-clock task per manager, with the
+same rounds and loss rules as the sync watchdog (:mod:`redreentrant.watchdog`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 
+from ..errors import ManagerClosedError
 from ..holds import Hold, Holds
 from ..quorum import Quorum, Steps
 from ..watchdog import WatchdogBase, log
@@ -25,36 +27,96 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
         report: Callable[[Hold], object],
     ) -> None:
         super().__init__(run, quorum, holds, lease, report)
-        self._task: asyncio.Task[None] | None = None
-        self._stopped = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reports: set[asyncio.Task[object]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweep = asyncio.Event()
+        self._clock = asyncio.Event()
 
     def ensure_started(self) -> None:
-        if not self._stopped and (self._task is None or self._task.done()):
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._clock.set()
+        if self._stopping or (self._tasks and not any(t.done() for t in self._tasks)):
+            return
+        for task in self._tasks:
+            task.cancel()
+        self._loop = loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._renewer()), loop.create_task(self._deadlines())]
 
-    async def _loop(self) -> None:
+    async def _renewer(self) -> None:
+        next_tick = time.monotonic() + self.interval
         while True:
-            await asyncio.sleep(self.interval)
-            await self.tick()
+            try:
+                await asyncio.wait_for(self._sweep.wait(), max(0.0, next_tick - time.monotonic()))
+            except asyncio.TimeoutError:
+                await self.tick()
+                # A fixed schedule: the period does not drift by the rounds' durations.
+                next_tick = max(next_tick + self.interval, time.monotonic())
+            else:
+                self._sweep.clear()
+                await self.tick(renew=False)
 
-    async def tick(self) -> None:
-        """One renewal round over all managed holds."""
+    async def _deadlines(self) -> None:
+        while True:
+            self._clock.clear()
+            now = time.monotonic()
+            for hold in self._holds.overdue(now, self.margin):
+                self._deliver(hold)
+            due = self._holds.next_deadline(self.margin)
+            if due is None:
+                await self._clock.wait()
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._clock.wait(), max(0.0, due - now))
+
+    async def tick(self, renew: bool = True) -> None:
+        """One round: free dead owners' holds, renew the others (``renew``)."""
         try:
-            lost = await self._tick()
+            lost = await self._round(renew)
+        except ManagerClosedError:
+            return
         except Exception:
-            log.exception("redreentrant watchdog: renewal round failed")
+            self._failed()
             return
         for hold in lost:
-            result = self._report(hold)
-            if inspect.isawaitable(result):
-                try:
-                    await result
-                except Exception:
-                    log.exception("redreentrant: on_lost hook raised")
+            self._deliver(hold)
+
+    def _deliver(self, hold: Hold) -> None:
+        # Reported on the loop's next turn, outside the round; a coroutine on_lost runs
+        # as a task of its own, so a slow one delays neither renewals nor other reports.
+        asyncio.get_running_loop().call_soon(self._report_now, hold)
+
+    def _report_now(self, hold: Hold) -> None:
+        result = self._report(hold)
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(self._await_report(result))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+
+    async def _await_report(self, result: Awaitable[object]) -> object:
+        try:
+            return await result
+        except Exception:
+            log.exception("redreentrant: on_lost hook raised")
+            return None
+
+    def _sweep_soon(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._sweep.set()
+        else:  # an owner of another thread ended: hand over to our loop
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._sweep.set)
 
     async def stop(self) -> None:
-        self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(BaseException):
-                await self._task
+                await task
