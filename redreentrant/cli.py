@@ -9,13 +9,19 @@ Commands::
     redreentrant ensemble up|down|status              local masters for development
 
 Masters come from ``--masters URL,URL,...`` (accepted before or after the command) or
-the ``REDREENTRANT_MASTERS`` environment variable. A bare ``host:port`` means
-``redis://host:port/0``.
+the ``REDREENTRANT_MASTERS`` environment variable, parsed by
+:func:`redreentrant.managerbase.master_urls`: a bare ``host:port`` means
+``redis://host:port/0``, and a malformed entry is a usage error.
 
 Exit status: 0 on success; 1 when a lock is not obtained, the masters are unavailable,
-or a demo check failed; 2 for usage errors (bad arguments, no masters, an empty name);
-``run`` passes its command's status through. Errors are one line on stderr, starting
-with ``redreentrant:``.
+or a demo check failed (``run --conflict-exit-code N`` makes the first two N); 2 for
+usage errors (bad arguments, no masters, a malformed master, an empty name); ``run``
+passes its command's status through. Errors are one line on stderr, starting with
+``redreentrant:``.
+
+``run``'s command, and the processes ``demo`` starts, die with ``redreentrant`` even when
+it is killed with SIGKILL (Linux: ``PR_SET_PDEATHSIG``; local masters: the reaper of
+:mod:`redreentrant.ensemble`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,10 +45,18 @@ from typing import Any, NoReturn, Protocol
 
 from . import __version__
 from .demo import Demo, Out, first_line
-from .ensemble import LocalEnsemble, detached_servers, detached_status, stop_detached
+from .ensemble import (
+    LocalEnsemble,
+    detached_servers,
+    detached_status,
+    die_with_parent,
+    stop_detached,
+)
 from .errors import LockError, LockLostError, QuorumUnavailableError, RedisServerNotFound
 from .keys import validate_name
 from .manager import LockManager
+from .managerbase import master_urls
+from .owner import OwnerInfo, parse_owner
 
 __all__ = ["main"]
 
@@ -63,6 +78,7 @@ a lock outlives a ``run`` killed with SIGKILL."""
 
 RUN_POLL = 0.1  # seconds between checks for a lost lease while CMD runs
 RUN_KILL_GRACE = 10.0  # seconds a CMD stopped for a lost lock gets before SIGKILL
+RUN_MASTERS_RETRY = (0.1, 1.0)  # --wait-masters: first and longest pause between tries
 
 
 _STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL for ``ensemble down``
@@ -109,6 +125,16 @@ def _seconds(minimum_exclusive: bool) -> Callable[[str], float]:
     return parse
 
 
+def _exit_code(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError("must be an exit status from 0 to 255")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -132,15 +158,20 @@ also a time limit for CMD (see below).
 SIGINT, SIGTERM and SIGHUP are forwarded to CMD; the lock is released once CMD has
 exited. A SIGINT is not forwarded when redreentrant is in the foreground of a terminal:
 Ctrl-C already reached CMD (same process group), and a second one could cut short its
-clean-up.
+clean-up. CMD never outlives redreentrant: on Linux, if redreentrant dies (even by
+SIGKILL), CMD gets SIGKILL at once (PR_SET_PDEATHSIG; CMD's own children are not
+covered). Other platforms have no such signal: there CMD keeps running unprotected.
 
 If the lock is lost while CMD runs (renewal failed on a quorum, someone ran
 'unlock --force', or the fixed lease ran out), CMD no longer runs under mutual
 exclusion: redreentrant says so on stderr, stops CMD with SIGTERM (SIGKILL after
 {RUN_KILL_GRACE:g} s) and exits 1, whatever CMD's own status.
 
-If the lock is not obtained within --timeout, nothing is run: one line on stderr,
-exit 1.
+If the lock is not obtained within --timeout, or the masters are unavailable (too few
+answer for a quorum), nothing is run: one line on stderr, exit 1, or N with
+--conflict-exit-code N (pick an N that CMD never exits with, e.g. 75). With
+--wait-masters, an outage of the masters is waited out instead (retrying, until
+--timeout if given).
 """
 
 _ENSEMBLE_HELP = """\
@@ -172,8 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         parents=[common],
         description="Reentrant distributed locks on a Redlock quorum of Redis masters.",
-        epilog="Exit status: 0 ok; 1 lock not obtained, masters unavailable, or a check "
-        "failed; 2 usage error. 'run' passes its command's status through.",
+        epilog="Exit status: 0 ok; 1 lock not obtained, masters unavailable (N with "
+        "'run -E N'), or a check failed; 2 usage error. 'run' passes its command's "
+        "status through.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -195,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         parents=[common],
         usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] [--shared | --write | --fair] "
-        "[--lease S] NAME -- CMD [ARGS...]",
+        "[--lease S] [-E N] [--wait-masters] NAME -- CMD [ARGS...]",
         help="run a command while holding a lock (a distributed flock)",
         description=_RUN_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -230,6 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="a fixed lease of S seconds, never renewed (CMD is stopped if it outlives it)",
     )
+    run.add_argument(
+        "-E",
+        "--conflict-exit-code",
+        type=_exit_code,
+        default=EXIT_FAILED,
+        metavar="N",
+        help="exit with N (0-255) when the lock is not obtained (held elsewhere until "
+        "--timeout, or refused with --timeout 0) or the masters are unavailable (default 1)",
+    )
+    run.add_argument(
+        "--wait-masters",
+        action="store_true",
+        help="when too few masters answer for a quorum, keep trying (until --timeout if "
+        "given) instead of giving up at once",
+    )
     # Only to say precisely what is wrong when the command is not after '--'.
     run.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)
@@ -240,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="show what every master holds for a lock name",
         description="Ask every master what it holds under NAME, of every lock kind: "
         "the kind, the mode (read/write locks), the holders with their hold counts, "
-        "the TTL, and the queue (fair locks). A read-only look; exit 1 if fewer than a "
+        "the TTL, and the queue (fair locks); then, for every holder and waiter, its "
+        "host, pid and thread or task. A read-only look; exit 1 if fewer than a "
         "quorum of masters answered.",
     )
     inspect.add_argument("name", metavar="NAME", help="the lock's name")
@@ -324,18 +372,21 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def _master_urls(args: argparse.Namespace) -> list[str] | None:
-    """The masters given by --masters or $REDREENTRANT_MASTERS, or None if neither."""
+    """The masters given by --masters or $REDREENTRANT_MASTERS, or None if neither.
+
+    Parsed by the library's own parser: a malformed entry is a usage error here, not a
+    failure to resolve a host name later."""
     raw: str | None = getattr(args, "masters", None)
+    source = "--masters"
     if raw is None:
         raw = os.environ.get(MASTERS_ENV)
+        source = f"${MASTERS_ENV}"
     if raw is None or not raw.strip():
         return None
-    urls = []
-    for part in raw.split(","):
-        part = part.strip()
-        if part:
-            urls.append(part if "://" in part else f"redis://{part}/0")
-    return urls
+    try:
+        return master_urls(raw)
+    except ValueError as error:
+        raise UsageError(f"bad masters in {source}: {error}") from None
 
 
 def _require_masters(args: argparse.Namespace) -> list[str]:
@@ -498,13 +549,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             lock = mgr.lock(name)
         with _signals(child.on_signal, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             try:
-                if not _acquire(lock, args.timeout, args.lease):
+                try:
+                    got = _acquire(lock, name, args.timeout, args.lease, args.wait_masters)
+                except QuorumUnavailableError as error:
+                    within = "" if args.timeout is None else f" within {args.timeout:g} s"
+                    print(
+                        f"{PROG}: lock {name!r} not obtained{within}: {_quorum_message(error)}",
+                        file=sys.stderr,
+                    )
+                    return int(args.conflict_exit_code)
+                if not got:
                     print(
                         f"{PROG}: lock {name!r} is held elsewhere: not obtained within "
                         f"{args.timeout:g} s",
                         file=sys.stderr,
                     )
-                    return EXIT_FAILED
+                    return int(args.conflict_exit_code)
                 return _run_holding(lock, name, command, child, fixed=args.lease is not None)
             except _Interrupted as interrupted:
                 # The signal may have come after a grant but before acquire() returned.
@@ -519,7 +579,35 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return 128 + interrupted.signum
 
 
-def _acquire(lock: _Lockish, timeout: float | None, lease: float | None) -> bool:
+def _acquire(
+    lock: _Lockish, name: str, timeout: float | None, lease: float | None, wait_masters: bool
+) -> bool:
+    """Acquire within ``timeout`` (None: no limit; 0: one try). QuorumUnavailableError
+    if the masters are unavailable, unless ``wait_masters``: then the acquire is tried
+    again (said once on stderr) until they answer or the timeout is spent."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause, longest = RUN_MASTERS_RETRY
+    told = False
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return _acquire_once(lock, left, lease)
+        except QuorumUnavailableError as error:
+            if not wait_masters or (deadline is not None and time.monotonic() >= deadline):
+                raise
+            if not told:
+                told = True
+                print(
+                    f"{PROG}: {_quorum_message(error)}: waiting for the masters to "
+                    f"get lock {name!r} (--wait-masters)",
+                    file=sys.stderr,
+                )
+        rest = None if deadline is None else deadline - time.monotonic()
+        time.sleep(max(0.0, pause if rest is None else min(pause, rest)))
+        pause = min(2 * pause, longest)
+
+
+def _acquire_once(lock: _Lockish, timeout: float | None, lease: float | None) -> bool:
     try:
         if timeout is None:
             return lock.acquire(lease=lease)
@@ -548,7 +636,9 @@ def _run_child(
     """Start CMD and wait for it: (exit status, whether it was stopped for a lost lock)."""
     child.spawning = True
     try:
-        child.process = subprocess.Popen(command)
+        # CMD dies with us (Linux): a run killed with SIGKILL never leaves CMD running
+        # without the lock while another run gets it.
+        child.process = subprocess.Popen(command, preexec_fn=die_with_parent())
     except FileNotFoundError:
         print(f"{PROG}: {command[0]}: command not found", file=sys.stderr)
         return EXIT_NOT_FOUND, False
@@ -658,7 +748,7 @@ def _summary(views: Sequence[_MasterView], quorum: int) -> tuple[str, str]:
     held = [(key, counts) for key, counts in seen.items() if len(counts) >= quorum]
     if held:
         parts = [
-            f"{kind}{'/' + mode if mode else ''} by {owner} (hold count {max(counts)}, "
+            f"{kind}{'/' + mode if mode else ''} by {_who(owner)} (hold count {max(counts)}, "
             f"on {len(counts)} of {len(views)} masters)"
             for (kind, mode, owner), counts in held
         ]
@@ -670,6 +760,71 @@ def _summary(views: Sequence[_MasterView], quorum: int) -> tuple[str, str]:
             "(an acquire under way, or keys that expire with their TTL)"
         )
     return "free", "free"
+
+
+# A read/write lock's view names each holder once per side: "<owner id> (read)".
+_SIDE = re.compile(r" \((?:read|write)\)$")
+
+
+def _parse(holder: str) -> OwnerInfo | None:
+    """What a holder or waiter entry of a view says about its owner."""
+    return parse_owner(_SIDE.sub("", holder))
+
+
+def _who(owner: str) -> str:
+    """``host H pid P thread T`` for an owner id, or the id itself if it says nothing."""
+    info = _parse(owner)
+    return owner if info is None else info.describe()
+
+
+def _owner_json(info: OwnerInfo | None) -> dict[str, object] | None:
+    if info is None:
+        return None
+    return {
+        "host": info.host,
+        "pid": info.pid,
+        "kind": info.kind,
+        "token": info.token,
+        "name": info.name,
+    }
+
+
+def _owners(views: Sequence[_MasterView]) -> dict[str, tuple[int, int]]:
+    """Every owner seen (first seen first): on how many masters it holds, and on how
+    many it waits in a queue."""
+    seen: dict[str, tuple[set[int], set[int]]] = {}
+    for index, view in enumerate(views):
+        for lv in [] if view.error is not None else view.locks:
+            for owner in lv.holders:
+                seen.setdefault(_SIDE.sub("", owner), (set(), set()))[0].add(index)
+            for owner in lv.queue:
+                seen.setdefault(_SIDE.sub("", owner), (set(), set()))[1].add(index)
+    return {owner: (len(holds), len(waits)) for owner, (holds, waits) in seen.items()}
+
+
+def _owner_rows(views: Sequence[_MasterView]) -> list[list[str]]:
+    """The owners table: host, pid and thread or task of every holder and waiter, each
+    in a column of its own (never cut: the pid is what an operator acts on)."""
+    rows = [["OWNER", "HOST", "PID", "THREAD/TASK", "HOLDS ON", "QUEUED ON"]]
+    total = len(views)
+    for owner, (holds, waits) in _owners(views).items():
+        info = _parse(owner)
+        if info is None:
+            host = pid = who = "?"
+        else:
+            host, pid = info.host, str(info.pid)
+            who = f"{info.kind} {info.name if info.name is not None else info.token}"
+        rows.append(
+            [
+                owner,
+                host,
+                pid,
+                who,
+                f"{holds} of {total}" if holds else "-",
+                f"{waits} of {total}" if waits else "-",
+            ]
+        )
+    return rows
 
 
 def _ttl(ttl: float | None) -> str:
@@ -708,6 +863,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                             "ttl": lv.ttl,
                             "holders": dict(lv.holders),
                             "queue": list(lv.queue),
+                            # Who each holder and waiter is (null: an id that says not).
+                            "owners": {
+                                owner: _owner_json(_parse(owner))
+                                for owner in [*lv.holders, *lv.queue]
+                            },
                         }
                         for lv in v.locks
                     ],
@@ -737,6 +897,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     ]
                 )
         print(_table(rows))
+        owners = _owner_rows(views)
+        if len(owners) > 1:
+            print()
+            print(_table(owners))
     if state == "unknown":
         print(f"{PROG}: {sentence}", file=sys.stderr)
         return EXIT_FAILED

