@@ -1,12 +1,15 @@
 """redreentrant: reentrant, owner-scoped distributed locks on a Redlock quorum of Redis masters.
 
+The thread flavour: locks owned by threads. The same names, owned by asyncio tasks, are
+in :mod:`redreentrant.asyncio`.
+
 >>> from redreentrant import LockManager
 >>> with LockManager(["redis://127.0.0.1:6379/0"]) as mgr:   # doctest: +SKIP
 ...     with mgr.lock("orders:42"):
 ...         ...
 """
 
-from .errors import (
+from ._core.errors import (
     LockError,
     LockKeyTypeError,
     LockLostError,
@@ -17,12 +20,11 @@ from .errors import (
     QuorumUnavailableError,
     RedisServerNotFound,
 )
-from .fairlock import FairLock
-from .lock import Lock
-from .manager import LockManager
-from .owner import OwnerInfo, parse_owner
-from .rwlock import ReadLock, ReadWriteLock, WriteLock
-from .views import LockView, MasterView
+from ._core.locking import ReadWriteLock
+from ._core.owner import OwnerInfo, parse_owner
+from ._core.views import LockView, MasterView
+from ._sync.lock import FairLock, Lock, ReadLock, WriteLock
+from ._sync.manager import LockManager
 
 __version__ = "0.1.0"
 

@@ -44,6 +44,10 @@ from types import FrameType
 from typing import Any, NoReturn, Protocol
 
 from . import __version__
+from ._core.keys import validate_name
+from ._core.owner import OwnerInfo, parse_owner
+from ._core.settings import master_urls
+from ._sync.manager import LockManager
 from .demo import Demo, Out, first_line
 from .ensemble import (
     LocalEnsemble,
@@ -53,10 +57,6 @@ from .ensemble import (
     stop_detached,
 )
 from .errors import LockError, LockLostError, QuorumUnavailableError, RedisServerNotFound
-from .keys import validate_name
-from .manager import LockManager
-from .managerbase import master_urls
-from .owner import OwnerInfo, parse_owner
 
 __all__ = ["main"]
 

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 
 import redis
 
+from ._sync.manager import LockManager
 from .ensemble import LocalEnsemble, die_with_parent
 from .errors import LockError, LockLostError
-from .manager import LockManager
 
 __all__ = ["Demo", "Out"]
 

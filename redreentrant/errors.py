@@ -1,4 +1,5 @@
-"""Every exception redreentrant raises on purpose.
+"""Every exception redreentrant raises on purpose (the same classes in
+:mod:`redreentrant` and :mod:`redreentrant.asyncio`).
 
 Hierarchy::
 
@@ -18,91 +19,26 @@ Every error pickles (it crosses ``multiprocessing`` and ``concurrent.futures``);
 master's error that does not pickle travels as a ``RuntimeError`` with its text.
 """
 
-from __future__ import annotations
+from ._core.errors import (
+    LockError,
+    LockKeyTypeError,
+    LockLostError,
+    LockNotOwnedError,
+    LockOwnerError,
+    LockUpgradeError,
+    ManagerClosedError,
+    QuorumUnavailableError,
+    RedisServerNotFound,
+)
 
-import pickle
-from collections.abc import Mapping
-from typing import Any
-
-
-class LockError(Exception):
-    """Base class of the errors raised by redreentrant."""
-
-
-class LockNotOwnedError(LockError):
-    """The calling owner (thread or task) does not hold the lock it tried to release."""
-
-
-class LockLostError(LockError):
-    """The owner's lease was lost: it expired, was deleted, or could not be renewed on a quorum.
-
-    Mutual exclusion was not guaranteed from the moment the lease was lost; work done
-    under the lock since then must be treated as unprotected.
-    """
-
-
-class LockUpgradeError(LockError):
-    """A holder of a read lock asked for the write lock, which could never be granted."""
-
-
-class LockKeyTypeError(LockError):
-    """A lock's key exists on a master but holds a value that is not a lock."""
-
-    def __init__(self, key: str, master: str, detail: str) -> None:
-        super().__init__(f"key {key!r} on {master} is not a redreentrant lock ({detail})")
-        self.key = key
-        self.master = master
-        self.detail = detail
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.key, self.master, self.detail))
-
-
-class LockOwnerError(LockError):
-    """An asyncio ``acquire`` ran as the whole of a task of its own (``create_task``,
-    ``gather``, or ``asyncio.wait_for`` before Python 3.12): that task would own the
-    lock and end at once, leaving a hold nobody can use or release. Raised before
-    anything is held; the message says what to write instead."""
-
-
-class ManagerClosedError(LockError, RuntimeError):
-    """The lock manager was closed: waiters woken by ``close()`` and every later call
-    fail with it, and no new hold is taken."""
-
-
-class QuorumUnavailableError(LockError):
-    """Too many masters failed (errors or time-outs, not contention) for a quorum.
-
-    ``errors`` maps each failed master's address to the exception it gave.
-    """
-
-    def __init__(self, action: str, errors: Mapping[str, BaseException], needed: int) -> None:
-        detail = "; ".join(f"{m}: {type(e).__name__}: {e}" for m, e in errors.items())
-        super().__init__(
-            f"{action}: {len(errors)} master(s) failed, a quorum of {needed} is out of reach"
-            f" ({detail})"
-        )
-        self.action = action
-        self.errors: dict[str, BaseException] = dict(errors)
-        self.needed = needed
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        errors = _picklable(self.errors)
-        # The message is kept as it was, also for errors sent as RuntimeErrors.
-        state = {**self.__dict__, "errors": errors, "args": self.args}
-        return (type(self), (self.action, errors, self.needed), state)
-
-
-def _picklable(errors: Mapping[str, BaseException]) -> dict[str, BaseException]:
-    out: dict[str, BaseException] = {}
-    for master, error in errors.items():
-        try:
-            pickle.loads(pickle.dumps(error))
-            out[master] = error
-        except Exception:
-            out[master] = RuntimeError(f"{type(error).__name__}: {error}")
-    return out
-
-
-class RedisServerNotFound(RuntimeError):
-    """No redis-server binary could be found for an embedded local ensemble."""
+__all__ = [
+    "LockError",
+    "LockKeyTypeError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockOwnerError",
+    "LockUpgradeError",
+    "ManagerClosedError",
+    "QuorumUnavailableError",
+    "RedisServerNotFound",
+]

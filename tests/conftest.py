@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from redreentrant import LockManager
+from redreentrant._core.errors import RedisServerNotFound
+from redreentrant._core.keys import PREFIX
 from redreentrant.ensemble import LocalEnsemble, find_redis_server, redis_server_version
-from redreentrant.errors import RedisServerNotFound
-from redreentrant.keys import PREFIX
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

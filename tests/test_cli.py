@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from redreentrant import LockLostError, LockManager, __version__, cli
+from redreentrant._core.errors import RedisServerNotFound
 from redreentrant.ensemble import LocalEnsemble, find_redis_server
-from redreentrant.errors import RedisServerNotFound
 
 CLI = [sys.executable, "-m", "redreentrant"]
 PY = sys.executable

@@ -22,8 +22,8 @@ from redreentrant import (
     LockNotOwnedError,
     QuorumUnavailableError,
 )
+from redreentrant._core.keys import PREFIX, lock_key
 from redreentrant.ensemble import LocalEnsemble, LocalServer
-from redreentrant.keys import PREFIX, lock_key
 
 WORKERS = Path(__file__).with_name("workers.py")
 
@@ -301,7 +301,7 @@ def test_locks_work_on_a_redis_cluster_node(tmp_path: Path) -> None:
             with a, b, a:
                 time.sleep(1.0)
                 mgr._watchdog.tick()  # the batched renewal must split by slot
-                assert mgr._watchdog._cluster == {0}
+                assert mgr._watchdog.cluster == {0}
                 # Renewed just now, not 1 s ago at the acquire.
                 assert a.is_owned() and b.is_owned()
                 assert a.remaining() > 2.5 and b.remaining() > 2.5

@@ -38,8 +38,8 @@ from redreentrant import (
     parse_owner,
 )
 from redreentrant import errors as error_module
+from redreentrant._core.keys import PREFIX, lock_key, wake_channel
 from redreentrant.ensemble import LocalEnsemble, LocalServer
-from redreentrant.keys import PREFIX, lock_key, wake_channel
 
 T = TypeVar("T")
 

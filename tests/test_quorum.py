@@ -10,10 +10,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from redreentrant.errors import QuorumUnavailableError
-from redreentrant.kinds import EXCLUSIVE
-from redreentrant.quorum import Fanout, Quorum
-from redreentrant.steps import acquire_steps
+from redreentrant._core.effects import Fanout
+from redreentrant._core.errors import QuorumUnavailableError
+from redreentrant._core.kinds import EXCLUSIVE
+from redreentrant._core.quorum import Quorum
+from redreentrant._core.rounds import acquire_steps
 
 GRANT, REFUSE, FAIL = "grant", "refuse", "fail"
 

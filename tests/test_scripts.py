@@ -7,8 +7,8 @@ import hashlib
 import fakeredis
 import pytest
 
-from redreentrant import scripts
-from redreentrant.keys import lock_key, wake_channel
+from redreentrant._core import scripts
+from redreentrant._core.keys import lock_key, wake_channel
 
 #: name -> (version, first 16 hex digits of the text's SHA-256). A script edit must bump
 #: its version and then update this table; an edit without a bump fails the test below.

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from redreentrant import LockManager, LockUpgradeError
+from redreentrant._core.keys import aux_key
 from redreentrant.ensemble import LocalEnsemble
-from redreentrant.keys import aux_key
 
 WORKERS = Path(__file__).with_name("workers.py")
 

@@ -7,7 +7,9 @@
 ...             ...
 """
 
-from ..errors import (
+from .._async.lock import FairLock, Lock, ReadLock, WriteLock
+from .._async.manager import LockManager
+from .._core.errors import (
     LockError,
     LockKeyTypeError,
     LockLostError,
@@ -17,11 +19,9 @@ from ..errors import (
     ManagerClosedError,
     QuorumUnavailableError,
 )
-from ..owner import OwnerInfo, parse_owner
-from ..rwlock import ReadWriteLock
-from ..views import LockView, MasterView
-from .lock import FairLock, Lock, ReadLock, WriteLock
-from .manager import LockManager
+from .._core.locking import ReadWriteLock
+from .._core.owner import OwnerInfo, parse_owner
+from .._core.views import LockView, MasterView
 
 __all__ = [
     "FairLock",

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import sys
+import inspect
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING
 
-from ..errors import LockLostError, LockOwnerError
-from ..kinds import FAIR, READ, WRITE, LockKind
-from ..lockbase import LockBase
-from ..owner import current_task
-
-if TYPE_CHECKING:
-    from .manager import LockManager
+from .._core.engine import Engine
+from .._core.errors import LockLostError, LockOwnerError
+from .._core.kinds import FAIR, READ, WRITE, LockKind
+from .._core.locking import LockCore
+from .driver import AsyncDriver
+from .owner import current_task
 
 
-def refuse_a_task_of_its_own(frame: FrameType, what: str) -> None:
+def refuse_a_task_of_its_own(frame: FrameType | None, what: str) -> None:
     """Raise :class:`LockOwnerError` when the coroutine running in ``frame`` is the
     whole of the current task (``create_task(lock.acquire())``, ``gather``, or
     ``asyncio.wait_for`` before Python 3.12): that task would own the hold and end at
@@ -31,7 +29,7 @@ def refuse_a_task_of_its_own(frame: FrameType, what: str) -> None:
         )
 
 
-class Lock(LockBase):
+class Lock(LockCore):
     """The asyncio twin of :class:`redreentrant.Lock`, owned by the current task.
 
     Re-entry within a task counts; another task (even of the same thread and loop) is a
@@ -41,7 +39,9 @@ class Lock(LockBase):
     even if the task awaiting it is cancelled.
     """
 
-    _manager: LockManager
+    def __init__(self, engine: Engine, driver: AsyncDriver, name: str) -> None:
+        super().__init__(engine, name)
+        self._driver = driver
 
     async def acquire(
         self, blocking: bool = True, timeout: float = -1, lease: float | None = None
@@ -52,17 +52,20 @@ class Lock(LockBase):
         nothing, when this coroutine is the whole of a task made just to run it (see
         the asyncio docs: use ``acquire(timeout=...)`` rather than
         ``asyncio.wait_for``)."""
-        refuse_a_task_of_its_own(sys._getframe(), "lock.acquire()")
-        mgr = self._manager
-        return await mgr._run(self._acquire(mgr.owner_id(), blocking, timeout, lease))
+        refuse_a_task_of_its_own(inspect.currentframe(), "lock.acquire()")
+        engine = self._engine
+        steps = engine.acquire(self.kind, self.name, engine.owner_id(), blocking, timeout, lease)
+        return await self._driver.run(steps)
 
     async def release(self) -> None:
         """Release one hold level; the last release frees the lock and wakes waiters."""
-        mgr = self._manager
-        await mgr._run_shielded(self._release(mgr.owner_id(), quiet_if_lost=False))
+        engine = self._engine
+        await self._driver.run_shielded(
+            engine.release(self.kind, self.name, engine.owner_id(), False)
+        )
 
     async def __aenter__(self) -> Lock:
-        refuse_a_task_of_its_own(sys._getframe(), "lock.__aenter__()")
+        refuse_a_task_of_its_own(inspect.currentframe(), "lock.__aenter__()")
         await self.acquire()
         return self
 
@@ -73,17 +76,19 @@ class Lock(LockBase):
         tb: TracebackType | None,
     ) -> None:
         # An inner block already raised LockLostError for this lock: unwind quietly.
-        mgr = self._manager
+        engine = self._engine
         quiet = isinstance(exc, LockLostError)
-        await mgr._run_shielded(self._release(mgr.owner_id(), quiet_if_lost=quiet))
+        await self._driver.run_shielded(
+            engine.release(self.kind, self.name, engine.owner_id(), quiet)
+        )
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock on a quorum of masters (one round, read-only)."""
-        return await self._manager._run(self._locked())
+        return await self._driver.run(self._engine.locked(self.kind, self.name))
 
     async def force_unlock(self) -> bool:
         """Delete the lock on every master, whoever holds it, and wake its waiters."""
-        return await self._manager._run(self._force_unlock())
+        return await self._driver.run(self._engine.force_unlock((self.kind,), self.name))
 
 
 class ReadLock(Lock):
@@ -102,3 +107,9 @@ class FairLock(Lock):
     """The asyncio twin of :class:`redreentrant.FairLock`."""
 
     kind: LockKind = FAIR
+
+
+#: the asyncio lock class of each kind
+LOCK_CLASSES: dict[str, type[Lock]] = {
+    k.kind.label: k for k in (Lock, ReadLock, WriteLock, FairLock)
+}

@@ -26,9 +26,9 @@ class Script:
 
 def script_dir() -> Path:
     """Where the ``.lua`` files are: inside the installed package, else the source tree."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "lua"
-    return packaged if packaged.is_dir() else here.parent / "lua"
+    package = Path(__file__).resolve().parent.parent
+    packaged = package / "lua"
+    return packaged if packaged.is_dir() else package.parent / "lua"
 
 
 def parse(source: str, expected_name: str) -> Script:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from .kinds import LockKind
@@ -40,10 +40,13 @@ class Hold:
 
 
 class Holds:
-    """A thread-safe table of the holds of one manager, keyed by (kind, name, owner)."""
+    """A table of the holds of one manager, keyed by (kind, name, owner).
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    ``lock`` guards its changes: the flavour passes a ``threading.Lock`` (the watchdog's
+    threads, the owners' threads, and asyncio's end-of-task callbacks all touch it)."""
+
+    def __init__(self, lock: AbstractContextManager[object]) -> None:
+        self._lock = lock
         self._table: dict[tuple[str, str, str], Hold] = {}
 
     def get(self, kind: LockKind, name: str, owner: str) -> Hold | None:

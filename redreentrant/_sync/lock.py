@@ -1,20 +1,17 @@
-"""The sync reentrant lock: :class:`Lock`, owned by the calling thread."""
+"""The sync locks, owned by the calling thread: :class:`Lock` and its kinds."""
 
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-from .errors import LockLostError
-from .lockbase import LockBase, check_acquire_args
-
-if TYPE_CHECKING:
-    from .manager import LockManager
-
-__all__ = ["Lock", "check_acquire_args"]
+from .._core.engine import Engine
+from .._core.errors import LockLostError
+from .._core.kinds import FAIR, READ, WRITE, LockKind
+from .._core.locking import LockCore
+from .driver import SyncDriver
 
 
-class Lock(LockBase):
+class Lock(LockCore):
     """A distributed, reentrant lock owned by the thread that acquires it.
 
     Semantics follow :class:`threading.RLock`: the owning thread may acquire it again
@@ -25,7 +22,9 @@ class Lock(LockBase):
     Get one from :meth:`LockManager.lock`.
     """
 
-    _manager: LockManager
+    def __init__(self, engine: Engine, driver: SyncDriver, name: str) -> None:
+        super().__init__(engine, name)
+        self._driver = driver
 
     def acquire(
         self, blocking: bool = True, timeout: float = -1, lease: float | None = None
@@ -52,8 +51,9 @@ class Lock(LockBase):
         A thread that ends while it holds a watchdog-managed lock has it released by the
         watchdog, with a warning and an ``on_lost`` report.
         """
-        mgr = self._manager
-        return mgr._run(self._acquire(mgr.owner_id(), blocking, timeout, lease))
+        engine = self._engine
+        steps = engine.acquire(self.kind, self.name, engine.owner_id(), blocking, timeout, lease)
+        return self._driver.run(steps)
 
     def release(self) -> None:
         """Release one hold level; the last release frees the lock and wakes waiters.
@@ -61,8 +61,8 @@ class Lock(LockBase):
         Raises :class:`LockNotOwnedError` (changing nothing) if the calling thread does
         not hold the lock, and :class:`LockLostError` if its lease was lost meanwhile.
         """
-        mgr = self._manager
-        mgr._run(self._release(mgr.owner_id(), quiet_if_lost=False))
+        engine = self._engine
+        self._driver.run(engine.release(self.kind, self.name, engine.owner_id(), False))
 
     def __enter__(self) -> Lock:
         self.acquire()
@@ -76,12 +76,13 @@ class Lock(LockBase):
     ) -> None:
         # An inner block already raised LockLostError for this lock: unwind quietly
         # rather than raise it again at every level.
-        mgr = self._manager
-        mgr._run(self._release(mgr.owner_id(), quiet_if_lost=isinstance(exc, LockLostError)))
+        engine = self._engine
+        quiet = isinstance(exc, LockLostError)
+        self._driver.run(engine.release(self.kind, self.name, engine.owner_id(), quiet))
 
     def locked(self) -> bool:
         """Whether anyone holds the lock on a quorum of masters (one round, read-only)."""
-        return self._manager._run(self._locked())
+        return self._driver.run(self._engine.locked(self.kind, self.name))
 
     def force_unlock(self) -> bool:
         """Delete the lock on every master, whoever holds it, and wake its waiters.
@@ -90,4 +91,48 @@ class Lock(LockBase):
         next renewal, re-entry or release raises :class:`LockLostError`. Returns True if
         any master had the lock.
         """
-        return self._manager._run(self._force_unlock())
+        return self._driver.run(self._engine.force_unlock((self.kind,), self.name))
+
+
+class ReadLock(Lock):
+    """The read side of a read/write lock: shared with other readers.
+
+    A reader is refused while a writer holds the lock or waits for it (so a stream of
+    readers cannot starve a writer). Each reader's hold has its own lease: a reader that
+    dies frees its share by itself when its lease ends. The owner holding the write lock
+    may take the read lock too, and keeps it after releasing the write lock (downgrade).
+    """
+
+    kind: LockKind = READ
+
+
+class WriteLock(Lock):
+    """The write side of a read/write lock: excludes readers and other writers.
+
+    An owner that holds only the read lock cannot take the write lock (it would wait for
+    itself forever): the attempt raises :class:`LockUpgradeError` at once, whatever the
+    timeout. Release the read lock first.
+    """
+
+    kind: LockKind = WRITE
+
+
+class FairLock(Lock):
+    """A reentrant lock granted first come, first served.
+
+    Blocked acquirers queue in Redis (on every master) with a deadline in server time
+    that each refreshes while it waits; a release wakes only the head of the queue. A
+    waiter that gives up leaves the queue; one that dies is dropped once its deadline
+    (at most one lease) passes, so the queue never sticks. ``acquire(blocking=False)``
+    does not queue, and is refused while others are queued. With several masters, the
+    order is the one a quorum of masters saw: see the docs for what that promises.
+    Get one from :meth:`LockManager.fair_lock`.
+    """
+
+    kind: LockKind = FAIR
+
+
+#: the sync lock class of each kind
+LOCK_CLASSES: dict[str, type[Lock]] = {
+    k.kind.label: k for k in (Lock, ReadLock, WriteLock, FairLock)
+}

@@ -1,4 +1,5 @@
-"""The lock algorithms, written once as generators of effects (see :mod:`.quorum`).
+"""The rounds, written once as generators of effects (see :mod:`.effects`): acquire,
+release, force-unlock, probe and renewal.
 
 The sync and asyncio front ends drive these same generators; every lock kind runs
 through them, differing only in the calls its :class:`~.kinds.LockKind` builds.
@@ -7,8 +8,6 @@ through them, differing only in the calls its :class:`~.kinds.LockKind` builds.
 from __future__ import annotations
 
 import itertools
-import random
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,24 +15,11 @@ from dataclasses import dataclass
 from redis.crc import key_slot
 from redis.exceptions import ClusterCrossSlotError
 
+from .effects import Call, Fanout, Notify, Relay, Reply, Steps, Wait, Watch
 from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .holds import Hold
 from .kinds import LockKind
-from .quorum import (
-    Call,
-    Fanout,
-    Notify,
-    Quorum,
-    Relay,
-    Reply,
-    Steps,
-    Wait,
-    Watch,
-    is_wrong_type,
-    lease_ms,
-    tally_grants,
-    tally_holds,
-)
+from .quorum import Quorum, is_wrong_type, lease_ms, tally_grants, tally_holds
 from .views import MasterView
 
 _release_ids = itertools.count(1)
@@ -77,7 +63,7 @@ def acquire_steps(
         while True:
             if closed():
                 raise ManagerClosedError("the lock manager was closed while waiting")
-            started = time.monotonic()
+            started = q.clock()
             # How long a queued waiter's place lasts unless refreshed by its next try.
             wait_s = 0.0
             if blocking and count == 1:
@@ -91,7 +77,7 @@ def acquire_steps(
                 raise
             tally = tally_grants(q, key, replies)
             valid_until = started + lease - q.drift(lease)
-            now = time.monotonic()
+            now = q.clock()
             if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
                 return valid_until
             if tally.granted or tally.failed:
@@ -120,7 +106,7 @@ def acquire_steps(
             if tally.granted or tally.holder_ttl is None:
                 # A split vote (or a holder with no TTL seen): retry after a random
                 # delay so that competing acquirers do not split again in step.
-                pause = random.uniform(0.0, q.retry_jitter)
+                pause = q.uniform(0.0, q.retry_jitter)
             else:
                 # Expiry publishes nothing: wake by the holder's TTL at the latest.
                 pause = tally.holder_ttl + 0.001
@@ -240,7 +226,7 @@ def renew_steps(
     """Renew many holds in one round: per master one call per kind (per hash slot on
     the masters in ``cluster``, which a CROSSSLOT reply adds to that set)."""
     ms = lease_ms(lease)
-    started = time.monotonic()
+    started = q.clock()
     per_master = [_renew_calls(holds, ms, i in cluster) for i in range(q.size)]
     replies = yield Fanout(tuple(calls for calls, _ in per_master))
     crossed = [i for i, rs in enumerate(replies) if any(map(_cross_slot, rs))]
@@ -262,7 +248,7 @@ def renew_steps(
                 elif flag == 0:
                     gone[id(h)] += 1
     valid_until = started + lease - q.drift(lease)
-    now = time.monotonic()
+    now = q.clock()
     return [
         Renewal(
             h,

@@ -1,93 +1,20 @@
-"""The sans-IO quorum core: effects, validity, and the judgement of replies.
-
-Nothing here does I/O. Lock algorithms (see :mod:`redreentrant.steps`) are generators
-that yield *effects* (:class:`Fanout`, :class:`Watch`, :class:`Wait`, :class:`Notify`)
-and receive their results; a sync driver (threads, redis-py) and an asyncio driver
-(tasks, ``redis.asyncio``) carry the effects out. So there is one algorithm for both.
-"""
+"""The quorum: its size, validity and drift, and the judgement of replies (no I/O)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Mapping, Sequence
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
+from .effects import Call, Fanout, Reply
 from .errors import LockKeyTypeError, QuorumUnavailableError
-from .scripts import Script
 
-T = TypeVar("T")
-
-#: What a master answered to one call: the decoded reply, or the exception it raised
-#: (an error reply, a refused connection, a time-out).
-Reply = object
-
-
-@dataclass(frozen=True)
-class Call:
-    """One script call: EVALSHA ``script`` with ``keys`` and ``args``."""
-
-    script: Script
-    keys: tuple[str, ...]
-    args: tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class Fanout:
-    """Effect: send ``calls[i]`` to master ``i``, all masters at once, in one round trip each.
-
-    Result: ``list[list[Reply]]``, one list per master with one reply per call. A master
-    that does not answer within the master timeout gets the exception for every call.
-    """
-
-    calls: tuple[tuple[Call, ...], ...]
-
-
-@dataclass(frozen=True)
-class Watch:
-    """Effect: subscribe to wake-ups on ``channel`` (confirmed); result: its generation.
-
-    A ``broadcast`` channel wakes all its local waiters on a release (readers); any
-    other wakes one at a time (the woken one takes the lock or relays the wake-up).
-    """
-
-    channel: str
-    broadcast: bool = False
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Effect: wait until ``channel`` moves past ``generation``, or ``timeout`` seconds.
-
-    Result: the channel's generation when the wait ended.
-    """
-
-    channel: str
-    generation: int
-    timeout: float
-
-
-@dataclass(frozen=True)
-class Notify:
-    """Effect: a release made here freed a lock: wake local waiters on ``channels`` now.
-
-    ``release_id`` is the release's wake-up payload: the pub/sub messages of the same
-    release (one per master) are then recognised and not counted again.
-    """
-
-    channels: tuple[str, ...]
-    release_id: str
-
-
-@dataclass(frozen=True)
-class Relay:
-    """Effect: a waiter that was woken gives up: pass the wake-up on to another waiter."""
-
-    channel: str
-
-
-Effect = Fanout | Watch | Wait | Notify | Relay
-Steps = Generator[Effect, Any, T]
+#: A monotonic clock (seconds): ``time.monotonic`` unless a test injects another.
+Clock = Callable[[], float]
+#: ``uniform(a, b)``: a random float in ``[a, b]`` (``random.uniform`` unless injected).
+Uniform = Callable[[float, float], float]
 
 
 @dataclass(frozen=True)
@@ -100,6 +27,10 @@ class Quorum:
     masters: tuple[str, ...]
     drift_factor: float
     retry_jitter: float
+    #: the clock validity is measured on, and the source of retry jitter: injected so
+    #: that tests can drive slow rounds and jitter deterministically
+    clock: Clock = time.monotonic
+    uniform: Uniform = random.uniform
 
     @property
     def size(self) -> int:

@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from .errors import ManagerClosedError
+from .effects import Steps
+from .engine import Engine
 from .holds import Hold, Holds
-from .owner import listen_for_owner_ends, owner_alive
-from .quorum import Quorum, Steps
-from .steps import Renewal, release_steps, renew_steps
+from .owner import OWNERS
+from .quorum import Quorum
+from .rounds import Renewal, release_steps, renew_steps
 
-log = logging.getLogger("redreentrant")
+log = logging.getLogger(__name__)
 R = TypeVar("R")  # what a round gives: the lost holds, or an awaitable of them
 
 
@@ -85,28 +84,37 @@ class WatchdogBase(Generic[R]):
     def __init__(
         self,
         run: Callable[[Steps[list[Hold]]], R],
-        quorum: Quorum,
-        holds: Holds,
-        lease: float,
+        engine: Engine,
         report: Callable[[Hold], object],
     ) -> None:
         self._run = run
-        self._quorum = quorum
-        self._holds = holds
-        self._lease = lease
+        self._engine = engine
         self._report = report
-        self.interval = lease / 3
+        self.interval = engine.settings.lease / 3
         self.margin = verdict_margin(self.interval)
         # masters found to be Redis Cluster nodes: renewals are split by hash slot there
-        self._cluster: set[int] = set()
+        self.cluster: set[int] = set()
         self._stopping = False
-        listen_for_owner_ends(self)
+        OWNERS.listen(self)
+
+    @property
+    def _holds(self) -> Holds:
+        return self._engine.holds  # a forked child's engine has a table of its own
 
     def _round(self, renew: bool = True) -> R:
+        engine = self._engine
         steps = tick_steps(
-            self._quorum, self._holds, self._lease, self._cluster, owner_alive, renew
+            engine.quorum, engine.holds, engine.settings.lease, self.cluster, OWNERS.alive, renew
         )
         return self._run(steps)
+
+    def _overdue(self) -> tuple[list[Hold], float | None]:
+        """The deadline clock's step: the holds found overdue now (marked lost), and
+        when to look again (None: when a new hold comes)."""
+        now = self._engine.clock()
+        lost = self._holds.overdue(now, self.margin)
+        due = self._holds.next_deadline(self.margin)
+        return lost, None if due is None else max(0.0, due - now)
 
     def _failed(self) -> None:
         """A round raised: quiet when the manager is closing, else logged."""
@@ -120,97 +128,3 @@ class WatchdogBase(Generic[R]):
 
     def _sweep_soon(self) -> None:
         raise NotImplementedError
-
-
-class Watchdog(WatchdogBase[list[Hold]]):
-    """The sync watchdog of one manager: a renewer thread and a deadline-clock thread."""
-
-    def __init__(
-        self,
-        run: Callable[[Steps[list[Hold]]], list[Hold]],
-        quorum: Quorum,
-        holds: Holds,
-        lease: float,
-        report: Callable[[Hold], object],
-    ) -> None:
-        super().__init__(run, quorum, holds, lease, report)
-        self._reset()
-
-    def _reset(self) -> None:
-        self._guard = threading.Lock()
-        self._stop = threading.Event()
-        self._sweep = threading.Event()  # an owner ended: free its holds now
-        self._clock = threading.Event()  # a new hold: the deadline clock looks again
-        self._threads: list[threading.Thread] = []
-
-    def ensure_started(self) -> None:
-        self._clock.set()
-        if self._threads:
-            return
-        with self._guard:
-            if not self._threads and not self._stop.is_set():
-                self._threads = [
-                    threading.Thread(target=loop, name=name, daemon=True)
-                    for loop, name in (
-                        (self._renewer, "redreentrant-watchdog"),
-                        (self._deadline_clock, "redreentrant-deadlines"),
-                    )
-                ]
-                for thread in self._threads:
-                    thread.start()
-
-    def _renewer(self) -> None:
-        next_tick = time.monotonic() + self.interval
-        while not self._stop.is_set():
-            if self._sweep.wait(max(0.0, next_tick - time.monotonic())):
-                self._sweep.clear()
-                if not self._stop.is_set():
-                    self.tick(renew=False)
-                continue
-            self.tick()
-            # A fixed schedule: the period does not drift by the rounds' durations.
-            next_tick = max(next_tick + self.interval, time.monotonic())
-
-    def _deadline_clock(self) -> None:
-        while not self._stop.is_set():
-            self._clock.clear()
-            now = time.monotonic()
-            for hold in self._holds.overdue(now, self.margin):
-                self._deliver(hold)
-            due = self._holds.next_deadline(self.margin)
-            self._clock.wait(None if due is None else max(0.0, due - now))
-
-    def tick(self, renew: bool = True) -> None:
-        """One round: free dead owners' holds, renew the others (``renew``)."""
-        try:
-            lost = self._round(renew)
-        except ManagerClosedError:
-            return
-        except Exception:
-            self._failed()
-            return
-        for hold in lost:
-            self._deliver(hold)
-
-    def _deliver(self, hold: Hold) -> None:
-        # A thread per report: losses are rare, and a slow on_lost must not hold up
-        # renewals or the report of another loss.
-        threading.Thread(
-            target=self._report, args=(hold,), name="redreentrant-on-lost", daemon=True
-        ).start()
-
-    def _sweep_soon(self) -> None:
-        self._sweep.set()
-
-    def stop(self) -> None:
-        self._stopping = True
-        self._stop.set()
-        self._sweep.set()
-        self._clock.set()
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5)
-
-    def after_fork(self) -> None:
-        """In a forked child: no thread runs, and the parent's holds are not renewed."""
-        self._reset()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import keys, scripts
-from .quorum import Call
+from .effects import Call
 from .views import LockView, pairs, text, ttl_of
 
 

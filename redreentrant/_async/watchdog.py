@@ -9,10 +9,11 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-from ..errors import ManagerClosedError
-from ..holds import Hold, Holds
-from ..quorum import Quorum, Steps
-from ..watchdog import WatchdogBase, log
+from .._core.effects import Steps
+from .._core.engine import Engine
+from .._core.errors import ManagerClosedError
+from .._core.holds import Hold
+from .._core.watchdog import WatchdogBase, log
 
 
 class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
@@ -21,12 +22,10 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
     def __init__(
         self,
         run: Callable[[Steps[list[Hold]]], Awaitable[list[Hold]]],
-        quorum: Quorum,
-        holds: Holds,
-        lease: float,
+        engine: Engine,
         report: Callable[[Hold], object],
     ) -> None:
-        super().__init__(run, quorum, holds, lease, report)
+        super().__init__(run, engine, report)
         self._tasks: list[asyncio.Task[None]] = []
         self._reports: set[asyncio.Task[object]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -58,15 +57,14 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
     async def _deadlines(self) -> None:
         while True:
             self._clock.clear()
-            now = time.monotonic()
-            for hold in self._holds.overdue(now, self.margin):
+            lost, wait = self._overdue()
+            for hold in lost:
                 self._deliver(hold)
-            due = self._holds.next_deadline(self.margin)
-            if due is None:
+            if wait is None:
                 await self._clock.wait()
             else:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._clock.wait(), max(0.0, due - now))
+                    await asyncio.wait_for(self._clock.wait(), wait)
 
     async def tick(self, renew: bool = True) -> None:
         """One round: free dead owners' holds, renew the others (``renew``)."""

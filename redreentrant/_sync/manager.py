@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
+from redis.connection import AbstractConnection
 
-from .fairlock import FairLock
-from .keys import validate_name
-from .kinds import FAMILIES
-from .lock import Lock
-from .managerbase import ManagerBase, no_handshake
+from .._core.engine import Engine
+from .._core.keys import PREFIX, validate_name
+from .._core.kinds import FAMILIES, LockKind
+from .._core.manager import ManagerCore
+from .._core.masters import connect, master_name, no_handshake
+from .._core.settings import Settings
+from .._core.views import MasterView
+from .driver import SyncDriver
+from .lock import LOCK_CLASSES, Lock
 from .owner import thread_token
-from .quorum import Fanout, Notify, Relay, Steps, Wait, Watch
-from .rwlock import ReadLock, WriteLock
-from .steps import force_unlock_steps, probe_steps
 from .transport import SyncTransport
-from .views import MasterView
 from .wakeups import WakeupHub
 from .watchdog import Watchdog
-
-T = TypeVar("T")
 
 Master = str | redis.Redis
 
@@ -31,11 +32,14 @@ Master = str | redis.Redis
 def url_client(url: str, timeout: float) -> redis.Redis:
     """A client for one master, with ``timeout`` for connecting and reading."""
     return redis.Redis.from_url(
-        url, socket_timeout=timeout, socket_connect_timeout=timeout, **no_handshake()
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        **no_handshake(AbstractConnection),
     )
 
 
-class LockManager(ManagerBase[Lock]):
+class LockManager(ManagerCore[Lock]):
     """Locks over a Redlock quorum of N independent Redis masters (threads own locks).
 
     ``masters`` are redis URLs or ``redis.Redis`` clients (a single one is legal), or one
@@ -55,11 +59,6 @@ class LockManager(ManagerBase[Lock]):
     Use it as a context manager, or call :meth:`close`.
     """
 
-    _lock_class = Lock
-    _read_class = ReadLock
-    _write_class = WriteLock
-    _fair_class = FairLock
-
     def __init__(
         self,
         masters: Master | Sequence[Master],
@@ -70,26 +69,42 @@ class LockManager(ManagerBase[Lock]):
         retry_jitter: float = 0.05,
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
-        super().__init__(lease, drift_factor, master_timeout, retry_jitter, on_lost)
-        self._wire(masters, redis.Redis, url_client, SyncTransport, WakeupHub, Watchdog)
+        settings = Settings.check(lease, drift_factor, master_timeout, retry_jitter, on_lost)
+        timeout = settings.master_timeout
+        clients, self._own_clients = connect(
+            masters, redis.Redis, lambda url: url_client(url, timeout)
+        )
+        engine = Engine(
+            settings,
+            [master_name(c) for c in clients],
+            thread_token,
+            threading.Lock,
+            time.monotonic,
+            random.uniform,
+        )
+        # Confirmations of a subscription may take a round trip from every master.
+        hub = WakeupHub(clients, 2 * timeout, PREFIX + "hub:" + engine.id)
+        self._driver = SyncDriver(SyncTransport(clients, timeout), hub, engine.check_open)
+        self._watchdog = Watchdog(self._driver.run, engine, self._report)
+        engine.on_managed_hold = self._watchdog.ensure_started
+        super().__init__(engine, self._make)
 
-    def owner_id(self) -> str:
-        """The calling thread's owner id under this manager."""
-        return f"{self.id}:{thread_token()}"
+    def _make(self, kind: LockKind, name: str) -> Lock:
+        return LOCK_CLASSES[kind.label](self._engine, self._driver, name)
 
     def inspect(self, name: str) -> list[MasterView]:
         """Every master's view of the locks (of all kinds) named ``name``: holders, hold
         counts, TTL, mode and queue. One read-only round; a master that fails to answer
         has ``error`` set."""
         validate_name(name)
-        return self._run(probe_steps(self._quorum, FAMILIES, name))
+        return self._driver.run(self._engine.probe(FAMILIES, name))
 
     def force_unlock(self, name: str) -> bool:
         """Delete every kind of lock named ``name`` on every master, whoever holds it, and
         wake the waiters. Returns True if any master had one. The holders are not told
         until their next renewal, re-entry or release raises :class:`LockLostError`."""
         validate_name(name)
-        return self._run(force_unlock_steps(self._quorum, FAMILIES, name))
+        return self._driver.run(self._engine.force_unlock(FAMILIES, name))
 
     def close(self) -> None:
         """Stop the watchdog and the wake-up subscriber, and close the clients made from
@@ -97,17 +112,16 @@ class LockManager(ManagerBase[Lock]):
 
         Threads waiting in ``acquire`` wake and fail with :class:`ManagerClosedError`
         (taking no hold), and so does every later call on the manager."""
-        if self._closed:
+        engine = self._engine
+        if engine.closed:
             return
-        self._closed = True
+        engine.closed = True
         self._watchdog.stop()
-        self._hub.close()
+        self._driver.hub.close()
         # Woken waiters undo what they took and leave queues: let them, on an open
         # transport (bounded: each round is).
-        deadline = time.monotonic() + self._close_timeout()
-        while self._runs and time.monotonic() < deadline:
-            time.sleep(0.005)
-        self._transport.close()
+        self._driver.drain(2.0 + 4 * engine.settings.master_timeout)
+        self._driver.transport.close()
         for client in self._own_clients:
             client.close()
 
@@ -122,46 +136,7 @@ class LockManager(ManagerBase[Lock]):
     ) -> None:
         self.close()
 
-    def _run(self, steps: Steps[T]) -> T:
-        """Drive an algorithm's effects with this manager's transport and wake-ups."""
-        self._check_open()
-        watched: list[str] = []
-        self._runs.add(steps)
-        try:
-            effect = next(steps)
-            while True:
-                try:
-                    result = self._carry_out(effect, watched)
-                except BaseException as error:
-                    effect = steps.throw(error)
-                    continue
-                effect = steps.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
-        finally:
-            self._runs.discard(steps)
-            for channel in watched:
-                self._hub.unwatch(channel)
-
-    def _carry_out(self, effect: object, watched: list[str]) -> object:
-        if isinstance(effect, Fanout):
-            return self._transport.fanout(effect.calls)
-        if isinstance(effect, Wait):
-            return self._hub.wait(effect.channel, effect.generation, effect.timeout)
-        if isinstance(effect, Notify):
-            self._hub.notify(effect.channels, effect.release_id)
-            return None
-        if isinstance(effect, Relay):
-            self._hub.relay(effect.channel)
-            return None
-        if isinstance(effect, Watch):
-            generation = self._hub.watch(effect.channel, effect.broadcast)
-            watched.append(effect.channel)
-            return generation
-        raise TypeError(f"unknown effect {effect!r}")
-
     def _after_fork_in_child(self) -> None:
         super()._after_fork_in_child()
-        self._watchdog = Watchdog(self._run, self._quorum, self._holds, self.lease, self._lost)
-        self._hub.after_fork()
+        self._watchdog.after_fork()
+        self._driver.hub.after_fork()

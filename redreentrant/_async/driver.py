@@ -1,0 +1,96 @@
+"""The asyncio driver: carries out the core's effects with tasks and redis.asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import TypeVar
+
+from .._core.effects import Fanout, Notify, Relay, Steps, Wait, Watch
+from .transport import AsyncTransport
+from .wakeups import AsyncWakeupHub
+
+T = TypeVar("T")
+
+
+async def finish(task: asyncio.Future[T]) -> T:
+    """Await ``task``; if the caller is cancelled meanwhile, let the task run to its end
+    first (it is bounded by the master timeout), then pass the cancellation on."""
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        raise
+
+
+class AsyncDriver:
+    """Drives an algorithm's effects with one manager's transport and wake-up hub."""
+
+    def __init__(
+        self, transport: AsyncTransport, hub: AsyncWakeupHub, check_open: Callable[[], None]
+    ) -> None:
+        self.transport = transport
+        self.hub = hub
+        self._check_open = check_open
+        # The runs under way: close() lets them finish their clean-up on the transport.
+        self._active: set[object] = set()
+
+    async def run(self, steps: Steps[T], shielded: bool = False) -> T:
+        """Run ``steps`` to their end in the calling task.
+
+        ``shielded``: the caller already runs these steps where no cancellation reaches
+        (a release): rounds then need no shield of their own."""
+        self._check_open()
+        watched: list[str] = []
+        self._active.add(steps)
+        try:
+            effect = next(steps)
+            while True:
+                try:
+                    result = await self._carry_out(effect, watched, shielded)
+                except BaseException as error:  # cancellation too: the steps clean up
+                    effect = steps.throw(error)
+                    continue
+                effect = steps.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        finally:
+            self._active.discard(steps)
+            for channel in watched:
+                self.hub.unwatch(channel)
+
+    async def run_shielded(self, steps: Steps[T]) -> T:
+        """Run ``steps`` to their end even if the caller is cancelled (releases)."""
+        return await finish(asyncio.ensure_future(self.run(steps, shielded=True)))
+
+    async def _carry_out(self, effect: object, watched: list[str], shielded: bool) -> object:
+        if isinstance(effect, Fanout):
+            if shielded:
+                return await self.transport.fanout(effect.calls)
+            # A round under way is let finish before a cancellation is acted on, so the
+            # undo that follows reaches each master after the round it undoes.
+            return await finish(asyncio.ensure_future(self.transport.fanout(effect.calls)))
+        if isinstance(effect, Wait):
+            return await self.hub.wait(effect.channel, effect.generation, effect.timeout)
+        if isinstance(effect, Notify):
+            self.hub.notify(effect.channels, effect.release_id)
+            return None
+        if isinstance(effect, Relay):
+            self.hub.relay(effect.channel)
+            return None
+        if isinstance(effect, Watch):
+            generation = await self.hub.watch(effect.channel, effect.broadcast)
+            watched.append(effect.channel)
+            return generation
+        raise TypeError(f"unknown effect {effect!r}")
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (bounded) until no run is under way."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._active and loop.time() < deadline:
+            await asyncio.sleep(0.005)

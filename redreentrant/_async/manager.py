@@ -1,0 +1,129 @@
+"""The asyncio :class:`LockManager`: the same algorithm as the sync one, driven by tasks."""
+
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import redis.asyncio
+from redis.asyncio.connection import AbstractConnection
+
+from .._core.engine import Engine
+from .._core.holds import Hold
+from .._core.keys import PREFIX, validate_name
+from .._core.kinds import FAMILIES, LockKind
+from .._core.manager import ManagerCore
+from .._core.masters import connect, master_name, no_handshake
+from .._core.settings import Settings
+from .._core.views import MasterView
+from .driver import AsyncDriver
+from .lock import LOCK_CLASSES, Lock
+from .owner import task_token
+from .transport import AsyncTransport
+from .wakeups import AsyncWakeupHub
+from .watchdog import AsyncWatchdog
+
+Master = str | redis.asyncio.Redis
+
+
+def url_client(url: str, timeout: float) -> redis.asyncio.Redis:
+    """An asyncio client for one master, with ``timeout`` for connecting.
+
+    No socket time-out: the transport bounds every master's part of a round itself, and
+    redis.asyncio would wrap each read and write in a task of its own to enforce one."""
+    return redis.asyncio.Redis.from_url(
+        url,
+        socket_timeout=None,
+        socket_connect_timeout=timeout,
+        **no_handshake(AbstractConnection),
+    )
+
+
+class LockManager(ManagerCore[Lock]):
+    """The asyncio twin of :class:`redreentrant.LockManager`: locks owned by tasks.
+
+    ``masters`` are redis URLs or ``redis.asyncio.Redis`` clients; every other argument
+    means what it means for the sync manager. ``on_lost`` may be a plain function or a
+    coroutine function. Use ``async with LockManager(...)``, or ``await mgr.close()``.
+    """
+
+    def __init__(
+        self,
+        masters: Master | Sequence[Master],
+        *,
+        lease: float = 30.0,
+        drift_factor: float = 0.01,
+        master_timeout: float | None = None,
+        retry_jitter: float = 0.05,
+        on_lost: Callable[[Any], object] | None = None,
+    ) -> None:
+        settings = Settings.check(lease, drift_factor, master_timeout, retry_jitter, on_lost)
+        timeout = settings.master_timeout
+        clients, self._own_clients = connect(
+            masters, redis.asyncio.Redis, lambda url: url_client(url, timeout)
+        )
+        engine = Engine(
+            settings,
+            [master_name(c) for c in clients],
+            task_token,
+            threading.Lock,  # end-of-task news may come from other threads' owners too
+            time.monotonic,
+            random.uniform,
+        )
+        hub = AsyncWakeupHub(clients, 2 * timeout, PREFIX + "hub:" + engine.id)
+        self._driver = AsyncDriver(AsyncTransport(clients, timeout), hub, engine.check_open)
+        self._watchdog = AsyncWatchdog(self._driver.run, engine, self._report)
+        engine.on_managed_hold = self._watchdog.ensure_started
+        super().__init__(engine, self._make)
+
+    def _make(self, kind: LockKind, name: str) -> Lock:
+        return LOCK_CLASSES[kind.label](self._engine, self._driver, name)
+
+    async def inspect(self, name: str) -> list[MasterView]:
+        """Every master's view of the locks named ``name`` (see the sync manager)."""
+        validate_name(name)
+        return await self._driver.run(self._engine.probe(FAMILIES, name))
+
+    async def force_unlock(self, name: str) -> bool:
+        """Delete every kind of lock named ``name`` on every master (see the sync manager)."""
+        validate_name(name)
+        return await self._driver.run(self._engine.force_unlock(FAMILIES, name))
+
+    async def close(self) -> None:
+        """Stop the watchdog task and the wake-up readers, and close the clients made
+        from URLs. Held locks are not released: their leases run out.
+
+        Tasks waiting in ``acquire`` wake and fail with :class:`ManagerClosedError`
+        (taking no hold), and so does every later call on the manager."""
+        engine = self._engine
+        if engine.closed:
+            return
+        engine.closed = True
+        await self._watchdog.stop()
+        await self._driver.hub.close()
+        # Woken waiters undo what they took and leave queues: let them, on an open
+        # transport (bounded: each round is).
+        await self._driver.drain(2.0 + 4 * engine.settings.master_timeout)
+        await self._driver.transport.close()
+        for client in self._own_clients:
+            await client.aclose()
+
+    async def __aenter__(self) -> LockManager:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _report(self, hold: Hold) -> object:
+        result = super()._report(hold)
+        return result if inspect.isawaitable(result) else None

@@ -1,0 +1,190 @@
+"""Asyncio wake-ups: per master, one task that keeps its pub/sub connection and
+subscriptions and one that reads it, shared by all the manager's tasks.
+
+They carry out what the shared subscription state machine
+(:class:`~redreentrant._core.subscriptions.Subscriptions`) decides, as the sync hub's
+thread does. Only a master's keeper task sends on its connection, and it computes what
+to (un)subscribe at the moment it sends, so a watch during a (re)connect is never
+skipped and a stale unsubscribe never removes a fresh subscription. Waiting is on
+futures; no task is made per waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from .._core.errors import ManagerClosedError
+from .._core.subscriptions import RECONNECT_DELAY, Channel, Subscriptions
+
+
+def _futures(chan: Channel) -> list[asyncio.Future[None]]:
+    if chan.waiters is None:
+        chan.waiters = []
+    waiters: list[asyncio.Future[None]] = chan.waiters
+    return waiters
+
+
+def _wake(chan: Channel, everyone: bool) -> None:
+    waiters = _futures(chan)
+    while waiters:
+        waiter = waiters.pop(0)
+        if not waiter.done():
+            waiter.set_result(None)
+            if not everyone:
+                return
+
+
+class AsyncWakeupHub:
+    """Per-manager hub of release wake-ups over N masters (asyncio)."""
+
+    def __init__(self, clients: Sequence[Any], confirm_timeout: float, home: str) -> None:
+        self._clients = list(clients)
+        self._confirm_timeout = confirm_timeout
+        self._subs = Subscriptions(len(self._clients), home)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._dirty: list[asyncio.Event] = []
+        self._confirmed: asyncio.Event | None = None
+        self._closed = False
+
+    # -- waiter side ------------------------------------------------------------------
+
+    async def watch(self, channel: str, broadcast: bool = False) -> int:
+        """Register interest in ``channel``, have every master subscribe, and wait
+        (bounded) for their confirmations. Returns the channel's generation."""
+        if self._closed:
+            raise ManagerClosedError("the lock manager is closed")
+        chan = self._subs.watch(channel, broadcast)
+        try:
+            self._start()
+            self._changed()
+            loop = asyncio.get_running_loop()
+            end = loop.time() + self._confirm_timeout
+            while not self._subs.settled(chan) and not self._closed:
+                left = end - loop.time()
+                if left <= 0:
+                    break
+                event = self._confirmed = self._confirmed or asyncio.Event()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), left)
+            return chan.generation
+        except BaseException:
+            self.unwatch(channel)  # interrupted: the caller will not unwatch it
+            raise
+
+    def unwatch(self, channel: str) -> None:
+        if self._subs.unwatch(channel) and not self._closed:
+            self._changed()
+
+    async def wait(self, channel: str, generation: int, timeout: float) -> int:
+        """Sleep until ``channel`` moves past ``generation`` or ``timeout`` passes."""
+        chan = self._subs.channels[channel]
+        if chan.generation == generation and not self._closed:
+            waiter = asyncio.get_running_loop().create_future()
+            waiters = _futures(chan)
+            waiters.append(waiter)
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(waiter, timeout)
+            finally:
+                if waiter in waiters:
+                    waiters.remove(waiter)
+        return chan.generation
+
+    def notify(self, channels: Sequence[str], release_id: str) -> None:
+        """A release made in this process freed a lock: wake its waiters here at once."""
+        for channel in channels:
+            chan = self._subs.released_here(channel, release_id)
+            if chan is not None:
+                _wake(chan, everyone=chan.broadcast)
+
+    def relay(self, channel: str) -> None:
+        """A woken waiter gave up: wake another one in its place."""
+        chan = self._subs.waited_on(channel)
+        if chan is not None:
+            _wake(chan, everyone=False)
+
+    # -- the tasks of each master -------------------------------------------------------
+
+    def _start(self) -> None:
+        if not self._tasks:
+            loop = asyncio.get_running_loop()
+            self._dirty = [asyncio.Event() for _ in self._clients]
+            self._tasks = [loop.create_task(self._keep(i)) for i in range(len(self._clients))]
+
+    def _changed(self) -> None:
+        for event in self._dirty:
+            event.set()
+
+    async def _keep(self, i: int) -> None:
+        """Keep master ``i``'s connection, and its subscriptions in step with the state."""
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            pubsub = self._clients[i].pubsub()
+            reader: asyncio.Task[None] | None = None
+            try:
+                await asyncio.wait_for(
+                    pubsub.subscribe(*self._subs.connected(i)), self._confirm_timeout
+                )
+                reader = loop.create_task(self._read(i, pubsub))
+                while True:
+                    self._dirty[i].clear()
+                    add, drop = self._subs.changes(i)
+                    if add:
+                        await asyncio.wait_for(pubsub.subscribe(*add), self._confirm_timeout)
+                    if drop:
+                        await asyncio.wait_for(pubsub.unsubscribe(*drop), self._confirm_timeout)
+                    if reader.done():
+                        reader.result()  # the connection broke: raises
+                        raise ConnectionError("the pub/sub reader ended")
+                    await self._dirty[i].wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._lose(i)
+                await asyncio.sleep(RECONNECT_DELAY)
+            finally:
+                if reader is not None:
+                    reader.cancel()
+                    with contextlib.suppress(BaseException):
+                        await reader
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def _read(self, i: int, pubsub: Any) -> None:
+        try:
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is None:
+                    continue
+                chan, confirmed = self._subs.on_message(i, message)
+                if chan is not None:
+                    _wake(chan, everyone=chan.broadcast)
+                if confirmed:
+                    self._signal()
+        finally:
+            if i < len(self._dirty):
+                self._dirty[i].set()  # the keeper finds out and reconnects
+
+    def _lose(self, i: int) -> None:
+        self._subs.lost(i)
+        self._signal()
+
+    def _signal(self) -> None:
+        """Wake the tasks waiting for subscription confirmations to look again."""
+        if self._confirmed is not None:
+            self._confirmed.set()
+            self._confirmed = None
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for chan in self._subs.channels.values():
+            _wake(chan, everyone=True)
+        self._signal()

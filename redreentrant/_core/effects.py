@@ -1,0 +1,89 @@
+"""Effects: what the lock algorithms ask their driver to do.
+
+Nothing here does I/O. The algorithms (:mod:`.rounds`, :mod:`.locking`,
+:mod:`.watchdog`) are generators that yield effects (:class:`Fanout`, :class:`Watch`,
+:class:`Wait`, :class:`Notify`, :class:`Relay`) and receive their results; the sync
+driver (threads, redis-py) and the asyncio driver (tasks, ``redis.asyncio``) carry them
+out. So there is one algorithm for both flavours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .scripts import Script
+
+T = TypeVar("T")
+
+#: What a master answered to one call: the decoded reply, or the exception it raised
+#: (an error reply, a refused connection, a time-out).
+Reply = object
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script call: EVALSHA ``script`` with ``keys`` and ``args``."""
+
+    script: Script
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Effect: send ``calls[i]`` to master ``i``, all masters at once, in one round trip each.
+
+    Result: ``list[list[Reply]]``, one list per master with one reply per call. A master
+    that does not answer within the master timeout gets the exception for every call.
+    """
+
+    calls: tuple[tuple[Call, ...], ...]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Effect: subscribe to wake-ups on ``channel`` (confirmed); result: its generation.
+
+    A ``broadcast`` channel wakes all its local waiters on a release (readers); any
+    other wakes one at a time (the woken one takes the lock or relays the wake-up).
+    """
+
+    channel: str
+    broadcast: bool = False
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Effect: wait until ``channel`` moves past ``generation``, or ``timeout`` seconds.
+
+    Result: the channel's generation when the wait ended.
+    """
+
+    channel: str
+    generation: int
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Effect: a release made here freed a lock: wake local waiters on ``channels`` now.
+
+    ``release_id`` is the release's wake-up payload: the pub/sub messages of the same
+    release (one per master) are then recognised and not counted again.
+    """
+
+    channels: tuple[str, ...]
+    release_id: str
+
+
+@dataclass(frozen=True)
+class Relay:
+    """Effect: a waiter that was woken gives up: pass the wake-up on to another waiter."""
+
+    channel: str
+
+
+Effect = Fanout | Watch | Wait | Notify | Relay
+Steps = Generator[Effect, Any, T]

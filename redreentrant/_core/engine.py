@@ -1,0 +1,204 @@
+"""What every lock of one manager shares, and the bookkeeping of holds (no I/O).
+
+An :class:`Engine` holds one manager's settings, quorum, table of holds and owner
+identity, and makes the steps (generators of effects) of every lock operation:
+re-entry, ownership, loss, leases. The sync and asyncio lock objects only drive these
+steps with their flavour's driver; the owner is passed in explicitly so that a release
+can finish in a shielded task that is not the owner itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+
+from .effects import Steps
+from .errors import LockLostError, LockNotOwnedError, LockUpgradeError, ManagerClosedError
+from .holds import Hold, Holds
+from .kinds import LockKind
+from .owner import new_manager_id
+from .quorum import Clock, Quorum, Uniform
+from .rounds import acquire_steps, force_unlock_steps, held_by_quorum, probe_steps, release_steps
+from .settings import Settings, check_acquire_args
+from .views import MasterView
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def call_site() -> str:
+    """Where the caller outside this package is (``file:line in function``): named in
+    the warning when a hold's owner dies. A few frame hops, no traceback is built."""
+    here = inspect.currentframe()
+    frame = here.f_back if here is not None else None
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    code = frame.f_code
+    return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+
+
+class Engine:
+    """One manager's shared state and the steps of its lock operations.
+
+    The flavour injects what the core may not do itself: ``token()`` names the calling
+    owner (a thread or a task), ``guard()`` makes the lock of the holds table, and
+    ``clock``/``uniform`` are the time and randomness the rounds use.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        masters: Sequence[str],
+        token: Callable[[], str],
+        guard: Callable[[], AbstractContextManager[object]],
+        clock: Clock,
+        uniform: Uniform,
+    ) -> None:
+        self.settings = settings
+        self.quorum = Quorum(
+            tuple(masters), settings.drift_factor, settings.retry_jitter, clock, uniform
+        )
+        self.clock = clock
+        self._token = token
+        self._guard = guard
+        self.id = new_manager_id()
+        self.holds = Holds(guard())
+        self.closed = False
+        #: called when a watchdog-managed hold is taken (the flavour's watchdog starts)
+        self.on_managed_hold: Callable[[], None] = lambda: None
+
+    def owner_id(self) -> str:
+        """The calling owner's id under this manager."""
+        return f"{self.id}:{self._token()}"
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise ManagerClosedError("the lock manager is closed")
+
+    def after_fork_in_child(self) -> None:
+        """The child is a new owner: it never renews nor releases the parent's holds."""
+        self.id = new_manager_id()
+        self.holds = Holds(self._guard())
+
+    # -- local state (no I/O) -----------------------------------------------------------
+
+    def hold(self, kind: LockKind, name: str) -> Hold | None:
+        """The calling owner's hold on ``name``, if any."""
+        return self.holds.get(kind, name, self.owner_id())
+
+    def remaining(self, hold: Hold | None) -> float:
+        """Seconds of validity left on ``hold`` (0.0 if none or lost)."""
+        if hold is None or hold.lost is not None:
+            return 0.0
+        return max(0.0, hold.valid_until - self.clock())
+
+    # -- the steps of each operation ---------------------------------------------------
+
+    def acquire(
+        self,
+        kind: LockKind,
+        name: str,
+        owner: str,
+        blocking: bool,
+        timeout: float,
+        lease: float | None,
+    ) -> Steps[bool]:
+        """Take or re-enter ``name`` for ``owner`` (see ``Lock.acquire``)."""
+        check_acquire_args(blocking, timeout)
+        q = self.quorum
+        lease_s = self.settings.acquire_lease(lease)
+        hold = self.holds.get(kind, name, owner)
+        if hold is not None:
+            return (yield from self._reenter(hold, lease, lease_s))
+        upgrade = kind.upgrade_from
+        if upgrade is not None and self.holds.get(upgrade, name, owner) is not None:
+            raise LockUpgradeError(
+                f"lock {name!r}: a holder of the read lock cannot take the write lock"
+                " (release the read lock first)"
+            )
+        site = call_site()
+        deadline = None if timeout == -1 or not blocking else self.clock() + timeout
+        steps = acquire_steps(q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed)
+        valid_until = yield from steps
+        if valid_until is None:
+            return False
+        if self.closed:
+            # Granted while the manager was closing: nothing would renew or report it.
+            with contextlib.suppress(Exception):
+                yield from release_steps(q, kind, name, owner, 0)
+            raise ManagerClosedError("the lock manager was closed during the acquire")
+        hold = Hold(kind, name, owner, 1, lease_s, lease is None, valid_until, site=site)
+        self.holds.add(hold)
+        if hold.managed:
+            self.on_managed_hold()
+        return True
+
+    def _reenter(self, hold: Hold, lease: float | None, lease_s: float) -> Steps[bool]:
+        if hold.lost is not None:
+            raise LockLostError(f"lock {hold.name!r} was lost: {hold.lost}")
+        if hold.managed and lease is not None:
+            # The watchdog renews this hold with the manager's lease every lease/3: a
+            # shorter TTL set now would expire between its ticks.
+            raise ValueError(
+                f"lock {hold.name!r} is held with a watchdog-managed lease: a re-entry"
+                " cannot set lease= (re-enter without it, or take the first hold"
+                " with a fixed lease)"
+            )
+        renewed = hold.lease if lease is None else lease_s
+        count = hold.count + 1
+        steps = acquire_steps(
+            self.quorum, hold.kind, hold.name, hold.owner, count, renewed, True, None
+        )
+        try:
+            valid_until = yield from steps
+        except LockLostError as error:
+            hold.lost = str(error)
+            raise
+        assert valid_until is not None  # a re-entry succeeds or raises
+        hold.count = count
+        hold.lease = renewed
+        hold.valid_until = valid_until
+        return True
+
+    def release(self, kind: LockKind, name: str, owner: str, quiet_if_lost: bool) -> Steps[None]:
+        """Release one of ``owner``'s hold levels on ``name``."""
+        hold = self.holds.get(kind, name, owner)
+        if hold is None:
+            raise LockNotOwnedError(f"lock {name!r} is not held by this owner")
+        hold.count -= 1
+        if hold.count == 0:
+            # Off the watchdog before the release runs, so it is never renewed after.
+            self.holds.remove(hold)
+        steps = release_steps(self.quorum, kind, name, owner, hold.count)
+        if hold.lost is not None:
+            if hold.count == 0:
+                # Already reported as lost: remove what is left where it still is; what
+                # cannot be removed now expires with its lease.
+                with contextlib.suppress(Exception):
+                    yield from steps
+            if quiet_if_lost:
+                return
+            raise LockLostError(f"lock {name!r} was lost: {hold.lost}")
+        try:
+            yield from steps
+        except LockLostError as error:
+            hold.lost = str(error)
+            raise
+
+    def locked(self, kind: LockKind, name: str) -> Steps[bool]:
+        """Whether anyone holds ``name`` on a quorum (read-only)."""
+        views = yield from probe_steps(self.quorum, (kind,), name)
+        return held_by_quorum(self.quorum, kind, views)
+
+    def force_unlock(self, kinds: Sequence[LockKind], name: str) -> Steps[bool]:
+        return force_unlock_steps(self.quorum, kinds, name)
+
+    def probe(self, kinds: Sequence[LockKind], name: str) -> Steps[list[MasterView]]:
+        return probe_steps(self.quorum, kinds, name)

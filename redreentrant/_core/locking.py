@@ -1,0 +1,69 @@
+"""What every lock object is, for the sync and the asyncio front ends alike: a view of
+one named lock of one kind through one manager's :class:`~.engine.Engine` (no I/O).
+
+The flavours' lock classes add the calls that make rounds, driven by their driver.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+from .engine import Engine
+from .holds import Hold
+from .keys import validate_name
+from .kinds import EXCLUSIVE, LockKind
+
+L = TypeVar("L")
+
+
+class LockCore:
+    """A lock named ``name`` of one kind, seen from one manager (local state only)."""
+
+    kind: LockKind = EXCLUSIVE
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self._engine = engine
+        self.name = validate_name(name)
+
+    def __repr__(self) -> str:
+        try:
+            held = f" hold_count={self.hold_count}"
+        except RuntimeError:  # an asyncio lock looked at from outside a task
+            held = ""
+        return f"<{type(self).__name__} {self.name!r}{held}>"
+
+    def _hold(self) -> Hold | None:
+        return self._engine.hold(self.kind, self.name)
+
+    @property
+    def hold_count(self) -> int:
+        """How many times the calling owner holds the lock (0 if it does not)."""
+        hold = self._hold()
+        return 0 if hold is None else hold.count
+
+    def is_owned(self) -> bool:
+        """Whether the calling owner holds the lock, with validity left and no loss
+        detected. Local knowledge only: no round trip."""
+        return self._engine.remaining(self._hold()) > 0
+
+    def remaining(self) -> float:
+        """Seconds of validity left on the calling owner's hold (0.0 if not owned).
+
+        For a watchdog-managed hold this is refreshed at every renewal."""
+        return self._engine.remaining(self._hold())
+
+
+class ReadWriteLock(Generic[L]):
+    """A read/write lock named ``name``: ``.read`` and ``.write`` are its two locks.
+
+    Both are reentrant and owned by the thread (or task) that acquires them. Get one
+    from ``LockManager.rw_lock``.
+    """
+
+    def __init__(self, name: str, read: L, write: L) -> None:
+        self.name = name
+        self.read = read
+        self.write = write
+
+    def __repr__(self) -> str:
+        return f"<ReadWriteLock {self.name!r}>"

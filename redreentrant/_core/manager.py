@@ -1,0 +1,147 @@
+"""What the sync and the asyncio lock managers share: their public face (settings,
+masters, the making of lock objects) and the report of lost holds (no I/O).
+
+Each flavour adds its driver, transport, wake-ups and watchdog, and the calls that
+make rounds (``inspect``, ``force_unlock``, ``close``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from .engine import Engine
+from .holds import Hold
+from .keys import validate_name
+from .kinds import EXCLUSIVE, FAIR, READ, WRITE, LockKind
+from .locking import ReadWriteLock
+from .owner import parse_owner
+
+log = logging.getLogger(__name__)
+L = TypeVar("L")  # the flavour's lock class
+
+
+class ManagerCore(Generic[L]):
+    """Settings, masters and lock objects of a lock manager (see ``LockManager``)."""
+
+    def __init__(self, engine: Engine, make_lock: Callable[[LockKind, str], L]) -> None:
+        self._engine = engine
+        self._make_lock = make_lock
+        _after_fork.add(self._after_fork_in_child)
+
+    # -- settings and state ----------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """This manager's id, ``<host>:<pid>:<uuid>``: the first part of its owner ids."""
+        return self._engine.id
+
+    @property
+    def lease(self) -> float:
+        """The watchdog-managed lease, in seconds."""
+        return self._engine.settings.lease
+
+    @property
+    def master_timeout(self) -> float:
+        """How long one master may take to answer in a round, in seconds."""
+        return self._engine.settings.master_timeout
+
+    @property
+    def drift_factor(self) -> float:
+        return self._engine.settings.drift_factor
+
+    @property
+    def retry_jitter(self) -> float:
+        return self._engine.settings.retry_jitter
+
+    @property
+    def on_lost(self) -> Callable[[Any], object] | None:
+        return self._engine.settings.on_lost
+
+    @property
+    def masters(self) -> tuple[str, ...]:
+        """The masters' addresses, in order."""
+        return self._engine.quorum.masters
+
+    @property
+    def quorum(self) -> int:
+        """How many masters must grant a lock: ``N // 2 + 1``."""
+        return self._engine.quorum.needed
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called: every later call fails with
+        :class:`ManagerClosedError`."""
+        return self._engine.closed
+
+    def owner_id(self) -> str:
+        """The calling owner's id under this manager (its thread's, or its task's)."""
+        return self._engine.owner_id()
+
+    # -- lock objects --------------------------------------------------------------------
+
+    def lock(self, name: str) -> L:
+        """A reentrant lock named ``name``, owned by whoever acquires it."""
+        self._engine.check_open()
+        return self._make_lock(EXCLUSIVE, name)
+
+    def rw_lock(self, name: str) -> ReadWriteLock[L]:
+        """A read/write lock named ``name``: ``.read`` (shared) and ``.write`` (exclusive)."""
+        self._engine.check_open()
+        return ReadWriteLock(
+            validate_name(name), self._make_lock(READ, name), self._make_lock(WRITE, name)
+        )
+
+    def fair_lock(self, name: str) -> L:
+        """A reentrant lock named ``name`` that is granted in order of arrival."""
+        self._engine.check_open()
+        return self._make_lock(FAIR, name)
+
+    # -- reports -------------------------------------------------------------------------
+
+    def _report(self, hold: Hold) -> object:
+        """Report a lost hold: log it and call ``on_lost`` (returning what it returned)."""
+        who = parse_owner(hold.owner)
+        log.warning(
+            "redreentrant: lost lock %r held by %s (%s); acquired at %s",
+            hold.name,
+            who.describe() if who is not None else hold.owner,
+            hold.lost,
+            hold.site,
+        )
+        on_lost = self.on_lost
+        if on_lost is None:
+            return None
+        try:
+            return on_lost(self._make_lock(hold.kind, hold.name))
+        except Exception:
+            log.exception("redreentrant: on_lost hook raised")
+            return None
+
+    def _after_fork_in_child(self) -> None:
+        self._engine.after_fork_in_child()
+
+
+class _ForkRegistry:
+    """What to do in a forked child, for each manager alive (kept weakly)."""
+
+    def __init__(self) -> None:
+        self._hooks: list[weakref.WeakMethod[Callable[[], None]]] = []
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._in_child)
+
+    def add(self, hook: Callable[[], None]) -> None:
+        self._hooks = [h for h in self._hooks if h() is not None]
+        self._hooks.append(weakref.WeakMethod(hook))
+
+    def _in_child(self) -> None:
+        for ref in list(self._hooks):
+            hook = ref()
+            if hook is not None:
+                hook()
+
+
+_after_fork = _ForkRegistry()

@@ -1,0 +1,84 @@
+"""The masters of a manager: clients from URLs, their names, and the check that each
+server is given once. No I/O: a client is made, never connected, here (each flavour
+passes its client class and URL factory)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .settings import master_url, master_urls
+
+
+def master_name(client: Any) -> str:
+    """A readable address of a master, for messages (``host:port/db`` or a socket path)."""
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return f"unix:{kw['path']}/{kw.get('db', 0)}"
+    return f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+def master_identity(client: Any) -> tuple[object, ...]:
+    """What makes two clients the same master: the server (host and port, or socket
+    path). Two databases of one server are not independent masters: one crash or
+    restart would take both votes."""
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return ("unix", kw["path"])
+    host = str(kw.get("host", "localhost"))
+    if host in ("localhost", "::1"):
+        host = "127.0.0.1"
+    return (host, int(kw.get("port", 6379)))
+
+
+def no_handshake(connection_class: Any) -> dict[str, Any]:
+    """Client options that make connecting send nothing (no HELLO, no CLIENT SETINFO):
+    on a frozen master a handshake would block every reconnect for a socket time-out.
+    (redis-py 5.0 names the options ``lib_name``/``lib_version``, later ones
+    ``driver_info``.)"""
+    params = inspect.signature(connection_class.__init__).parameters
+    if "driver_info" in params:
+        return {"protocol": 2, "driver_info": None}
+    return {"protocol": 2, "lib_name": None, "lib_version": None}
+
+
+def connect(
+    masters: object, client_type: type, from_url: Callable[[str], Any]
+) -> tuple[list[Any], list[Any]]:
+    """Clients for ``masters`` (URLs or ``client_type`` instances), checked for
+    duplicates. Returns (all clients, the ones made here from URLs).
+
+    One string may hold several masters separated by commas: never a silent quorum of
+    one master when the list came from an environment variable."""
+    if isinstance(masters, str):
+        masters = master_urls(masters)
+    elif isinstance(masters, client_type):
+        masters = [masters]
+    if not isinstance(masters, Sequence):
+        raise TypeError("masters must be redis URLs or clients, or a sequence of them")
+    if not masters:
+        raise ValueError("at least one master is needed")
+    clients: list[Any] = []
+    for m in masters:
+        if isinstance(m, str):
+            if "," in m:
+                raise ValueError(
+                    f"master {m!r} holds a comma: give one master per item, or all of"
+                    " them as one comma-separated string"
+                )
+            clients.append(from_url(master_url(m)))
+        elif isinstance(m, client_type):
+            clients.append(m)
+        else:
+            raise TypeError(f"a master is a redis URL or a {client_type.__name__}, not {m!r}")
+    own = [c for c, m in zip(clients, masters, strict=True) if isinstance(m, str)]
+    seen: dict[tuple[object, ...], int] = {}
+    for i, c in enumerate(clients):
+        ident = master_identity(c)
+        if ident in seen:
+            raise ValueError(
+                f"master {master_name(c)} is given twice (positions {seen[ident]} and {i})"
+            )
+        seen[ident] = i
+    return clients, own

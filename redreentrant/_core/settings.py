@@ -1,0 +1,143 @@
+"""A manager's settings, checked once, and the arguments of an acquire (no I/O).
+
+Every check raises ``ValueError`` (or ``TypeError`` for a value that is not a number)
+naming the offending argument, before anything is sent to a master.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from .quorum import drift_allowance
+
+#: the longest lease accepted (ten years): longer ones overflow Redis' expiry times
+MAX_LEASE = 10 * 365 * 86400.0
+
+
+def number(argument: str, value: object) -> float:
+    """``value`` as a float, or a TypeError/ValueError that names ``argument``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{argument} must be a number, not {type(value).__name__}")
+    if math.isnan(value):
+        raise ValueError(f"{argument} must not be NaN")
+    return float(value)
+
+
+def check_lease(argument: str, value: object) -> float:
+    """A lease in seconds: > 0 and at most :data:`MAX_LEASE`."""
+    lease = number(argument, value)
+    if not 0 < lease <= MAX_LEASE:
+        raise ValueError(
+            f"{argument} must be > 0 and at most {MAX_LEASE:.0f} seconds (ten years), not {value!r}"
+        )
+    return lease
+
+
+def default_master_timeout(lease: float) -> float:
+    """How long one master may take to answer: small against the lease."""
+    return min(0.25, lease / 10)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A manager's settings, checked (see ``LockManager`` for their meaning)."""
+
+    lease: float
+    drift_factor: float
+    master_timeout: float
+    retry_jitter: float
+    on_lost: Callable[[Any], object] | None
+
+    @classmethod
+    def check(
+        cls,
+        lease: object,
+        drift_factor: object,
+        master_timeout: object,
+        retry_jitter: object,
+        on_lost: object,
+    ) -> Settings:
+        """The settings, or a ValueError/TypeError naming the first bad one."""
+        lease_s = check_lease("lease", lease)
+        drift = number("drift_factor", drift_factor)
+        if not 0 <= drift < 0.5:
+            raise ValueError(f"drift_factor must be in [0, 0.5), not {drift_factor!r}")
+        timeout = default_master_timeout(lease_s) if master_timeout is None else master_timeout
+        timeout_s = number("master_timeout", timeout)
+        if not 0 < timeout_s < lease_s / 3:
+            raise ValueError(f"master_timeout must be > 0 and < lease / 3, not {timeout!r}")
+        jitter = number("retry_jitter", retry_jitter)
+        if not (math.isfinite(jitter) and jitter >= 0):
+            raise ValueError(
+                f"retry_jitter must be a finite number of seconds >= 0, not {retry_jitter!r}"
+            )
+        if lease_s <= drift_allowance(lease_s, drift) + timeout_s:
+            raise ValueError(
+                f"lease {lease!r}s is too short: it must exceed the clock drift allowance"
+                f" plus the master timeout ({timeout_s}s)"
+            )
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be callable")
+        return cls(lease_s, drift, timeout_s, jitter, on_lost)
+
+    def acquire_lease(self, lease: object) -> float:
+        """The lease of an acquire: the manager's for ``None``, else checked like the
+        manager's (it must also exceed its drift allowance plus the master timeout)."""
+        if lease is None:
+            return self.lease
+        lease_s = check_lease("lease", lease)
+        if lease_s <= drift_allowance(lease_s, self.drift_factor) + self.master_timeout:
+            raise ValueError(
+                f"lease {lease!r}s is too short: it must exceed the clock drift allowance"
+                f" plus the master timeout ({self.master_timeout}s)"
+            )
+        return lease_s
+
+
+def check_acquire_args(blocking: bool, timeout: float) -> None:
+    """``threading.Lock.acquire`` rules for ``blocking`` and ``timeout``."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number, not {type(timeout).__name__}")
+    if math.isnan(timeout):
+        raise ValueError("timeout must not be NaN")
+    if not blocking and timeout != -1:
+        raise ValueError("can't specify a timeout for a non-blocking call")
+    if timeout < 0 and timeout != -1:
+        raise ValueError("timeout value must be a non-negative number, or -1 for no limit")
+
+
+# -- masters written as text -----------------------------------------------------------
+
+_BARE_MASTER = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?$")
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def master_url(text: str) -> str:
+    """One master as a URL: a ``redis://``, ``rediss://`` or ``unix://`` URL as it is,
+    a bare ``host`` or ``host:port`` as ``redis://host:port/0``. Anything else (a
+    malformed URL such as ``redis//host:6379``) is a ValueError naming it."""
+    part = text.strip()
+    if "://" in part:
+        scheme = part.split("://", 1)[0].lower()
+        parsed = urlsplit(part)
+        if scheme not in _SCHEMES or (scheme != "unix" and not parsed.hostname):
+            raise ValueError(f"malformed master URL {text!r}: expected redis://host:port/db")
+        return part
+    if not _BARE_MASTER.match(part):
+        raise ValueError(f"malformed master {text!r}: expected a redis:// URL or host:port")
+    return f"redis://{part}/0"
+
+
+def master_urls(text: str) -> list[str]:
+    """Masters written as one string, separated by commas (the command line's form and
+    ``$REDREENTRANT_MASTERS``): each a URL or a bare ``host:port`` (see
+    :func:`master_url`)."""
+    urls = [master_url(part) for part in text.split(",") if part.strip()]
+    if not urls:
+        raise ValueError(f"no master in {text!r}")
+    return urls

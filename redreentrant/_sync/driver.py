@@ -1,0 +1,71 @@
+"""The sync driver: carries out the core's effects with threads and redis-py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from .._core.effects import Fanout, Notify, Relay, Steps, Wait, Watch
+from .transport import SyncTransport
+from .wakeups import WakeupHub
+
+T = TypeVar("T")
+
+
+class SyncDriver:
+    """Drives an algorithm's effects with one manager's transport and wake-up hub."""
+
+    def __init__(
+        self, transport: SyncTransport, hub: WakeupHub, check_open: Callable[[], None]
+    ) -> None:
+        self.transport = transport
+        self.hub = hub
+        self._check_open = check_open
+        # The runs under way: close() lets them finish their clean-up on the transport.
+        self._active: set[object] = set()
+
+    def run(self, steps: Steps[T]) -> T:
+        """Run ``steps`` to their end in the calling thread."""
+        self._check_open()
+        watched: list[str] = []
+        self._active.add(steps)
+        try:
+            effect = next(steps)
+            while True:
+                try:
+                    result = self._carry_out(effect, watched)
+                except BaseException as error:
+                    effect = steps.throw(error)
+                    continue
+                effect = steps.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        finally:
+            self._active.discard(steps)
+            for channel in watched:
+                self.hub.unwatch(channel)
+
+    def _carry_out(self, effect: object, watched: list[str]) -> object:
+        if isinstance(effect, Fanout):
+            return self.transport.fanout(effect.calls)
+        if isinstance(effect, Wait):
+            return self.hub.wait(effect.channel, effect.generation, effect.timeout)
+        if isinstance(effect, Notify):
+            self.hub.notify(effect.channels, effect.release_id)
+            return None
+        if isinstance(effect, Relay):
+            self.hub.relay(effect.channel)
+            return None
+        if isinstance(effect, Watch):
+            generation = self.hub.watch(effect.channel, effect.broadcast)
+            watched.append(effect.channel)
+            return generation
+        raise TypeError(f"unknown effect {effect!r}")
+
+    def drain(self, timeout: float) -> None:
+        """Wait (bounded) until no run is under way."""
+        deadline = time.monotonic() + timeout
+        while self._active and time.monotonic() < deadline:
+            time.sleep(0.005)
