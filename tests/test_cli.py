@@ -13,14 +13,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 import redis
 
-from redreentrant import LockLostError, LockManager, __version__, cli
+import redreentrant.__main__ as dunder_main
+from redreentrant import LockLostError, LockManager, __version__
 from redreentrant._core.errors import RedisServerNotFound
-from redreentrant.ensemble import LocalEnsemble, find_redis_server
+from redreentrant.cli import app as cli_app
+from redreentrant.cli import main as cli_main
+from redreentrant.cli import run as cli_run
+from redreentrant.cli.common import MASTERS_ENV
+from redreentrant.cli.ensemble import STATE_ENV
+from redreentrant.testing import LocalEnsemble, find_redis_server
 
 CLI = [sys.executable, "-m", "redreentrant"]
 PY = sys.executable
@@ -31,9 +38,7 @@ LINUX = sys.platform.startswith("linux")
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment without our variables (a developer's shell may have them set)."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in (cli.MASTERS_ENV, cli.STATE_ENV, "NO_COLOR")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in (MASTERS_ENV, STATE_ENV, "NO_COLOR")}
     env.update(extra)
     return env
 
@@ -47,7 +52,7 @@ def run_cli(
     """Run the CLI; ``masters`` go into $REDREENTRANT_MASTERS, ``env`` adds variables."""
     env = dict(env or {})
     if masters is not None:
-        env[cli.MASTERS_ENV] = ",".join(masters)
+        env[MASTERS_ENV] = ",".join(masters)
     return subprocess.run(
         [*CLI, *args],
         capture_output=True,
@@ -73,8 +78,8 @@ def start_cli(
     """Start the CLI; ``run_lease`` replaces ``run``'s watchdog lease (30 s)."""
     command = [*CLI, *args]
     if run_lease is not None:
-        code = f"import sys; from redreentrant import cli; cli.RUN_LEASE = {run_lease}; "
-        code += "sys.exit(cli.main())"
+        code = "import sys; from redreentrant.cli import main, run; "
+        code += f"run.RUN_LEASE = {run_lease}; sys.exit(main())"
         command = [PY, "-c", code, *args]
     # Own session: no controlling terminal, so a SIGINT sent here is always forwarded.
     return subprocess.Popen(
@@ -82,7 +87,7 @@ def start_cli(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=clean_env(**{cli.MASTERS_ENV: ",".join(masters)}, **env),
+        env=clean_env(**{MASTERS_ENV: ",".join(masters)}, **env),
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -169,6 +174,16 @@ def test_help_and_version_exit_0() -> None:
         assert run_cli(command, "--help").returncode == 0
 
 
+def test_the_console_script_and_python_m_run_the_same_main() -> None:
+    # pyproject: redreentrant = "redreentrant.cli:main"; python -m: redreentrant.__main__.
+    [script] = [ep for ep in entry_points(group="console_scripts") if ep.name == "redreentrant"]
+    assert script.value == "redreentrant.cli:main"
+    assert script.load() is cli_main is cli_app.main is dunder_main.main
+    helped = run_cli("--help")
+    assert helped.returncode == 0
+    assert all(c in helped.stdout for c in ("demo", "run", "inspect", "unlock", "ensemble"))
+
+
 # -- run ----------------------------------------------------------------------------
 
 
@@ -209,7 +224,7 @@ def test_run_holds_the_lock_while_the_command_runs(
         [lock] = view["locks"]
         assert (lock["kind"], lock["mode"]) == (kind, mode)
         assert list(lock["holders"].values()) == [1]
-        assert 0 < lock["ttl"] <= cli.RUN_LEASE
+        assert 0 < lock["ttl"] <= cli_run.RUN_LEASE
     with LockManager(urls) as mgr:
         assert not mgr.lock("held").locked()
         assert all(not v.locks for v in mgr.inspect("held"))
@@ -302,9 +317,9 @@ def test_run_stops_the_command_when_the_watchdog_loses_the_lock(
     urls: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # In-process, to shorten the watchdog's lease (renewed every 0.5 s here).
-    monkeypatch.setattr(cli, "RUN_LEASE", 1.5)
-    monkeypatch.setattr(cli, "_setup_logging", lambda: None)  # leave logging alone
-    monkeypatch.setenv(cli.MASTERS_ENV, ",".join(urls))
+    monkeypatch.setattr(cli_run, "RUN_LEASE", 1.5)
+    monkeypatch.setattr(cli_app, "setup_logging", lambda: None)  # leave logging alone
+    monkeypatch.setenv(MASTERS_ENV, ",".join(urls))
 
     def steal() -> None:
         time.sleep(0.6)
@@ -315,7 +330,7 @@ def test_run_stops_the_command_when_the_watchdog_loses_the_lock(
     thief.start()
     started = time.monotonic()
     try:
-        status = cli.main(["run", "stolen", "--", "sleep", "30"])
+        status = cli_main(["run", "stolen", "--", "sleep", "30"])
     finally:
         thief.join()
     assert status == 1
@@ -614,20 +629,20 @@ def test_a_malformed_master_is_a_usage_error(urls: list[str], args: list[str]) -
     # Not a failure to resolve a host "redis": one line, exit 2, naming the entry.
     given = run_cli("--masters", f"{urls[0]},{MALFORMED}", *args)
     assert MALFORMED in assert_one_error_line(given, 2)
-    from_env = run_cli(*args, env={cli.MASTERS_ENV: f"{urls[0]},{MALFORMED}"})
+    from_env = run_cli(*args, env={MASTERS_ENV: f"{urls[0]},{MALFORMED}"})
     line = assert_one_error_line(from_env, 2)
-    assert MALFORMED in line and cli.MASTERS_ENV in line
+    assert MALFORMED in line and MASTERS_ENV in line
 
 
 def test_masters_come_from_the_environment_unless_given(urls: list[str]) -> None:
     addresses = [url.removeprefix("redis://") for url in urls]  # "127.0.0.1:PORT/0"
     bare = ",".join(address.removesuffix("/0") for address in addresses)  # host:port
     for masters in (",".join(urls), bare):
-        result = run_cli("inspect", "--json", "x", env={cli.MASTERS_ENV: masters})
+        result = run_cli("inspect", "--json", "x", env={MASTERS_ENV: masters})
         assert result.returncode == 0, result.stderr
         assert [v["master"] for v in json.loads(result.stdout)["masters"]] == addresses
     # --masters wins: the variable, malformed here, is not even read.
-    given = run_cli("--masters", bare, "inspect", "x", env={cli.MASTERS_ENV: MALFORMED})
+    given = run_cli("--masters", bare, "inspect", "x", env={MASTERS_ENV: MALFORMED})
     assert given.returncode == 0, given.stderr
 
 
@@ -668,7 +683,7 @@ def test_ensemble_up_status_down(redis_binary: str, tmp_path: Path) -> None:
     try:
         assert up.returncode == 0, up.stderr
         [line] = up.stdout.splitlines()
-        assert line.startswith(f"{cli.MASTERS_ENV}=")
+        assert line.startswith(f"{MASTERS_ENV}=")
         masters = line.partition("=")[2].split(",")
         ports = [int(p) for p in ports_file.read_text().split()]
         assert masters == [f"redis://127.0.0.1:{p}/0" for p in ports] and len(ports) == 3
@@ -678,7 +693,7 @@ def test_ensemble_up_status_down(redis_binary: str, tmp_path: Path) -> None:
         assert directory.is_dir()
 
         # The state file may also come from the environment.
-        status = run_cli("ensemble", "status", env={cli.STATE_ENV: str(state)})
+        status = run_cli("ensemble", "status", env={STATE_ENV: str(state)})
         assert status.returncode == 0, status.stdout
         assert status.stdout.count(" up") == 3
 
@@ -775,7 +790,7 @@ def test_demo_on_given_masters_skips_the_crash_stage(urls: list[str]) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_stray_masters_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # In-process calls of cli.main must not see a developer's variables either.
-    monkeypatch.delenv(cli.MASTERS_ENV, raising=False)
-    monkeypatch.delenv(cli.STATE_ENV, raising=False)
+    # In-process calls of the CLI's main must not see a developer's variables either.
+    monkeypatch.delenv(MASTERS_ENV, raising=False)
+    monkeypatch.delenv(STATE_ENV, raising=False)
     yield

@@ -1,7 +1,8 @@
-"""Tests for redreentrant.ensemble against real redis-server processes."""
+"""Tests for redreentrant.testing against real redis-server processes."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -20,7 +21,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import redreentrant
-from redreentrant.ensemble import (
+import redreentrant.testing
+from redreentrant.testing import (
     LocalEnsemble,
     LocalServer,
     RedisServerNotFound,
@@ -306,7 +308,7 @@ def test_stop_leaves_nothing_behind(binary: str | None, tmp_path: Path) -> None:
 def test_atexit_stops_forgotten_ensemble(binary: str | None, tmp_path: Path) -> None:
     script = (
         "import json, sys\n"
-        "from redreentrant.ensemble import LocalEnsemble\n"
+        "from redreentrant.testing import LocalEnsemble\n"
         "e = LocalEnsemble(2, binary=sys.argv[1] or None, base_dir=sys.argv[2]).start()\n"
         "print(json.dumps({'pids': [s.pid for s in e.servers], 'dir': e.directory}))\n"
     )
@@ -327,8 +329,7 @@ def test_atexit_stops_forgotten_ensemble(binary: str | None, tmp_path: Path) -> 
 # A process that starts servers, says what it started, and sleeps until it is killed.
 _STARTER = """
 import json, sys, time
-from redreentrant import ensemble
-from redreentrant.ensemble import LocalEnsemble, LocalServer
+from redreentrant.testing import LocalEnsemble, LocalServer, reaper
 binary, base, detach = sys.argv[1] or None, sys.argv[2], sys.argv[3] == "detach"
 e = LocalEnsemble(2, binary=binary, base_dir=base).start()
 report = {"pids": [s.pid for s in e.servers], "dirs": [e.directory]}
@@ -339,8 +340,7 @@ else:
     alone.start()
     report["pids"].append(alone.pid)
     report["dirs"].append(alone.directory)
-reaper = getattr(ensemble, "_reaper", None)  # the process that outlives this one
-report["reaper"] = reaper._process.pid if reaper is not None else None
+report["reaper"] = reaper.pid()  # the process that outlives this one
 print(json.dumps(report), flush=True)
 time.sleep(3600)
 """
@@ -401,7 +401,7 @@ def test_a_forked_child_leaves_its_parents_servers_alone(
 ) -> None:
     script = (
         "import json, os, sys\n"
-        "from redreentrant.ensemble import LocalEnsemble\n"
+        "from redreentrant.testing import LocalEnsemble\n"
         "e = LocalEnsemble(2, binary=sys.argv[1] or None, base_dir=sys.argv[2]).start()\n"
         "child = os.fork()\n"
         "if child == 0:\n"
@@ -465,3 +465,45 @@ def test_bad_option_error_includes_log_tail(binary: str | None) -> None:
         assert not server.running
     finally:
         server.close()
+
+
+# -- the deprecated import path ----------------------------------------------------------
+
+
+def test_the_old_module_warns_and_reexports_the_same_objects() -> None:
+    sys.modules.pop("redreentrant.ensemble", None)
+    try:
+        with pytest.warns(DeprecationWarning, match=r"redreentrant\.testing"):
+            old = importlib.import_module("redreentrant.ensemble")
+    finally:
+        sys.modules.pop("redreentrant.ensemble", None)  # the next import warns again
+    names = [
+        "LocalEnsemble",
+        "LocalServer",
+        "RedisServerNotFound",
+        "detached_servers",
+        "detached_status",
+        "die_with_parent",
+        "find_redis_server",
+        "redis_server_version",
+        "stop_detached",
+    ]
+    assert set(names) <= set(old.__all__)
+    for name in names:
+        assert getattr(old, name) is getattr(redreentrant.testing, name), name
+    assert old.RedisServerNotFound is redreentrant.RedisServerNotFound
+
+
+def test_the_old_module_warns_where_it_is_imported() -> None:
+    # Python's default filters show a DeprecationWarning raised in __main__: the warning
+    # must be attributed to the importing line, not to the shim or importlib.
+    result = subprocess.run(
+        [sys.executable, "-c", "import redreentrant.ensemble"],
+        env={**_child_env(), "PYTHONWARNINGS": ""},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert "<string>:1: DeprecationWarning" in result.stderr
+    assert "redreentrant.testing" in result.stderr

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from redreentrant import LockManager
-from redreentrant.ensemble import LocalEnsemble
+from redreentrant.testing import LocalEnsemble
 
 WORKERS = Path(__file__).with_name("workers.py")
 

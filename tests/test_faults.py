@@ -23,7 +23,7 @@ from redreentrant import (
     QuorumUnavailableError,
 )
 from redreentrant._core.keys import PREFIX, lock_key
-from redreentrant.ensemble import LocalEnsemble, LocalServer
+from redreentrant.testing import LocalEnsemble, LocalServer
 
 WORKERS = Path(__file__).with_name("workers.py")
 
@@ -53,11 +53,11 @@ def test_two_of_five_masters_down_still_lock(ensemble: LocalEnsemble) -> None:
 def test_two_of_five_masters_frozen_cost_one_master_timeout(ensemble: LocalEnsemble) -> None:
     ensemble[0].pause()
     ensemble[2].pause()
-    with LockManager(ensemble.urls, master_timeout=0.2) as mgr:
+    with LockManager(ensemble.urls, lease=30.0, master_timeout=2.0) as mgr:
         started = time.monotonic()
         assert mgr.lock("frozen").acquire(blocking=False)
-        # One round: the frozen masters are waited for once, not once each.
-        assert time.monotonic() - started < 0.2 * 2
+        # One round: the frozen masters are waited for once (2 s), not once each (4 s).
+        assert time.monotonic() - started < 2.0 * 1.75
         mgr.lock("frozen").release()
 
 

@@ -39,7 +39,7 @@ from redreentrant import (
 )
 from redreentrant import errors as error_module
 from redreentrant._core.keys import PREFIX, lock_key, wake_channel
-from redreentrant.ensemble import LocalEnsemble, LocalServer
+from redreentrant.testing import LocalEnsemble, LocalServer
 
 T = TypeVar("T")
 

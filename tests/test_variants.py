@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ import redis
 
 from redreentrant import LockManager, LockUpgradeError
 from redreentrant._core.keys import aux_key
-from redreentrant.ensemble import LocalEnsemble
+from redreentrant.testing import LocalEnsemble
 
 WORKERS = Path(__file__).with_name("workers.py")
 
@@ -54,6 +54,29 @@ def kill(proc: subprocess.Popen[str]) -> None:
 
 
 # -- read/write ---------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for an observable condition (never a fixed sleep)."""
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "the condition never held"
+        time.sleep(0.01)
+
+
+def queued(mgr: LockManager, name: str) -> int:
+    """The fewest waiters any running master has queued for the fair lock ``name``."""
+    views = [v for v in mgr.inspect(name) if v.error is None]
+    return min(len(v.locks[0].queue) if v.locks else 0 for v in views)
+
+
+def subscribed(url: str, channel: str) -> int:
+    """How many connections hear ``channel`` on a master (a killed one counts as all)."""
+    try:
+        with redis.Redis.from_url(url) as r:
+            return int(r.pubsub_numsub(channel)[0][1])
+    except redis.ConnectionError:
+        return 1 << 30
 
 
 def test_readers_overlap_and_writers_exclude(masters: list[str]) -> None:
@@ -187,7 +210,8 @@ def test_releasing_the_write_lock_wakes_every_waiting_reader(masters: list[str])
         threads = [threading.Thread(target=reader, args=(managers[i % 2],)) for i in range(3)]
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        channel = aux_key("wake", "rw:wake:r")
+        wait_until(lambda: all(subscribed(url, channel) >= 2 for url in masters))
         released = time.monotonic()
         holder.rw_lock("wake").write.release()
         inside.wait()
@@ -195,7 +219,7 @@ def test_releasing_the_write_lock_wakes_every_waiting_reader(masters: list[str])
             t.join(timeout=10)
         for m in managers:
             m.close()
-        assert len(got) == 3 and max(got) - released < 2.0  # woken, not by a 30 s lease
+        assert len(got) == 3 and max(got) - released < 20.0  # woken, not by the 30 s lease
 
 
 def test_a_killed_reader_frees_the_lock_within_its_lease(masters: list[str]) -> None:
@@ -259,9 +283,11 @@ def test_fair_lock_grants_in_order_of_arrival(mgr: LockManager, masters: list[st
     threads = [threading.Thread(target=wait, args=(i,)) for i in range(7)]
     try:
         with fair:
-            for t in threads:
+            for i, t in enumerate(threads):
                 t.start()
-                time.sleep(0.1)  # arrive one after another, in a known order
+                # Arrive one after another, in a known order: each is queued on every
+                # master before the next starts.
+                wait_until(lambda n=i + 1: queued(mgr, "fifo") == n)
             queue = mgr.inspect("fifo")[0].locks[0].queue
             assert len(queue) == 7
         for t in threads:
@@ -306,7 +332,7 @@ def test_a_killed_waiter_does_not_stick_the_queue(mgr: LockManager, masters: lis
 
         t = threading.Thread(target=behind)
         t.start()
-        time.sleep(0.2)  # queued behind the doomed process
+        wait_until(lambda: queued(mgr, "dead-waiter") == 2)  # behind the doomed process
         kill(proc)
         fair.release()
         assert got.wait(timeout=lease + 3), "the queue stuck behind a dead waiter"

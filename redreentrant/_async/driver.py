@@ -8,8 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from .._core.effects import Fanout, Notify, Relay, Steps, Wait, Watch
-from .transport import AsyncTransport
-from .wakeups import AsyncWakeupHub
+from .._core.seams import AsyncHub, AsyncTransport
 
 T = TypeVar("T")
 
@@ -30,7 +29,7 @@ class AsyncDriver:
     """Drives an algorithm's effects with one manager's transport and wake-up hub."""
 
     def __init__(
-        self, transport: AsyncTransport, hub: AsyncWakeupHub, check_open: Callable[[], None]
+        self, transport: AsyncTransport, hub: AsyncHub, check_open: Callable[[], None]
     ) -> None:
         self.transport = transport
         self.hub = hub

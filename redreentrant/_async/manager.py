@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -15,10 +13,10 @@ from redis.asyncio.connection import AbstractConnection
 
 from .._core.engine import Engine
 from .._core.holds import Hold
-from .._core.keys import PREFIX, validate_name
+from .._core.keys import validate_name
 from .._core.kinds import FAMILIES, LockKind
 from .._core.manager import ManagerCore
-from .._core.masters import connect, master_name, no_handshake
+from .._core.masters import no_handshake
 from .._core.settings import Settings
 from .._core.views import MasterView
 from .driver import AsyncDriver
@@ -63,20 +61,16 @@ class LockManager(ManagerCore[Lock]):
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
         settings = Settings.check(lease, drift_factor, master_timeout, retry_jitter, on_lost)
+        # The holds table's guard is a thread lock in both flavours: the news of an
+        # owner's end may come from another thread.
+        engine, clients, self._own_clients = Engine.connect(
+            masters, settings, redis.asyncio.Redis, url_client, task_token, threading.Lock
+        )
         timeout = settings.master_timeout
-        clients, self._own_clients = connect(
-            masters, redis.asyncio.Redis, lambda url: url_client(url, timeout)
-        )
-        engine = Engine(
-            settings,
-            [master_name(c) for c in clients],
-            task_token,
-            threading.Lock,  # end-of-task news may come from other threads' owners too
-            time.monotonic,
-            random.uniform,
-        )
-        hub = AsyncWakeupHub(clients, 2 * timeout, PREFIX + "hub:" + engine.id)
-        self._driver = AsyncDriver(AsyncTransport(clients, timeout), hub, engine.check_open)
+        # Confirmations of a subscription may take a round trip from every master.
+        self._hub = AsyncWakeupHub(clients, 2 * timeout, engine.home_channel)
+        self._transport = AsyncTransport(clients, timeout)
+        self._driver = AsyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = AsyncWatchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started
         super().__init__(engine, self._make)
@@ -105,11 +99,11 @@ class LockManager(ManagerCore[Lock]):
             return
         engine.closed = True
         await self._watchdog.stop()
-        await self._driver.hub.close()
+        await self._hub.close()
         # Woken waiters undo what they took and leave queues: let them, on an open
         # transport (bounded: each round is).
         await self._driver.drain(2.0 + 4 * engine.settings.master_timeout)
-        await self._driver.transport.close()
+        await self._transport.close()
         for client in self._own_clients:
             await client.aclose()
 

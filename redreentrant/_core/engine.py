@@ -12,13 +12,18 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import random
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from .effects import Steps
 from .errors import LockLostError, LockNotOwnedError, LockUpgradeError, ManagerClosedError
 from .holds import Hold, Holds
+from .keys import PREFIX
 from .kinds import LockKind
+from .masters import connect, master_name
 from .owner import new_manager_id
 from .quorum import Clock, Quorum, Uniform
 from .rounds import acquire_steps, force_unlock_steps, held_by_quorum, probe_steps, release_steps
@@ -70,6 +75,29 @@ class Engine:
         self.closed = False
         #: called when a watchdog-managed hold is taken (the flavour's watchdog starts)
         self.on_managed_hold: Callable[[], None] = lambda: None
+
+    @classmethod
+    def connect(
+        cls,
+        masters: object,
+        settings: Settings,
+        client_type: type,
+        url_client: Callable[[str, float], Any],
+        token: Callable[[], str],
+        guard: Callable[[], AbstractContextManager[object]],
+    ) -> tuple[Engine, list[Any], list[Any]]:
+        """A manager's engine over ``masters`` (URLs or ``client_type`` clients; URL
+        clients are made by ``url_client(url, master_timeout)``), on the real clock and
+        random source. Returns (the engine, all clients, the clients made here)."""
+        timeout = settings.master_timeout
+        clients, own = connect(masters, client_type, lambda url: url_client(url, timeout))
+        names = [master_name(c) for c in clients]
+        return cls(settings, names, token, guard, time.monotonic, random.uniform), clients, own
+
+    @property
+    def home_channel(self) -> str:
+        """The channel this manager's pub/sub connections always hear."""
+        return f"{PREFIX}hub:{self.id}"
 
     def owner_id(self) -> str:
         """The calling owner's id under this manager."""

@@ -68,3 +68,33 @@ def name_of(key: str) -> str:
     if body[end + 1 : end + 2] == "!":
         return body[:end].replace("%7D", "}").replace("%25", "%")
     return body[:end]
+
+
+def _crc16_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        table.append(crc & 0xFFFF)
+    return table
+
+
+_CRC16 = _crc16_table()
+
+
+def key_slot(key: str | bytes) -> int:
+    """The Redis Cluster hash slot of ``key``: CRC16 (XMODEM) of its hash tag (the text
+    between the first ``{`` and the next ``}``, if not empty), else of the whole key,
+    modulo 16384, as the Cluster specification defines it. Written here so that the core
+    needs no client library (redis-py and valkey-py clients alike are driven over it)."""
+    data = key.encode() if isinstance(key, str) else key
+    start = data.find(b"{")
+    if start >= 0:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    crc = 0
+    for byte in data:
+        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[(crc >> 8) ^ byte]
+    return crc % 16384

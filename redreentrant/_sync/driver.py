@@ -7,8 +7,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from .._core.effects import Fanout, Notify, Relay, Steps, Wait, Watch
-from .transport import SyncTransport
-from .wakeups import WakeupHub
+from .._core.seams import Hub, Transport
 
 T = TypeVar("T")
 
@@ -16,9 +15,7 @@ T = TypeVar("T")
 class SyncDriver:
     """Drives an algorithm's effects with one manager's transport and wake-up hub."""
 
-    def __init__(
-        self, transport: SyncTransport, hub: WakeupHub, check_open: Callable[[], None]
-    ) -> None:
+    def __init__(self, transport: Transport, hub: Hub, check_open: Callable[[], None]) -> None:
         self.transport = transport
         self.hub = hub
         self._check_open = check_open

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -13,10 +11,10 @@ import redis
 from redis.connection import AbstractConnection
 
 from .._core.engine import Engine
-from .._core.keys import PREFIX, validate_name
+from .._core.keys import validate_name
 from .._core.kinds import FAMILIES, LockKind
 from .._core.manager import ManagerCore
-from .._core.masters import connect, master_name, no_handshake
+from .._core.masters import no_handshake
 from .._core.settings import Settings
 from .._core.views import MasterView
 from .driver import SyncDriver
@@ -70,21 +68,16 @@ class LockManager(ManagerCore[Lock]):
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
         settings = Settings.check(lease, drift_factor, master_timeout, retry_jitter, on_lost)
+        # The holds table's guard is a thread lock in both flavours: the news of an
+        # owner's end may come from another thread.
+        engine, clients, self._own_clients = Engine.connect(
+            masters, settings, redis.Redis, url_client, thread_token, threading.Lock
+        )
         timeout = settings.master_timeout
-        clients, self._own_clients = connect(
-            masters, redis.Redis, lambda url: url_client(url, timeout)
-        )
-        engine = Engine(
-            settings,
-            [master_name(c) for c in clients],
-            thread_token,
-            threading.Lock,
-            time.monotonic,
-            random.uniform,
-        )
         # Confirmations of a subscription may take a round trip from every master.
-        hub = WakeupHub(clients, 2 * timeout, PREFIX + "hub:" + engine.id)
-        self._driver = SyncDriver(SyncTransport(clients, timeout), hub, engine.check_open)
+        self._hub = WakeupHub(clients, 2 * timeout, engine.home_channel)
+        self._transport = SyncTransport(clients, timeout)
+        self._driver = SyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = Watchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started
         super().__init__(engine, self._make)
@@ -117,11 +110,11 @@ class LockManager(ManagerCore[Lock]):
             return
         engine.closed = True
         self._watchdog.stop()
-        self._driver.hub.close()
+        self._hub.close()
         # Woken waiters undo what they took and leave queues: let them, on an open
         # transport (bounded: each round is).
         self._driver.drain(2.0 + 4 * engine.settings.master_timeout)
-        self._driver.transport.close()
+        self._transport.close()
         for client in self._own_clients:
             client.close()
 
@@ -139,4 +132,4 @@ class LockManager(ManagerCore[Lock]):
     def _after_fork_in_child(self) -> None:
         super()._after_fork_in_child()
         self._watchdog.after_fork()
-        self._driver.hub.after_fork()
+        self._hub.after_fork()

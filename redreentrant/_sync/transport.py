@@ -54,12 +54,6 @@ class SyncTransport:
         self._connector: ThreadPoolExecutor | None = None
         self._closed = False
 
-    def _idle_connection(self, i: int) -> Any | None:
-        try:
-            return self._idle[i].pop()  # list.pop is atomic: safe across threads
-        except IndexError:
-            return None
-
     def _connect(self, masters: list[int]) -> list[Any]:
         """New connections to ``masters``, all at once; an exception for each failure."""
         if len(masters) == 1:
@@ -88,36 +82,39 @@ class SyncTransport:
         fan = FanoutRound(calls)
         sent: list[tuple[int, Any]] = []
         unconnected: list[int] = []
+        idle = self._idle
         for i in fan.targets:
-            conn = self._idle_connection(i)
-            if conn is None:
+            try:
+                conn = idle[i].pop()  # list.pop is atomic: safe across threads
+            except IndexError:
                 unconnected.append(i)
+                continue
+            error = self._send(i, conn, fan.commands(i))
+            if error is None:
+                sent.append((i, conn))
             else:
-                self._start(fan, i, conn, sent)
+                fan.failed(i, error)
         if unconnected:
             for i, conn in zip(unconnected, self._connect(unconnected), strict=True):
-                if isinstance(conn, Exception):
-                    fan.failed(i, conn)
+                error = (
+                    conn if isinstance(conn, Exception) else self._send(i, conn, fan.commands(i))
+                )
+                if error is None:
+                    sent.append((i, conn))
                 else:
-                    self._start(fan, i, conn, sent)
+                    fan.failed(i, error)
         # The master timeout runs from when the last request went out, so a slow connect
         # to one master does not eat the others' time.
         deadline = time.monotonic() + self.timeout
+        results = fan.results
         for i, conn in sent:
-            fan.answered(i, self._read(conn, fan.count(i), deadline))
+            results[i] = self._read(conn, len(calls[i]), deadline)
             self._give(i, conn)
         for i, _ in sent:
             commands = fan.reload(i)
             if commands is not None:
                 fan.reloaded(i, self._run(i, commands, deadline))
-        return fan.results
-
-    def _start(self, fan: FanoutRound, i: int, conn: Any, sent: list[tuple[int, Any]]) -> None:
-        error = self._send(i, conn, fan.commands(i))
-        if error is None:
-            sent.append((i, conn))
-        else:
-            fan.failed(i, error)
+        return results
 
     def _send(self, i: int, conn: Any, commands: list[tuple[object, ...]]) -> Exception | None:
         """Send ``commands`` pipelined; on failure the connection is dropped."""
@@ -135,7 +132,7 @@ class SyncTransport:
 
     def _run(self, i: int, commands: list[tuple[object, ...]], deadline: float) -> list[Reply]:
         """Send ``commands`` to master ``i`` and read their replies (the NOSCRIPT redo)."""
-        conn = self._idle_connection(i) or self._new_connection(i)
+        conn = self._idle[i].pop() if self._idle[i] else self._new_connection(i)
         if isinstance(conn, Exception):
             return read_failed([], len(commands), conn)
         error = self._send(i, conn, commands)

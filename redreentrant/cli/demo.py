@@ -1,16 +1,19 @@
-"""``redreentrant demo``: a guided tour of the lock kinds on live masters.
+"""``redreentrant demo [--quick]``: a guided tour of the lock kinds on live masters.
 
 The stages (workers contending for a reentrant lock, a read/write lock and a fair lock;
 two masters killed mid-run; a holder killed and its lock freed after its lease) print
-timestamped lines per worker and check what they show. The command line
-(:mod:`redreentrant.cli`) starts and stops the local masters around it. Nothing the demo
-starts outlives it, even when it is killed with SIGKILL: the local masters have the
-reaper of :mod:`redreentrant.ensemble`, and the holder process of stage 5 dies with the
-demo on Linux (``PR_SET_PDEATHSIG``, from the main thread that starts it).
+timestamped lines per worker and check what they show. Without masters, the command
+starts five local ones (:class:`redreentrant.testing.LocalEnsemble`) and stops them at
+the end. Nothing the demo starts outlives it, even when it is killed with SIGKILL: the
+local masters have the reaper of :mod:`redreentrant.testing`, and the holder process of
+stage 5 dies with the demo on Linux (``PR_SET_PDEATHSIG``, from the main thread that
+starts it).
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import select
 import signal
 import subprocess
@@ -22,20 +25,26 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from ._sync.manager import LockManager
-from .ensemble import LocalEnsemble, die_with_parent
-from .errors import LockError, LockLostError
+from redreentrant import LockError, LockLostError, LockManager
+from redreentrant.testing import LocalEnsemble, die_with_parent
 
-__all__ = ["Demo", "Out"]
+from .common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    MASTERS_ENV,
+    PROG,
+    CliError,
+    Interrupted,
+    first_line,
+    masters,
+    raise_interrupted,
+    signals,
+)
+
+__all__ = ["Demo", "Out", "cmd_demo", "register"]
 
 DEMO_LEASE = 5.0
 DEMO_HOLDER_LEASE = 2.0  # the fixed lease of the holder killed in stage 5
-
-
-def first_line(text: str) -> str:
-    """The first non-blank line of ``text`` (error messages shown on one line)."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0] if lines else text.strip()
 
 
 _COLOURS = ["36", "33", "35", "34", "96", "93", "95", "94"]
@@ -444,3 +453,69 @@ class Demo:
                 stage()
             except (LockError, OSError, redis.RedisError) as error:
                 self.check(False, f"stage {number} raised {type(error).__name__}: {error}")
+
+
+def register(
+    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
+) -> None:
+    """Add the ``demo`` command with ``add`` (a subparsers action's ``add_parser``)."""
+    demo = add(
+        "demo",
+        parents=parents,
+        help="a guided, live tour of the lock kinds and of failures",
+        description="Show, live, workers contending for a reentrant lock, a read/write "
+        "lock, a fair lock, two masters crashing mid-run, and a holder killed with "
+        "SIGKILL whose lock frees itself after its lease. Without masters (--masters or "
+        f"${MASTERS_ENV}) it starts 5 local redis-servers and stops them at the end; "
+        "with masters it skips the stage that kills masters. Exit 1 if a check failed.",
+    )
+    demo.add_argument("--quick", action="store_true", help="keep every stage short")
+    demo.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``demo``: the guided tour."""
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    out = Out(colour)
+    urls = masters(args)
+    ensemble: LocalEnsemble | None = None
+    demo: Demo | None = None
+    # SIGTERM unwinds like Ctrl-C, so the servers are stopped in every case.
+    with signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP):
+        try:
+            if urls is None:
+                ensemble = LocalEnsemble(5)
+                try:
+                    ensemble.start()
+                except RuntimeError as error:  # a server did not come up; says why
+                    raise CliError(f"cannot start the local masters: {error}") from None
+                urls = ensemble.urls
+                out.say("demo", f"started 5 local redis-server masters: {', '.join(urls)}")
+            else:
+                out.say("demo", f"using your {len(urls)} masters: {', '.join(urls)}")
+            demo = Demo(out, urls, ensemble, args.quick)
+            demo.run()
+        except (KeyboardInterrupt, Interrupted) as interrupted:
+            signum = getattr(interrupted, "signum", signal.SIGINT)
+            out.muted = True
+            print(f"{PROG}: demo interrupted; cleaning up", file=sys.stderr)
+            return 128 + int(signum)
+        finally:
+            holder = demo.holder if demo is not None else None
+            if holder is not None:
+                if holder.poll() is None:
+                    holder.kill()
+                    holder.wait()
+                if holder.stdout is not None:
+                    holder.stdout.close()
+            if ensemble is not None:
+                ensemble.stop()
+                out.say("demo", "stopped the local masters")
+    assert demo is not None
+    out.heading("Result")
+    total = demo.passed + demo.failed
+    if demo.failed:
+        out.say("demo", f"{demo.failed} of {total} checks FAILED")
+        return EXIT_FAILED
+    out.say("demo", f"all {total} checks passed")
+    return EXIT_OK

@@ -1,0 +1,50 @@
+"""An in-memory transport and clock for tests, in the spirit of httpx's
+``MockTransport``: no server, no socket, no real time.
+
+A :class:`MockTransport` answers every call of a round with ``handler(master, call)``
+(a reply, or an exception instance standing for an error or a time-out), and records
+the rounds it was given. With a :class:`FakeClock` injected into the core, a handler
+can make a round slow (``clock.advance(...)``), so slow rounds, validity running out
+mid-round and the watchdog's verdicts are tested deterministically. It has the shape of
+:class:`~redreentrant._core.seams.Transport`, so the sync driver takes it as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .effects import Call, Reply
+
+Handler = Callable[[int, Call], Reply]
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class MockTransport:
+    """Answers each call with ``handler(master, call)``; remembers every round."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        #: every round given, as ``calls[i]`` per master
+        self.rounds: list[list[list[Call]]] = []
+        self.closed = False
+
+    def fanout(self, calls: Sequence[Sequence[Call]]) -> list[list[Reply]]:
+        self.rounds.append([list(per_master) for per_master in calls])
+        return [
+            [self.handler(i, call) for call in per_master] for i, per_master in enumerate(calls)
+        ]
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,62 @@
+"""The seams between the core and a flavour, as typed protocols.
+
+A flavour's driver carries out the core's effects with a *transport* (fan-out rounds)
+and a *hub* (wake-ups). Anything that has these methods will do: the socket transports
+of :mod:`redreentrant._sync` and :mod:`redreentrant._async`, or the in-memory
+:class:`~redreentrant._core.mock.MockTransport` of the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from .effects import Call, Reply
+
+
+class Transport(Protocol):
+    """Runs one fan-out round: ``calls[i]`` on master ``i``, all at once."""
+
+    def fanout(self, calls: Sequence[Sequence[Call]]) -> list[list[Reply]]: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncTransport(Protocol):
+    """The asyncio twin of :class:`Transport`."""
+
+    async def fanout(self, calls: Sequence[Sequence[Call]]) -> list[list[Reply]]: ...
+
+    async def close(self) -> None: ...
+
+
+class Hub(Protocol):
+    """Wake-ups: subscriptions to release channels, and waiting on them."""
+
+    def watch(self, channel: str, broadcast: bool = False) -> int: ...
+
+    def unwatch(self, channel: str) -> None: ...
+
+    def wait(self, channel: str, generation: int, timeout: float) -> int: ...
+
+    def notify(self, channels: Sequence[str], release_id: str) -> None: ...
+
+    def relay(self, channel: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncHub(Protocol):
+    """The asyncio twin of :class:`Hub`."""
+
+    async def watch(self, channel: str, broadcast: bool = False) -> int: ...
+
+    def unwatch(self, channel: str) -> None: ...
+
+    async def wait(self, channel: str, generation: int, timeout: float) -> int: ...
+
+    def notify(self, channels: Sequence[str], release_id: str) -> None: ...
+
+    def relay(self, channel: str) -> None: ...
+
+    async def close(self) -> None: ...

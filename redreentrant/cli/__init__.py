@@ -1,0 +1,37 @@
+"""The ``redreentrant`` command line (also ``python -m redreentrant``).
+
+Commands, one module each::
+
+    redreentrant demo [--quick]                       a guided tour on local masters
+    redreentrant run NAME [options] -- CMD ARGS...    a distributed flock(1)
+    redreentrant inspect NAME [--json]                what every master holds for NAME
+    redreentrant unlock --force NAME                  delete NAME's lock, whoever holds it
+    redreentrant ensemble up|down|status              local masters for development
+
+Masters come from ``--masters URL,URL,...`` (accepted before or after the command) or
+the ``REDREENTRANT_MASTERS`` environment variable, parsed by the library's own parser
+(``redreentrant._core.settings.master_urls``): a bare ``host:port`` means
+``redis://host:port/0``, and a malformed entry is a usage error.
+
+Exit status: 0 on success; 1 when a lock is not obtained, the masters are unavailable,
+or a demo check failed (``run --conflict-exit-code N`` makes the first two N); 2 for
+usage errors (bad arguments, no masters, a malformed master, an empty name); ``run``
+passes its command's status through. Errors are one line on stderr, starting with
+``redreentrant:``.
+
+``run``'s command, and the processes ``demo`` starts, die with ``redreentrant`` even when
+it is killed with SIGKILL (Linux: ``PR_SET_PDEATHSIG``; local masters: the reaper of
+:mod:`redreentrant.testing`).
+
+The modules: :mod:`~redreentrant.cli.app` (the parser, the dispatch, exit statuses,
+logging), :mod:`~redreentrant.cli.common` (errors, masters, names, signals), and one
+per command: :mod:`~redreentrant.cli.run`, :mod:`~redreentrant.cli.inspect`,
+:mod:`~redreentrant.cli.unlock`, :mod:`~redreentrant.cli.ensemble`,
+:mod:`~redreentrant.cli.demo`. The CLI uses the library through its public names
+(:mod:`redreentrant`, :mod:`redreentrant.testing`) and a few pieces of its core (the
+masters' parser, lock-name checks); nothing in the library imports the CLI.
+"""
+
+from .app import main
+
+__all__ = ["main"]

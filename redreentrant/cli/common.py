@@ -1,0 +1,177 @@
+"""What every command of the ``redreentrant`` CLI shares: exit statuses, user-facing
+errors, the masters (``--masters`` or ``$REDREENTRANT_MASTERS``) and a manager on them,
+lock names, and terminating signals."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
+from typing import Any, NoReturn
+
+from redreentrant import LockManager, QuorumUnavailableError
+from redreentrant._core.keys import validate_name
+from redreentrant._core.settings import master_urls
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "MASTERS_ENV",
+    "PROG",
+    "CliError",
+    "Interrupted",
+    "Parser",
+    "UsageError",
+    "first_line",
+    "lock_name",
+    "masters",
+    "open_manager",
+    "quorum_message",
+    "raise_interrupted",
+    "require_masters",
+    "signals",
+]
+
+PROG = "redreentrant"
+MASTERS_ENV = "REDREENTRANT_MASTERS"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+# -- errors and argument parsing ------------------------------------------------------
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one ``redreentrant: ...`` line, exit ``code``."""
+
+    code = EXIT_FAILED
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class UsageError(CliError):
+    """Bad arguments or missing configuration: exit 2."""
+
+    code = EXIT_USAGE
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage dump) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text`` (error messages shown on one line)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text.strip()
+
+
+# -- masters, managers and names --------------------------------------------------------
+
+
+def masters(args: argparse.Namespace) -> list[str] | None:
+    """The masters given by --masters or $REDREENTRANT_MASTERS, or None if neither.
+
+    Parsed by the library's own parser: a malformed entry is a usage error here, not a
+    failure to resolve a host name later."""
+    raw: str | None = getattr(args, "masters", None)
+    source = "--masters"
+    if raw is None:
+        raw = os.environ.get(MASTERS_ENV)
+        source = f"${MASTERS_ENV}"
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return master_urls(raw)
+    except ValueError as error:
+        raise UsageError(f"bad masters in {source}: {error}") from None
+
+
+def require_masters(args: argparse.Namespace) -> list[str]:
+    """:func:`masters`, or a usage error that says how to give them."""
+    urls = masters(args)
+    if urls is None:
+        raise UsageError(
+            f"no masters: give --masters URL,URL,... or set {MASTERS_ENV} "
+            f"('{PROG} ensemble up' starts local masters and prints that line)"
+        )
+    return urls
+
+
+def open_manager(urls: Sequence[str], **options: Any) -> LockManager:
+    """A :class:`~redreentrant.LockManager` on ``urls``; bad settings are usage errors."""
+    try:
+        return LockManager(list(urls), **options)
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"bad masters ({', '.join(urls)}): {error}") from None
+
+
+def lock_name(text: str) -> str:
+    """``text`` as a lock name; an empty or malformed one is a usage error."""
+    try:
+        return validate_name(text)
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
+def quorum_message(error: QuorumUnavailableError) -> str:
+    """One line on masters too few to answer: how many failed, and the first's error."""
+    first = next(iter(error.errors.items()), None)
+    detail = ""
+    if first is not None:
+        master, cause = first
+        more = len(error.errors) - 1
+        detail = f" ({master}: {first_line(str(cause) or type(cause).__name__)}"
+        detail += f"; and {more} more)" if more else ")"
+    return (
+        f"masters unavailable: {len(error.errors)} failed to answer, a quorum of "
+        f"{error.needed} is out of reach{detail}"
+    )
+
+
+# -- signals --------------------------------------------------------------------------
+
+
+class Interrupted(BaseException):
+    """A terminating signal arrived (raised from its handler, in the main thread)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+Handler = Callable[[int, FrameType | None], Any]
+
+
+@contextlib.contextmanager
+def signals(handler: Handler, *signums: int) -> Iterator[None]:
+    """Install ``handler`` for ``signums`` for the duration of the block.
+
+    A signal ignored on entry stays ignored: under ``nohup`` a hang-up must neither
+    stop us nor be forwarded, and a child then inherits the ignored disposition too."""
+    previous: dict[int, Any] = {}
+    try:
+        for signum in signums:
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                continue
+            previous[signum] = signal.signal(signum, handler)
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    """A signal handler that raises :class:`Interrupted`: the block unwinds, as on Ctrl-C."""
+    raise Interrupted(signum)

@@ -1,0 +1,213 @@
+"""``redreentrant ensemble up|status|down``: local masters for development.
+
+``up`` starts a :class:`redreentrant.testing.LocalEnsemble`, detaches it and records its
+description in a state file; ``status`` and ``down`` read that file, in later
+processes, through :func:`redreentrant.testing.detached_status` and
+:func:`redreentrant.testing.stop_detached`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redreentrant.testing import LocalEnsemble, detached_servers, detached_status, stop_detached
+
+from .common import EXIT_FAILED, EXIT_OK, MASTERS_ENV, PROG, CliError, Parser, first_line
+
+__all__ = ["STATE_ENV", "cmd_ensemble_down", "cmd_ensemble_status", "cmd_ensemble_up", "register"]
+
+STATE_ENV = "REDREENTRANT_ENSEMBLE_STATE"
+STATE_FILE = "redreentrant-ensemble.json"
+HOST = "127.0.0.1"
+
+_STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL for ``ensemble down``
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+_ENSEMBLE_HELP = """\
+Local redis-server masters for development, bound to 127.0.0.1 only, without
+persistence. 'up' starts them detached (they keep running after the command exits) and
+prints the REDREENTRANT_MASTERS=... line to use (the only line on stdout, so
+'export "$(redreentrant ensemble up)"' works); 'status' shows each one; 'down' stops
+them and removes their directory and the state file.
+
+The state file (pids, ports, directory) is --state FILE, else $REDREENTRANT_ENSEMBLE_STATE,
+else $XDG_RUNTIME_DIR/redreentrant-ensemble.json, else redreentrant-ensemble.json in the
+temp directory.
+"""
+
+
+def register(
+    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
+) -> None:
+    """Add the ``ensemble`` command with ``add`` (a subparsers action's ``add_parser``)."""
+    ensemble = add(
+        "ensemble",
+        parents=parents,
+        help="start/stop local redis-server masters for development",
+        description=_ENSEMBLE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    state = Parser(add_help=False)
+    state.add_argument("--state", metavar="FILE", help="the state file (see above)")
+    actions = ensemble.add_subparsers(dest="action", metavar="ACTION", required=True)
+    up = actions.add_parser(
+        "up",
+        parents=[*parents, state],
+        help="start N local masters, detached",
+        description="Start N redis-server masters on 127.0.0.1, detached, and print the "
+        "REDREENTRANT_MASTERS=... line (stdout). Refused if the state file names "
+        "servers that are still up.",
+    )
+    up.add_argument("--size", type=_positive_int, default=5, metavar="N", help="default 5")
+    up.add_argument("--port-file", metavar="F", help="also write the ports to F, one a line")
+    up.set_defaults(func=cmd_ensemble_up)
+    down = actions.add_parser(
+        "down",
+        parents=[*parents, state],
+        help="stop them and remove their files",
+        description="Stop the servers of the state file (SIGTERM, then SIGKILL after "
+        f"{_STOP_TIMEOUT:g} s), remove their directory and the state file. A pid is only "
+        "signalled if it is still that redis-server. Exit 0 also when none is up.",
+    )
+    down.set_defaults(func=cmd_ensemble_down)
+    status = actions.add_parser(
+        "status",
+        parents=[*parents, state],
+        help="show whether each one is up",
+        description="Show each server of the state file as up, down or not answering. "
+        "Exit 0 if all are up, 1 otherwise (also when there is no state file).",
+    )
+    status.set_defaults(func=cmd_ensemble_status)
+
+
+def _state_path(args: argparse.Namespace) -> str:
+    if args.state:
+        return os.path.abspath(str(args.state))
+    from_env = os.environ.get(STATE_ENV)
+    if from_env:
+        return os.path.abspath(from_env)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = runtime if runtime and os.path.isdir(runtime) else tempfile.gettempdir()
+    return os.path.join(base, STATE_FILE)
+
+
+def _load_state(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise CliError(f"cannot read the state file {path}: {error}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("servers"), list):
+        raise CliError(f"{path} is not a redreentrant ensemble state file")
+    return state
+
+
+def _write_state(path: str, state: dict[str, Any]) -> None:
+    # Written aside and renamed: a reader never sees half a file.
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=2)
+        f.write("\n")
+    os.replace(partial, path)
+
+
+def _servers(state: dict[str, Any]) -> list[tuple[int, int]]:
+    """(port, pid) of every server in a state file."""
+    try:
+        return detached_servers(state)
+    except ValueError:
+        raise CliError("the state file is corrupt: remove it and stop servers by hand") from None
+
+
+def _masters_line(ports: Sequence[int]) -> str:
+    return f"{MASTERS_ENV}=" + ",".join(f"redis://{HOST}:{port}/0" for port in ports)
+
+
+def cmd_ensemble_up(args: argparse.Namespace) -> int:
+    """``ensemble up``: start detached local masters and record them in a state file."""
+    path = _state_path(args)
+    old = _load_state(path)
+    if old is not None:
+        if any(word != "down" for _, _, word in _status(old)):
+            raise CliError(
+                f"an ensemble is already up (state file {path}): see "
+                f"'{PROG} ensemble status', stop it with '{PROG} ensemble down'"
+            )
+        stop_detached(old)  # nothing is up: this only removes its directory
+        os.unlink(path)
+        print(f"{PROG}: removed the stale state file {path} (no server was up)", file=sys.stderr)
+    ensemble = LocalEnsemble(args.size)
+    try:
+        ensemble.start()
+    except RuntimeError as error:  # a server did not come up; says why
+        ensemble.stop()
+        raise CliError(f"cannot start the local masters: {first_line(str(error))}") from None
+    try:
+        _write_state(path, ensemble.detach())
+    except BaseException:
+        stop_detached(_load_state(path) or {"servers": []})
+        raise
+    ports = [server.port for server in ensemble.servers]
+    if args.port_file:
+        with open(args.port_file, "w", encoding="utf-8") as f:
+            f.writelines(f"{port}\n" for port in ports)
+    print(
+        f"{PROG}: started {len(ports)} redis-server masters on {HOST} (state file "
+        f"{path}); stop them with '{PROG} ensemble down'",
+        file=sys.stderr,
+    )
+    print(_masters_line(ports))
+    return EXIT_OK
+
+
+def _status(state: dict[str, Any]) -> list[tuple[int, int, str]]:
+    _servers(state)  # a corrupt file is a clear error, not a traceback
+    return detached_status(state)
+
+
+def cmd_ensemble_status(args: argparse.Namespace) -> int:
+    """``ensemble status``: each recorded server up, down or not answering."""
+    path = _state_path(args)
+    state = _load_state(path)
+    if state is None:
+        print(f"no ensemble: no state file {path}")
+        return EXIT_FAILED
+    rows = _status(state)
+    print(f"ensemble of {len(rows)} (state file {path}, directory {state.get('dir')})")
+    for port, pid, word in rows:
+        print(f"  {HOST}:{port}  pid {pid:<8} {word}")
+    print(_masters_line([port for port, _, _ in rows]))
+    return EXIT_OK if all(word == "up" for _, _, word in rows) else EXIT_FAILED
+
+
+def cmd_ensemble_down(args: argparse.Namespace) -> int:
+    """``ensemble down``: stop the recorded servers, remove their files."""
+    path = _state_path(args)
+    state = _load_state(path)
+    if state is None:
+        print(f"no ensemble to stop: no state file {path}")
+        return EXIT_OK
+    _servers(state)
+    stopped = stop_detached(state)
+    os.unlink(path)
+    print(f"stopped {stopped} redis-server(s); removed {state.get('dir')} and {path}")
+    return EXIT_OK

@@ -1,0 +1,225 @@
+"""``redreentrant inspect NAME [--json]``: what every master holds under a lock name.
+
+A read-only look: for every lock kind present under NAME on each master, the mode, the
+holders and their hold counts, the TTL and the queue; a one-line verdict of what a quorum
+agrees on; and, for every holder and waiter, the host, pid and thread or task its owner
+id names (:func:`redreentrant.parse_owner`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+
+from redreentrant import MasterView, OwnerInfo, parse_owner
+
+from .common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    PROG,
+    first_line,
+    lock_name,
+    open_manager,
+    require_masters,
+)
+
+__all__ = ["cmd_inspect", "register"]
+
+
+def register(
+    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
+) -> None:
+    """Add the ``inspect`` command with ``add`` (a subparsers action's ``add_parser``)."""
+    inspect = add(
+        "inspect",
+        parents=parents,
+        help="show what every master holds for a lock name",
+        description="Ask every master what it holds under NAME, of every lock kind: "
+        "the kind, the mode (read/write locks), the holders with their hold counts, "
+        "the TTL, and the queue (fair locks); then, for every holder and waiter, its "
+        "host, pid and thread or task. A read-only look; exit 1 if fewer than a "
+        "quorum of masters answered.",
+    )
+    inspect.add_argument("name", metavar="NAME", help="the lock's name")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.set_defaults(func=cmd_inspect)
+
+
+def _summary(views: Sequence[MasterView], quorum: int) -> tuple[str, str]:
+    """(state, sentence): what a quorum of masters agrees on for the name."""
+    answered = [v for v in views if v.error is None]
+    if len(answered) < quorum:
+        failed = next((v for v in views if v.error is not None), None)
+        first = f" ({failed.master}: {first_line(failed.error or '')})" if failed else ""
+        return "unknown", (
+            f"masters unavailable: only {len(answered)} of {len(views)} answered, a "
+            f"quorum of {quorum} is out of reach{first}"
+        )
+    seen: dict[tuple[str, str | None, str], list[int]] = {}
+    for view in answered:
+        for lv in view.locks:
+            for owner, count in lv.holders.items():
+                seen.setdefault((lv.kind, lv.mode, owner), []).append(count)
+    held = [(key, counts) for key, counts in seen.items() if len(counts) >= quorum]
+    if held:
+        parts = [
+            f"{kind}{'/' + mode if mode else ''} by {_who(owner)} (hold count {max(counts)}, "
+            f"on {len(counts)} of {len(views)} masters)"
+            for (kind, mode, owner), counts in held
+        ]
+        return "held", "held: " + "; ".join(parts)
+    partial = sum(1 for v in answered if v.locks)
+    if partial:
+        return "partial", (
+            f"not held on a quorum of {quorum}: leftovers on {partial} master(s) "
+            "(an acquire under way, or keys that expire with their TTL)"
+        )
+    return "free", "free"
+
+
+# A read/write lock's view names each holder once per side: "<owner id> (read)".
+_SIDE = re.compile(r" \((?:read|write)\)$")
+
+
+def _parse(holder: str) -> OwnerInfo | None:
+    """What a holder or waiter entry of a view says about its owner."""
+    return parse_owner(_SIDE.sub("", holder))
+
+
+def _who(owner: str) -> str:
+    """``host H pid P thread T`` for an owner id, or the id itself if it says nothing."""
+    info = _parse(owner)
+    return owner if info is None else info.describe()
+
+
+def _owner_json(info: OwnerInfo | None) -> dict[str, object] | None:
+    if info is None:
+        return None
+    return {
+        "host": info.host,
+        "pid": info.pid,
+        "kind": info.kind,
+        "token": info.token,
+        "name": info.name,
+    }
+
+
+def _owners(views: Sequence[MasterView]) -> dict[str, tuple[int, int]]:
+    """Every owner seen (first seen first): on how many masters it holds, and on how
+    many it waits in a queue."""
+    seen: dict[str, tuple[set[int], set[int]]] = {}
+    for index, view in enumerate(views):
+        for lv in [] if view.error is not None else view.locks:
+            for owner in lv.holders:
+                seen.setdefault(_SIDE.sub("", owner), (set(), set()))[0].add(index)
+            for owner in lv.queue:
+                seen.setdefault(_SIDE.sub("", owner), (set(), set()))[1].add(index)
+    return {owner: (len(holds), len(waits)) for owner, (holds, waits) in seen.items()}
+
+
+def _owner_rows(views: Sequence[MasterView]) -> list[list[str]]:
+    """The owners table: host, pid and thread or task of every holder and waiter, each
+    in a column of its own (never cut: the pid is what an operator acts on)."""
+    rows = [["OWNER", "HOST", "PID", "THREAD/TASK", "HOLDS ON", "QUEUED ON"]]
+    total = len(views)
+    for owner, (holds, waits) in _owners(views).items():
+        info = _parse(owner)
+        if info is None:
+            host = pid = who = "?"
+        else:
+            host, pid = info.host, str(info.pid)
+            who = f"{info.kind} {info.name if info.name is not None else info.token}"
+        rows.append(
+            [
+                owner,
+                host,
+                pid,
+                who,
+                f"{holds} of {total}" if holds else "-",
+                f"{waits} of {total}" if waits else "-",
+            ]
+        )
+    return rows
+
+
+def _ttl(ttl: float | None) -> str:
+    return "-" if ttl is None else f"{ttl:.1f}s"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``inspect``: each master's view of a name (table or JSON)."""
+    name = lock_name(args.name)
+    with open_manager(require_masters(args)) as mgr:
+        views = mgr.inspect(name)
+        quorum = mgr.quorum
+    state, sentence = _summary(views, quorum)
+    if args.json:
+        document = {
+            "name": name,
+            "quorum": quorum,
+            "state": state,
+            "summary": sentence,
+            "masters": [
+                {
+                    "master": v.master,
+                    "error": v.error,
+                    "locks": [
+                        {
+                            "kind": lv.kind,
+                            "mode": lv.mode,
+                            "ttl": lv.ttl,
+                            "holders": dict(lv.holders),
+                            "queue": list(lv.queue),
+                            # Who each holder and waiter is (null: an id that says not).
+                            "owners": {
+                                owner: _owner_json(_parse(owner))
+                                for owner in [*lv.holders, *lv.queue]
+                            },
+                        }
+                        for lv in v.locks
+                    ],
+                }
+                for v in views
+            ],
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(f"lock {name!r} on {len(views)} masters, quorum {quorum}: {sentence}")
+        rows = [["MASTER", "KIND", "MODE", "TTL", "HOLDERS (hold count)", "QUEUE"]]
+        for v in views:
+            if v.error is not None:
+                rows.append([v.master, "error", "", "", first_line(v.error), ""])
+            elif not v.locks:
+                rows.append([v.master, "-", "-", "-", "(free)", "-"])
+            for lv in [] if v.error is not None else v.locks:
+                holders = ", ".join(f"{o} x{c}" for o, c in lv.holders.items()) or "(none)"
+                rows.append(
+                    [
+                        v.master,
+                        lv.kind,
+                        lv.mode or "-",
+                        _ttl(lv.ttl),
+                        holders,
+                        ", ".join(lv.queue) or "-",
+                    ]
+                )
+        print(_table(rows))
+        owners = _owner_rows(views)
+        if len(owners) > 1:
+            print()
+            print(_table(owners))
+    if state == "unknown":
+        print(f"{PROG}: {sentence}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

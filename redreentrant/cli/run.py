@@ -1,0 +1,426 @@
+"""``redreentrant run NAME -- CMD ARGS...``: a distributed flock(1).
+
+Acquire a lock, run a command while holding it (watchdog-renewed, or on a fixed lease),
+forward terminating signals to it, stop it if the lock is lost, release the lock once it
+has exited, and pass its exit status through. The command dies with ``redreentrant``
+even when that is killed with SIGKILL (Linux: ``PR_SET_PDEATHSIG``, through
+:func:`redreentrant.testing.die_with_parent`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Protocol
+
+from redreentrant import LockLostError, QuorumUnavailableError
+from redreentrant.testing import die_with_parent
+
+from .common import (
+    EXIT_FAILED,
+    PROG,
+    Interrupted,
+    UsageError,
+    lock_name,
+    open_manager,
+    quorum_message,
+    require_masters,
+    signals,
+)
+
+__all__ = ["RUN_LEASE", "cmd_run", "register", "split_command"]
+
+EXIT_NOT_FOUND = 127  # as sh(1) and env(1): the command could not be found
+EXIT_NOT_RUNNABLE = 126  # ... found but could not be executed
+
+RUN_LEASE = 30.0
+"""Lease of ``run``'s watchdog-renewed locks (renewed every ``RUN_LEASE / 3``): how long
+a lock outlives a ``run`` killed with SIGKILL."""
+
+RUN_POLL = 0.1  # seconds between checks for a lost lease while CMD runs
+RUN_KILL_GRACE = 10.0  # seconds a CMD stopped for a lost lock gets before SIGKILL
+RUN_MASTERS_RETRY = (0.1, 1.0)  # --wait-masters: first and longest pause between tries
+
+
+def _seconds(minimum_exclusive: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (minimum_exclusive and value == 0):
+            bound = "> 0" if minimum_exclusive else ">= 0"
+            raise argparse.ArgumentTypeError(f"must be a finite number of seconds {bound}")
+        return value
+
+    return parse
+
+
+def _exit_code(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError("must be an exit status from 0 to 255")
+    return value
+
+
+_RUN_HELP = f"""\
+Acquire the lock NAME, run CMD while holding it, release it when CMD ends, and exit
+with CMD's exit status (128+N if CMD was killed by signal N; 127 if CMD was not found,
+126 if it could not be executed). A distributed flock(1).
+
+The lock is watchdog-renewed for as long as CMD runs (lease {RUN_LEASE:g} s, renewed every
+{RUN_LEASE / 3:g} s: a run killed with SIGKILL leaves the lock held for at most {RUN_LEASE:g} s).
+With --lease S it has a fixed lease of S seconds instead, never renewed, and S is then
+also a time limit for CMD (see below).
+
+SIGINT, SIGTERM and SIGHUP are forwarded to CMD; the lock is released once CMD has
+exited. A SIGINT is not forwarded when redreentrant is in the foreground of a terminal:
+Ctrl-C already reached CMD (same process group), and a second one could cut short its
+clean-up. CMD never outlives redreentrant: on Linux, if redreentrant dies (even by
+SIGKILL), CMD gets SIGKILL at once (PR_SET_PDEATHSIG; CMD's own children are not
+covered). Other platforms have no such signal: there CMD keeps running unprotected.
+
+If the lock is lost while CMD runs (renewal failed on a quorum, someone ran
+'unlock --force', or the fixed lease ran out), CMD no longer runs under mutual
+exclusion: redreentrant says so on stderr, stops CMD with SIGTERM (SIGKILL after
+{RUN_KILL_GRACE:g} s) and exits 1, whatever CMD's own status.
+
+If the lock is not obtained within --timeout, or the masters are unavailable (too few
+answer for a quorum), nothing is run: one line on stderr, exit 1, or N with
+--conflict-exit-code N (pick an N that CMD never exits with, e.g. 75). With
+--wait-masters, an outage of the masters is waited out instead (retrying, until
+--timeout if given).
+"""
+
+
+def register(
+    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
+) -> None:
+    """Add the ``run`` command with ``add`` (a subparsers action's ``add_parser``)."""
+    run = add(
+        "run",
+        parents=parents,
+        usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] [--shared | --write | --fair] "
+        "[--lease S] [-E N] [--wait-masters] NAME -- CMD [ARGS...]",
+        help="run a command while holding a lock (a distributed flock)",
+        description=_RUN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("name", metavar="NAME", help="the lock's name")
+    run.add_argument(
+        "--timeout",
+        type=_seconds(minimum_exclusive=False),
+        metavar="S",
+        help="give up if the lock is not obtained within S seconds (0: one try; "
+        "default: wait as long as it takes)",
+    )
+    kind = run.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--shared",
+        action="store_true",
+        help="take the read side of the read/write lock NAME: shared with other "
+        "--shared runs, excluded by --write runs (and by rw_lock(NAME).write holders)",
+    )
+    kind.add_argument(
+        "--write",
+        action="store_true",
+        help="take the write side of the read/write lock NAME: excludes --shared and "
+        "other --write runs (a plain run takes lock(NAME), a separate lock)",
+    )
+    kind.add_argument(
+        "--fair", action="store_true", help="take the fair lock NAME: granted in FIFO order"
+    )
+    run.add_argument(
+        "--lease",
+        type=_seconds(minimum_exclusive=True),
+        metavar="S",
+        help="a fixed lease of S seconds, never renewed (CMD is stopped if it outlives it)",
+    )
+    run.add_argument(
+        "-E",
+        "--conflict-exit-code",
+        type=_exit_code,
+        default=EXIT_FAILED,
+        metavar="N",
+        help="exit with N (0-255) when the lock is not obtained (held elsewhere until "
+        "--timeout, or refused with --timeout 0) or the masters are unavailable (default 1)",
+    )
+    run.add_argument(
+        "--wait-masters",
+        action="store_true",
+        help="when too few masters answer for a quorum, keep trying (until --timeout if "
+        "given) instead of giving up at once",
+    )
+    # Only to say precisely what is wrong when the command is not after '--'.
+    run.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
+    run.set_defaults(func=cmd_run)
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Split ``run ... -- CMD ARGS`` into the arguments to parse and CMD ARGS.
+
+    Done before argparse, which would otherwise read CMD's own options as ours."""
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--masters":
+            i += 2
+        elif token.startswith("-"):
+            i += 1
+        else:
+            break
+    if i < len(argv) and argv[i] == "run" and "--" in argv[i + 1 :]:
+        cut = argv.index("--", i + 1)
+        return argv[:cut], argv[cut + 1 :]
+    return argv, None
+
+
+def _terminal_delivers_to_us() -> bool:
+    """Whether our process group is the foreground one of our controlling terminal,
+    i.e. a Ctrl-C there reaches every process of the group, a child included."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False  # no controlling terminal
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _exit_status(returncode: int) -> int:
+    """A child's status the way a shell reports it: 128+N when killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Lockish(Protocol):
+    """What ``run`` needs of any lock kind (plain, read side, fair)."""
+
+    def acquire(
+        self, blocking: bool = ..., timeout: float = ..., lease: float | None = ...
+    ) -> bool: ...
+
+    def release(self) -> None: ...
+
+    def remaining(self) -> float: ...
+
+    @property
+    def hold_count(self) -> int: ...
+
+
+class _Child:
+    """The running CMD, and what happens to it from signal handlers and the watchdog."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.spawning = False
+        self.pending: list[int] = []  # signals that came while CMD was being started
+        self.lost = threading.Event()  # set from the watchdog thread by on_lost
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        process = self.process
+        if process is None:
+            if self.spawning:
+                self.pending.append(signum)
+                return
+            raise Interrupted(signum)
+        if process.returncode is not None:
+            return  # CMD is done; the lock is being released and we exit right after
+        if signum == signal.SIGINT and _terminal_delivers_to_us():
+            return  # the terminal sent Ctrl-C to CMD as well
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+
+    def on_lost(self, lock: object) -> None:
+        self.lost.set()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``run``: hold a lock while a command runs, pass its exit status through."""
+    command: list[str] | None = args.command_argv
+    if args.stray or command is None:
+        raise UsageError(f"put the command after '--': {PROG} run NAME -- CMD [ARGS...]")
+    if not command:
+        raise UsageError("no command after '--'")
+    name = lock_name(args.name)
+    child = _Child()
+    with open_manager(require_masters(args), lease=RUN_LEASE, on_lost=child.on_lost) as mgr:
+        lock: _Lockish
+        if args.shared:
+            lock = mgr.rw_lock(name).read
+        elif args.write:
+            lock = mgr.rw_lock(name).write
+        elif args.fair:
+            lock = mgr.fair_lock(name)
+        else:
+            lock = mgr.lock(name)
+        with signals(child.on_signal, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                try:
+                    got = _acquire(lock, name, args.timeout, args.lease, args.wait_masters)
+                except QuorumUnavailableError as error:
+                    within = "" if args.timeout is None else f" within {args.timeout:g} s"
+                    print(
+                        f"{PROG}: lock {name!r} not obtained{within}: {quorum_message(error)}",
+                        file=sys.stderr,
+                    )
+                    return int(args.conflict_exit_code)
+                if not got:
+                    print(
+                        f"{PROG}: lock {name!r} is held elsewhere: not obtained within "
+                        f"{args.timeout:g} s",
+                        file=sys.stderr,
+                    )
+                    return int(args.conflict_exit_code)
+                return _run_holding(lock, name, command, child, fixed=args.lease is not None)
+            except Interrupted as interrupted:
+                # The signal may have come after a grant but before acquire() returned.
+                with contextlib.suppress(Exception):
+                    while lock.hold_count:
+                        lock.release()
+                print(
+                    f"{PROG}: interrupted ({signal.Signals(interrupted.signum).name}) before "
+                    f"the command started; lock {name!r} not held",
+                    file=sys.stderr,
+                )
+                return 128 + interrupted.signum
+
+
+def _acquire(
+    lock: _Lockish, name: str, timeout: float | None, lease: float | None, wait_masters: bool
+) -> bool:
+    """Acquire within ``timeout`` (None: no limit; 0: one try). QuorumUnavailableError
+    if the masters are unavailable, unless ``wait_masters``: then the acquire is tried
+    again (said once on stderr) until they answer or the timeout is spent."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause, longest = RUN_MASTERS_RETRY
+    told = False
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return _acquire_once(lock, left, lease)
+        except QuorumUnavailableError as error:
+            if not wait_masters or (deadline is not None and time.monotonic() >= deadline):
+                raise
+            if not told:
+                told = True
+                print(
+                    f"{PROG}: {quorum_message(error)}: waiting for the masters to "
+                    f"get lock {name!r} (--wait-masters)",
+                    file=sys.stderr,
+                )
+        rest = None if deadline is None else deadline - time.monotonic()
+        time.sleep(max(0.0, pause if rest is None else min(pause, rest)))
+        pause = min(2 * pause, longest)
+
+
+def _acquire_once(lock: _Lockish, timeout: float | None, lease: float | None) -> bool:
+    try:
+        if timeout is None:
+            return lock.acquire(lease=lease)
+        if timeout == 0:
+            return lock.acquire(blocking=False, lease=lease)
+        return lock.acquire(timeout=timeout, lease=lease)
+    except ValueError as error:  # a lease too short for the drift and master timeout
+        raise UsageError(str(error)) from None
+
+
+def _run_holding(
+    lock: _Lockish, name: str, command: list[str], child: _Child, *, fixed: bool
+) -> int:
+    """Run CMD under the held lock; release it however CMD ends; return the status."""
+    status, lost = EXIT_FAILED, False
+    try:
+        status, lost = _run_child(lock, name, command, child, fixed=fixed)
+    finally:
+        status = _release(lock, name, status, lost)
+    return status
+
+
+def _run_child(
+    lock: _Lockish, name: str, command: list[str], child: _Child, *, fixed: bool
+) -> tuple[int, bool]:
+    """Start CMD and wait for it: (exit status, whether it was stopped for a lost lock)."""
+    child.spawning = True
+    try:
+        # CMD dies with us (Linux): a run killed with SIGKILL never leaves CMD running
+        # without the lock while another run gets it.
+        child.process = subprocess.Popen(command, preexec_fn=die_with_parent())
+    except FileNotFoundError:
+        print(f"{PROG}: {command[0]}: command not found", file=sys.stderr)
+        return EXIT_NOT_FOUND, False
+    except OSError as error:
+        print(f"{PROG}: cannot run {command[0]}: {error.strerror}", file=sys.stderr)
+        return EXIT_NOT_RUNNABLE, False
+    finally:
+        child.spawning = False
+    for signum in child.pending:
+        child.on_signal(signum, None)
+    if _wait_for(child.process, lock, name, child, fixed=fixed):
+        return EXIT_FAILED, True
+    return _exit_status(child.process.returncode), False
+
+
+def _wait_for(
+    process: subprocess.Popen[bytes], lock: _Lockish, name: str, child: _Child, *, fixed: bool
+) -> bool:
+    """Wait for CMD to exit; return whether it was stopped because the lock was lost."""
+    stopped_at: float | None = None
+    while True:
+        try:
+            process.wait(timeout=RUN_POLL)
+            return stopped_at is not None
+        except subprocess.TimeoutExpired:
+            pass
+        if stopped_at is None:
+            # A fixed lease is never renewed, so no watchdog reports it: its validity
+            # running out is the loss.
+            expired = fixed and lock.remaining() <= 0
+            if child.lost.is_set() or expired:
+                why = "its fixed lease ran out" if expired else "its lease was lost"
+                print(
+                    f"{PROG}: lock {name!r} lost while the command ran ({why}): stopping "
+                    f"it (pid {process.pid}) with SIGTERM; exit status will be 1",
+                    file=sys.stderr,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    process.terminate()
+                stopped_at = time.monotonic()
+        elif time.monotonic() - stopped_at > RUN_KILL_GRACE:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+
+
+def _release(lock: _Lockish, name: str, status: int, lost: bool) -> int:
+    """Release the lock; return the exit status to use (1 if it turned out lost)."""
+    try:
+        lock.release()
+    except LockLostError as error:
+        if not lost:  # lost after the last check: CMD's end ran unprotected
+            print(
+                f"{PROG}: lock {name!r} was lost before the command ended: {error}",
+                file=sys.stderr,
+            )
+        return EXIT_FAILED
+    except QuorumUnavailableError as error:
+        # CMD ran under the lock; only the clean-up failed, and the lease ends it.
+        print(
+            f"{PROG}: could not release lock {name!r} ({quorum_message(error)}); it frees "
+            "itself when its lease runs out",
+            file=sys.stderr,
+        )
+    return status

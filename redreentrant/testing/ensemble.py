@@ -1,0 +1,191 @@
+"""``N`` independent local masters for Redlock tests: :class:`LocalEnsemble`.
+
+A Redlock quorum needs several *independent* Redis masters. :class:`LocalEnsemble`
+starts ``N`` of them on this machine, each bound to ``127.0.0.1`` only, on a free port,
+with its own directory and no persistence, and lets a test crash
+(:meth:`~redreentrant.testing.LocalServer.kill`), freeze
+(:meth:`~redreentrant.testing.LocalServer.pause`) or wipe
+(:meth:`~redreentrant.testing.LocalServer.restart`) any one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from . import cleanup, reaper
+from .binary import find_redis_server
+from .detached import DIRECTORY_PREFIX, describe
+from .loopback import client, free_ports
+from .server import START_TIMEOUT, STOP_TIMEOUT, LocalServer
+
+__all__ = ["LocalEnsemble"]
+
+_COMMAND_TIMEOUT = 5.0  # seconds for flushall() and keys() on one server
+
+
+class LocalEnsemble:
+    """``size`` independent ``redis-server`` masters on ``127.0.0.1``, for Redlock tests.
+
+    Ports are chosen at construction (distinct, free at that moment) so :attr:`urls` is
+    known before :meth:`start`. A temp dir (inside ``base_dir`` if given) is created at
+    construction, with one subdirectory per server; :meth:`stop` stops every process and
+    removes it. After :meth:`stop` the ensemble cannot be started again: make a new one.
+    Individual servers can be killed, paused, restarted and started again freely.
+
+    :param size: number of servers, at least 1.
+    :param binary: ``redis-server`` to run; default :func:`find_redis_server`.
+    :param base_dir: parent directory for the ensemble's temp dir; default the system one.
+    :param extra_args: extra ``redis-server`` arguments given to every server.
+    """
+
+    def __init__(
+        self,
+        size: int = 5,
+        *,
+        binary: str | None = None,
+        base_dir: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"size must be at least 1, got {size}")
+        resolved = find_redis_server(binary)
+        self.directory = os.path.abspath(tempfile.mkdtemp(prefix=DIRECTORY_PREFIX, dir=base_dir))
+        self._stopped = False
+        cleanup.track(self, self.stop)
+        reaper.watch_dir(self.directory, resolved)
+        self.servers: list[LocalServer] = [
+            LocalServer(
+                binary=resolved,
+                directory=os.path.join(self.directory, f"server{index}"),
+                port=None,
+                extra_args=extra_args,
+            )
+            for index in range(size)
+        ]
+        # Reassign ports from one batch so no two servers of the ensemble share one.
+        for server, port in zip(self.servers, free_ports(size), strict=True):
+            server.port = port
+
+    @property
+    def size(self) -> int:
+        """Number of servers."""
+        return len(self.servers)
+
+    @property
+    def urls(self) -> list[str]:
+        """``redis://127.0.0.1:PORT/0`` of every server, in index order."""
+        return [server.url for server in self.servers]
+
+    def __len__(self) -> int:
+        return len(self.servers)
+
+    def __getitem__(self, index: int) -> LocalServer:
+        return self.servers[index]
+
+    def __repr__(self) -> str:
+        return f"<LocalEnsemble size={self.size} urls={self.urls}>"
+
+    def start(self, timeout: float = START_TIMEOUT) -> LocalEnsemble:
+        """Start every server that is not running and wait until all answer ``PING``.
+
+        All processes are spawned first and then awaited, so startup costs about one
+        server's start time, not ``size`` of them. Returns ``self`` for chaining.
+
+        :raises RuntimeError: a server did not come up (all servers are then stopped),
+            or the ensemble was already stopped.
+        """
+        if self._stopped:
+            raise RuntimeError("this LocalEnsemble was stopped; create a new one")
+        try:
+            pending = [server for server in self.servers if not server.running]
+            for server in pending:
+                server.spawn()
+            for server in pending:
+                server.wait_ready(timeout)  # a lost port race: that one moves and retries
+        except BaseException:
+            self._stop_servers()
+            raise
+        return self
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop every server (SIGTERM, SIGKILL after ``timeout``) and remove the temp dir.
+
+        Idempotent, and also run at interpreter exit for ensembles not stopped by then.
+        """
+        self._stop_servers(timeout)
+        shutil.rmtree(self.directory, ignore_errors=True)
+        reaper.forget_dir(self.directory)
+        self._stopped = True
+        cleanup.untrack(self)
+
+    def _stop_servers(self, timeout: float = STOP_TIMEOUT) -> None:
+        # Signal all first, then wait for all: shutdowns overlap instead of queueing.
+        for server in self.servers:
+            server.terminate()
+        deadline = time.monotonic() + timeout
+        for server in self.servers:
+            server.wait_stopped(deadline - time.monotonic())
+
+    def __enter__(self) -> LocalEnsemble:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def detach(self) -> dict[str, Any]:
+        """Leave the servers running after this process exits, and describe them.
+
+        For ``redreentrant ensemble up``: the servers are taken off the exit-time
+        clean-up and the reaper's list, and forgotten by this object (which can no longer
+        be used). The returned description (ports, pids, directories; JSON-ready) is
+        what :func:`~redreentrant.testing.detached_status` and
+        :func:`~redreentrant.testing.stop_detached` take.
+        """
+        cleanup.untrack(self)
+        servers = [server.detach() for server in self.servers]
+        reaper.forget_dir(self.directory)
+        self._stopped = True
+        return describe(self.directory, self.servers[0].binary, servers)
+
+    def _reachable(self) -> list[LocalServer]:
+        # Paused servers would block every command until the socket timeout.
+        return [server for server in self.servers if server.running and not server.paused]
+
+    def flushall(self) -> None:
+        """``FLUSHALL`` on every running, unpaused server (e.g. between tests)."""
+        for server in self._reachable():
+            connection = client(server.port, timeout=_COMMAND_TIMEOUT)
+            try:
+                connection.flushall()
+            finally:
+                connection.close()
+
+    def keys(self, pattern: str = "*") -> dict[str, list[str]]:
+        """Map each running, unpaused server's URL to its keys matching ``pattern``.
+
+        Meant for leak checks in tests (uses ``KEYS``, fine on tiny test datasets).
+        Keys are sorted; stopped and paused servers are left out.
+        """
+        result: dict[str, list[str]] = {}
+        for server in self._reachable():
+            connection = client(server.port, timeout=_COMMAND_TIMEOUT)
+            try:
+                found = connection.keys(pattern)
+            finally:
+                connection.close()
+            # decode_responses=True yields str; the bytes branch only satisfies the types.
+            result[server.url] = sorted(
+                key if isinstance(key, str) else key.decode("utf-8", "replace") for key in found
+            )
+        return result

@@ -1,0 +1,66 @@
+"""The loopback address servers listen on: free ports, and clients that probe fast.
+
+Free ports come from the kernel's own allocator (bind to port 0), with every socket of a
+batch held open until all are picked, so a batch never repeats a port. A port-picking
+library such as ``port-for`` serves the opposite need (a port kept for a service across
+runs, chosen so that port 0 binds would *not* pick it; its own documentation points to
+``bind((host, 0))`` for a temporary port), so it would add a dependency for nothing here.
+Another process may still take a port before ``redis-server`` binds it: a server's first
+start moves to a fresh port then (:meth:`redreentrant.testing.LocalServer.start`).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+__all__ = ["HOST", "PROBE_TIMEOUT", "client", "free_ports", "pid_on"]
+
+HOST = "127.0.0.1"
+"""The only address servers started here listen on."""
+
+PROBE_TIMEOUT = 0.2
+"""Seconds for one probe of a server (a readiness check, a status)."""
+
+
+def free_ports(count: int) -> list[int]:
+    """Return ``count`` distinct ports that were free on :data:`HOST` a moment ago."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def client(port: int, timeout: float) -> redis.Redis:
+    """A client of the server on ``port`` that never retries, decoding replies."""
+    # No retries: a probe must fail fast, and redis-py >= 6 retries 3 times by default.
+    return redis.Redis(
+        host=HOST,
+        port=port,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
+
+
+def pid_on(port: int, timeout: float = PROBE_TIMEOUT) -> int | None:
+    """The pid of the ``redis-server`` answering on ``port``, or None if none answers.
+
+    A pid, not a PING: a server that answers on a port may be someone else's."""
+    probe = client(port, timeout)
+    try:
+        return int(probe.info("server").get("process_id", -1))
+    except (redis.RedisError, OSError, ValueError):
+        return None
+    finally:
+        probe.close()

@@ -1,0 +1,373 @@
+"""The core, deterministically: a fake clock, an in-memory transport answering like
+the masters' scripts, and the real sync driver. Slow rounds, validity running out
+mid-round, drift, jitter, split votes and their undo, and the watchdog's verdicts."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import redis
+
+from redreentrant._core.effects import Call, Reply, Steps
+from redreentrant._core.engine import Engine
+from redreentrant._core.errors import LockLostError, QuorumUnavailableError
+from redreentrant._core.holds import Hold, Holds
+from redreentrant._core.keys import PREFIX, key_slot, lock_key
+from redreentrant._core.kinds import EXCLUSIVE
+from redreentrant._core.mock import FakeClock, MockTransport
+from redreentrant._core.quorum import Quorum
+from redreentrant._core.settings import Settings
+from redreentrant._core.subscriptions import Subscriptions
+from redreentrant._core.watchdog import tick_steps, verdict_margin
+from redreentrant._sync.driver import SyncDriver
+
+LEASE = 3.0
+DRIFT = LEASE * 0.01 + 0.002
+
+
+class Master:
+    """One master, answering the plain lock's scripts as the Lua does (TTLs on the
+    fake clock)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.hashes: dict[str, dict[str, int]] = {}
+        self.expires: dict[str, float] = {}
+
+    def _hash(self, key: str) -> dict[str, int]:
+        if key in self.expires and self.clock() >= self.expires[key]:
+            del self.hashes[key], self.expires[key]
+        return self.hashes.get(key, {})
+
+    def run(self, call: Call) -> Reply:
+        name, keys, args = call.script.name, call.keys, call.args
+        if name == "acquire":
+            key, (owner, lease_ms, count) = keys[0], args
+            held = self._hash(key)
+            if owner in held or (int(count) == 1 and not held):
+                self.hashes[key] = {**held, str(owner): int(count)}
+                self.expires[key] = self.clock() + int(lease_ms) / 1000
+                return [1, int(count)]
+            ttl = int((self.expires[key] - self.clock()) * 1000) if held else -2
+            return [0, ttl]
+        if name == "release":
+            key, owner, left = keys[0], str(args[0]), int(args[1])
+            held = self._hash(key)
+            if owner not in held:
+                return -1
+            if left > 0:
+                held[owner] = left
+                return 1
+            del held[owner]
+            if not held:
+                self.hashes.pop(key, None)
+                self.expires.pop(key, None)
+            return 0
+        if name == "renew":
+            out = []
+            for key, owner in zip(keys, args[1:], strict=True):
+                if str(owner) in self._hash(key):
+                    self.expires[key] = self.clock() + int(args[0]) / 1000
+                    out.append(1)
+                else:
+                    out.append(0)
+            return out
+        raise AssertionError(f"unexpected script {name}")
+
+
+class Hub:
+    """Wake-ups on the fake clock: a wait lasts its whole time-out (nobody releases)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.waits: list[float] = []
+
+    def watch(self, channel: str, broadcast: bool = False) -> int:
+        return 0
+
+    def unwatch(self, channel: str) -> None:
+        pass
+
+    def wait(self, channel: str, generation: int, timeout: float) -> int:
+        self.waits.append(timeout)
+        self.clock.advance(timeout)
+        return generation
+
+    def notify(self, channels: Sequence[str], release_id: str) -> None:
+        pass
+
+    def relay(self, channel: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class World:
+    """Five masters, a fake clock and an engine driven by the real sync driver."""
+
+    def __init__(self, size: int = 5, uniform: Callable[[float, float], float] | None = None):
+        self.clock = FakeClock()
+        self.masters = [Master(self.clock) for _ in range(size)]
+        #: per master: an exception to answer with instead (a failure, a time-out)
+        self.failing: dict[int, BaseException] = {}
+        #: seconds each round takes (the clock moves during the round)
+        self.round_time = 0.01
+        self.transport = MockTransport(self.answer)
+        self.hub = Hub(self.clock)
+        self.uniforms: list[tuple[float, float]] = []
+
+        def pick(a: float, b: float) -> float:
+            self.uniforms.append((a, b))
+            return b if uniform is None else uniform(a, b)
+
+        settings = Settings.check(LEASE, 0.01, 0.2, 0.05, None)
+        self.engine = Engine(
+            settings,
+            [f"m{i}" for i in range(size)],
+            lambda: "t1",
+            threading.Lock,
+            self.clock,
+            pick,
+        )
+        self.driver = SyncDriver(self.transport, self.hub, self.engine.check_open)
+
+    def answer(self, master: int, call: Call) -> Reply:
+        if master == 0:
+            self.clock.advance(self.round_time)  # once per round: the round's duration
+        if master in self.failing:
+            return self.failing[master]
+        return self.masters[master].run(call)
+
+    def run(self, steps: Steps[Any]) -> Any:
+        return self.driver.run(steps)
+
+    def acquire(self, blocking: bool = False, timeout: float = -1) -> bool:
+        owner = self.engine.owner_id()
+        steps = self.engine.acquire(EXCLUSIVE, "x", owner, blocking, timeout, None)
+        return bool(self.run(steps))
+
+    def hold(self) -> Hold | None:
+        return self.engine.hold(EXCLUSIVE, "x")
+
+    def scripts(self, round_index: int) -> set[str]:
+        return {c.script.name for per in self.transport.rounds[round_index] for c in per}
+
+    def take_elsewhere(self, masters: Sequence[int], ttl: float = 2.0) -> None:
+        for i in masters:
+            self.masters[i].hashes[lock_key("x")] = {"someone-else": 1}
+            self.masters[i].expires[lock_key("x")] = self.clock() + ttl
+
+
+def test_validity_is_the_lease_less_the_round_and_the_drift() -> None:
+    w = World()
+    w.round_time = 0.25
+    started = w.clock()
+    assert w.acquire()
+    hold = w.hold()
+    assert hold is not None
+    assert hold.valid_until == pytest.approx(started + LEASE - DRIFT)
+    assert w.engine.remaining(hold) == pytest.approx(LEASE - 0.25 - DRIFT)
+
+
+def test_validity_that_runs_out_mid_round_is_no_grant_and_is_undone_everywhere() -> None:
+    w = World()
+    w.round_time = LEASE  # every master granted, but the validity is spent
+    assert not w.acquire()
+    assert w.hold() is None
+    assert w.scripts(1) == {"release"} and all(w.transport.rounds[1])  # undo on all five
+    assert all(not m._hash(lock_key("x")) for m in w.masters)
+
+
+def test_a_round_slower_than_the_lease_never_grants_however_long_one_waits() -> None:
+    w = World()
+    w.round_time = LEASE + 0.5
+    assert not w.acquire(blocking=True, timeout=4 * LEASE)
+    grants = [r for r in range(len(w.transport.rounds)) if w.scripts(r) == {"acquire"}]
+    assert len(grants) >= 2  # it kept trying, and every try was undone
+    for r in grants:
+        assert w.scripts(r + 1) == {"release"}
+    assert w.hold() is None
+
+
+def test_a_split_vote_is_undone_everywhere_and_retried_after_bounded_jitter() -> None:
+    w = World()
+    w.take_elsewhere([2, 3, 4], ttl=60.0)  # two grants of five: a split
+    assert not w.acquire(blocking=True, timeout=0.2)
+    splits = [r for r in range(len(w.transport.rounds)) if w.scripts(r) == {"acquire"}]
+    assert len(splits) >= 2
+    for r in splits:
+        assert w.scripts(r + 1) == {"release"} and all(w.transport.rounds[r + 1])
+    assert w.uniforms and all(ab == (0.0, 0.05) for ab in w.uniforms)
+    assert w.hub.waits and all(0 < t <= 0.05 for t in w.hub.waits)
+    assert all(not m._hash(lock_key("x")).get(w.engine.owner_id()) for m in w.masters)
+
+
+def test_a_refused_waiter_sleeps_no_longer_than_the_holders_ttl() -> None:
+    w = World()
+    w.take_elsewhere([0, 1, 2, 3, 4], ttl=1.5)
+    assert w.acquire(blocking=True, timeout=10)  # granted once the holder's lease ended
+    assert w.hub.waits and max(w.hub.waits) <= 1.5 + 0.002
+
+
+def test_too_many_failures_raise_quorum_unavailable_and_undo() -> None:
+    w = World()
+    for i in (0, 2, 4):
+        w.failing[i] = redis.TimeoutError("no reply")
+    with pytest.raises(QuorumUnavailableError) as raised:
+        w.acquire(blocking=True, timeout=10)
+    assert sorted(raised.value.errors) == ["m0", "m2", "m4"]
+    assert w.scripts(1) == {"release"} and all(w.transport.rounds[1])
+
+
+def test_a_quorum_is_a_strict_majority_and_nothing_less_grants() -> None:
+    for size in (1, 2, 3, 4, 5, 6, 7):
+        needed = size // 2 + 1
+        assert Quorum(tuple("m" * size), 0.01, 0.05).needed == needed
+        w = World(size)
+        w.take_elsewhere(range(needed - 1, size))  # grants on needed - 1 masters only
+        assert not w.acquire()
+        w = World(size)
+        w.take_elsewhere(range(needed, size))  # grants on exactly a quorum
+        assert w.acquire()
+
+
+# -- the watchdog's verdicts ----------------------------------------------------------------
+
+
+def managed_hold(w: World) -> Hold:
+    assert w.acquire()
+    hold = w.hold()
+    assert hold is not None and hold.managed
+    return hold
+
+
+def test_the_deadline_clock_calls_a_hold_lost_one_margin_before_validity_ends() -> None:
+    w = World()
+    hold = managed_hold(w)
+    margin = verdict_margin(LEASE / 3)
+    holds = w.engine.holds
+    assert holds.next_deadline(margin) == pytest.approx(hold.valid_until - margin)
+    assert holds.overdue(hold.valid_until - margin - 0.001, margin) == []
+    assert hold.lost is None
+    assert holds.overdue(hold.valid_until - margin, margin) == [hold]
+    assert hold.lost is not None and w.engine.remaining(hold) == 0.0
+    assert holds.overdue(hold.valid_until, margin) == []  # reported once
+    assert 0 < margin < LEASE / 3
+
+
+def test_a_renewal_on_a_quorum_moves_the_validity_on() -> None:
+    w = World()
+    hold = managed_hold(w)
+    w.clock.advance(LEASE / 3)
+    w.failing = {0: redis.TimeoutError("late"), 1: redis.TimeoutError("late")}
+    started = w.clock()
+    lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True))
+    assert lost == [] and hold.lost is None
+    assert hold.valid_until == pytest.approx(started + LEASE - DRIFT)
+
+
+def test_a_failed_renewal_is_retried_and_left_to_the_deadline_clock() -> None:
+    w = World()
+    hold = managed_hold(w)
+    before = hold.valid_until
+    w.failing = {i: redis.TimeoutError("late") for i in (0, 1, 2)}
+    lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True))
+    assert lost == [] and hold.lost is None and hold.valid_until == before
+
+
+def test_a_hold_gone_from_a_majority_is_lost_at_once() -> None:
+    w = World()
+    hold = managed_hold(w)
+    for i in (0, 1, 2):
+        w.masters[i].hashes.clear()
+    lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True))
+    assert lost == [hold] and hold.lost is not None
+    with pytest.raises(LockLostError):
+        w.run(w.engine.release(EXCLUSIVE, "x", hold.owner, quiet_if_lost=False))
+
+
+def test_a_dead_owners_hold_is_released_everywhere_and_reported() -> None:
+    w = World()
+    hold = managed_hold(w)
+    lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: False))
+    assert lost == [hold] and "owner ended" in str(hold.lost)
+    assert w.hold() is None
+    assert w.scripts(len(w.transport.rounds) - 1) == {"release"}
+    assert all(not m._hash(lock_key("x")) for m in w.masters)
+
+
+def test_the_cluster_slot_of_keys_matches_redis() -> None:
+    from redis.crc import key_slot as redis_key_slot
+
+    for key in [lock_key("orders:42"), PREFIX + "{}x", "{a}{b}", "", "}{", "no-tag"]:
+        assert key_slot(key) == redis_key_slot(key.encode())
+
+
+def test_holds_are_keyed_by_kind_name_and_owner() -> None:
+    holds = Holds(threading.Lock())
+    a = Hold(EXCLUSIVE, "x", "o1", 1, LEASE, True, 10.0)
+    holds.add(a)
+    assert holds.get(EXCLUSIVE, "x", "o1") is a and holds.get(EXCLUSIVE, "x", "o2") is None
+    holds.remove(a)
+    assert holds.all() == []
+
+
+# -- the subscription state machine ----------------------------------------------------------
+
+
+def message(kind: str, channel: str, data: str = "") -> dict[str, object]:
+    return {"type": kind, "channel": channel.encode(), "data": data.encode()}
+
+
+def test_a_channel_watched_while_a_master_connects_is_sent_next() -> None:
+    subs = Subscriptions(2, "home")
+    assert subs.connected(0) == ["home"]  # the connect's SUBSCRIBE is under way...
+    subs.watch("c")  # ... when a waiter watches a channel
+    assert subs.changes(0) == (["c"], [])  # not skipped: sent next on that connection
+    assert subs.changes(0) == ([], [])
+    assert subs.changes(1) == ([], [])  # not connected yet: it gets all of it then
+    assert subs.connected(1) == ["home", "c"]
+
+
+def test_a_stale_unsubscribe_never_removes_a_fresh_subscription() -> None:
+    subs = Subscriptions(1, "home")
+    subs.connected(0)
+    subs.watch("c")
+    assert subs.changes(0) == (["c"], [])
+    subs.unwatch("c")
+    subs.watch("c")  # watched again before the unsubscribe was sent
+    assert subs.changes(0) == ([], [])  # so none is sent
+    subs.unwatch("c")
+    assert subs.changes(0) == ([], ["c"])
+    assert "c" not in subs.channels  # forgotten once no connection has it
+
+
+def test_a_release_counts_once_however_many_masters_announce_it() -> None:
+    subs = Subscriptions(3, "home")
+    chan = subs.watch("c")
+    for i in range(3):
+        subs.connected(i)
+        assert subs.on_message(i, message("subscribe", "c")) == (None, True)
+    assert subs.settled(chan)
+    woken = [subs.on_message(i, message("message", "c", "release-1"))[0] for i in range(3)]
+    assert woken == [chan, None, None] and chan.generation == 1
+    assert subs.released_here("c", "release-1") is None  # the local notice of the same
+    assert subs.released_here("c", "release-2") is chan and chan.generation == 2
+
+
+def test_a_lost_master_is_not_waited_for_and_rejoins_on_reconnect() -> None:
+    subs = Subscriptions(2, "home")
+    chan = subs.watch("c")
+    subs.connected(0)
+    subs.connected(1)
+    subs.on_message(0, message("subscribe", "c"))
+    assert not subs.settled(chan)
+    subs.lost(1)
+    assert subs.settled(chan)  # a failed master does not hold a waiter up
+    assert subs.changes(1) == ([], [])
+    assert subs.connected(1) == ["home", "c"]
+    assert not subs.settled(chan)  # back: its confirmation counts again
