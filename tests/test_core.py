@@ -21,7 +21,7 @@ from redreentrant._core.mock import FakeClock, MockTransport
 from redreentrant._core.quorum import Quorum
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
-from redreentrant._core.watchdog import tick_steps, verdict_margin
+from redreentrant._core.watchdog import RENEW_CHUNK, tick_steps, verdict_margin
 from redreentrant._sync.driver import SyncDriver
 
 LEASE = 3.0
@@ -371,3 +371,24 @@ def test_a_lost_master_is_not_waited_for_and_rejoins_on_reconnect() -> None:
     assert subs.changes(1) == ([], [])
     assert subs.connected(1) == ["home", "c"]
     assert not subs.settled(chan)  # back: its confirmation counts again
+
+
+def test_many_holds_are_renewed_in_chunks_each_with_its_own_validity() -> None:
+    w = World()
+    owner = w.engine.owner_id()
+    count = 2 * RENEW_CHUNK + 10
+    w.round_time = 0.0  # taking them costs no (fake) time
+    for n in range(count):
+        steps = w.engine.acquire(EXCLUSIVE, f"x{n}", owner, False, -1, None)
+        assert w.run(steps)
+    holds = w.engine.holds.managed()
+    w.clock.advance(LEASE / 3)
+    w.round_time = 0.01
+    before = len(w.transport.rounds)
+    lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True))
+    rounds = w.transport.rounds[before:]
+    assert lost == [] and len(rounds) == 3  # two full chunks and the rest
+    assert all(len(call.keys) <= RENEW_CHUNK for r in rounds for per in r for call in per)
+    ends = sorted({h.valid_until for h in holds})
+    assert len(ends) == 3  # each chunk's validity runs from its own round's start
+    assert ends[-1] - ends[0] == pytest.approx(2 * w.round_time)

@@ -4,8 +4,9 @@ Each manager has one (a pair of daemon threads in the sync API, of tasks in the 
 API), started with its first watchdog-managed hold:
 
 - the **renewer** renews every managed hold every ``lease / 3`` on a fixed schedule
-  (one script call per master per lock kind, batched), and frees at once the holds of
-  owners (threads, tasks) that ended while holding a lock;
+  (one script call per master per lock kind, batched by :data:`RENEW_CHUNK` holds, each
+  chunk a round of its own), and frees at once the holds of owners (threads, tasks)
+  that ended while holding a lock;
 - the **deadline clock** declares a hold lost when its validity is about to end
   without a renewal (:func:`verdict_margin` before it), whatever the renewer is doing:
   a slow or stalled round can never delay the verdict past the validity's end;
@@ -32,6 +33,10 @@ from .rounds import Renewal, release_steps, renew_steps
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")  # what a round gives: the lost holds, or an awaitable of them
+
+
+#: how many holds one renewal round renews (per master, one call per kind and chunk)
+RENEW_CHUNK = 256
 
 
 def verdict_margin(interval: float) -> float:
@@ -72,10 +77,14 @@ def tick_steps(
         with contextlib.suppress(Exception):
             yield from release_steps(q, h.kind, h.name, h.owner, 0)
     held = holds.managed() if renew else []
-    if not held:
-        return dead
-    renewals = yield from renew_steps(q, held, lease, cluster)
-    return dead + judge(renewals, holds)
+    lost = dead
+    # In chunks, each its own round with its own time-out and validity: a script call
+    # over thousands of keys would hold every master (and the client's CPU) for tens of
+    # milliseconds at once, stalling the acquires in between.
+    for start in range(0, len(held), RENEW_CHUNK):
+        renewals = yield from renew_steps(q, held[start : start + RENEW_CHUNK], lease, cluster)
+        lost = lost + judge(renewals, holds)
+    return lost
 
 
 class WatchdogBase(Generic[R]):
