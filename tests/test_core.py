@@ -84,6 +84,7 @@ class Hub:
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.waits: list[float] = []
+        self.pauses: list[float] = []
 
     def watch(self, channel: str, broadcast: bool = False) -> int:
         return 0
@@ -95,6 +96,10 @@ class Hub:
         self.waits.append(timeout)
         self.clock.advance(timeout)
         return generation
+
+    def pause(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.clock.advance(seconds)
 
     def notify(self, channels: Sequence[str], release_id: str) -> None:
         pass
@@ -193,16 +198,19 @@ def test_a_round_slower_than_the_lease_never_grants_however_long_one_waits() -> 
     assert w.hold() is None
 
 
-def test_a_split_vote_is_undone_everywhere_and_retried_after_bounded_jitter() -> None:
+def test_a_split_vote_is_undone_everywhere_and_backs_off_for_a_growing_bounded_time() -> None:
     w = World()
     w.take_elsewhere([2, 3, 4], ttl=60.0)  # two grants of five: a split
-    assert not w.acquire(blocking=True, timeout=0.2)
+    assert not w.acquire(blocking=True, timeout=3.0)
     splits = [r for r in range(len(w.transport.rounds)) if w.scripts(r) == {"acquire"}]
-    assert len(splits) >= 2
+    assert len(splits) >= 5
     for r in splits:
         assert w.scripts(r + 1) == {"release"} and all(w.transport.rounds[r + 1])
-    assert w.uniforms and all(ab == (0.0, 0.05) for ab in w.uniforms)
-    assert w.hub.waits and all(0 < t <= 0.05 for t in w.hub.waits)
+    # A real pause after each split (no release cuts it short), its bound doubling from
+    # retry_jitter up to 8 x retry_jitter, then staying there.
+    bounds = [b for _, b in w.uniforms]
+    assert bounds[:5] == [0.05, 0.1, 0.2, 0.4, 0.4]
+    assert w.hub.pauses and not w.hub.waits
     assert all(not m._hash(lock_key("x")).get(w.engine.owner_id()) for m in w.masters)
 
 

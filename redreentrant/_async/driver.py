@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._core.effects import Fanout, Notify, Relay, Steps, Wait, Watch
+from .._core.effects import Fanout, Notify, Pause, Relay, Steps, Wait, Watch
 from .._core.seams import AsyncHub, AsyncTransport
 
 T = TypeVar("T")
@@ -77,6 +77,9 @@ class AsyncDriver:
             return await self.hub.wait(effect.channel, effect.generation, effect.timeout)
         if isinstance(effect, Notify):
             self.hub.notify(effect.channels, effect.release_id)
+            return None
+        if isinstance(effect, Pause):
+            await self.hub.pause(effect.seconds)
             return None
         if isinstance(effect, Relay):
             self.hub.relay(effect.channel)

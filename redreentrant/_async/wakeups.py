@@ -93,6 +93,10 @@ class AsyncWakeupHub:
                     waiters.remove(waiter)
         return chan.generation
 
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` (a back-off); a cancellation ends it."""
+        await asyncio.sleep(seconds)
+
     def notify(self, channels: Sequence[str], release_id: str) -> None:
         """A release made in this process freed a lock: wake its waiters here at once."""
         for channel in channels:

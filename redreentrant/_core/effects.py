@@ -79,11 +79,18 @@ class Notify:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Effect: sleep ``seconds`` (a back-off that no release cuts short); result None."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Relay:
     """Effect: a waiter that was woken gives up: pass the wake-up on to another waiter."""
 
     channel: str
 
 
-Effect = Fanout | Watch | Wait | Notify | Relay
+Effect = Fanout | Watch | Wait | Notify | Relay | Pause
 Steps = Generator[Effect, Any, T]

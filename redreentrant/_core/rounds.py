@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .effects import Call, Fanout, Notify, Relay, Reply, Steps, Wait, Watch
+from .effects import Call, Fanout, Notify, Pause, Relay, Reply, Steps, Wait, Watch
 from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .holds import Hold
 from .keys import key_slot
@@ -21,6 +21,10 @@ from .quorum import Quorum, is_wrong_type, lease_ms, tally_grants, tally_holds
 from .views import MasterView
 
 _release_ids = itertools.count(1)
+
+#: how many times a split vote's back-off bound doubles (then it stays):
+#: ``retry_jitter * 2 ** 3``, 0.4 s with the default jitter
+SPLIT_BACKOFF_DOUBLINGS = 3
 
 
 def release_id(owner: str) -> str:
@@ -57,6 +61,7 @@ def acquire_steps(
     # Whether the last wait ended with a wake-up (which only one waiter gets): a waiter
     # that gives up after one must pass it on, or the other waiters would sleep on.
     woken = False
+    splits = 0
     try:
         while True:
             if closed():
@@ -101,9 +106,18 @@ def acquire_steps(
                 # Subscribe, then try again at once: a release may have come before.
                 generation = yield Watch(channel, kind.broadcast)
                 continue
+            if tally.granted and not kind.queued:
+                # A split vote: back off for a random, growing (bounded) time that no
+                # release cuts short. The undos of the split publish wake-ups, ours
+                # included: a wait on the channel would end at once, and every
+                # contender would retry in step, splitting again.
+                splits += 1
+                bound = q.retry_jitter * 2 ** min(splits - 1, SPLIT_BACKOFF_DOUBLINGS)
+                yield Pause(min(remaining, q.uniform(0.0, bound)))
+                continue
             if tally.granted or tally.holder_ttl is None:
-                # A split vote (or a holder with no TTL seen): retry after a random
-                # delay so that competing acquirers do not split again in step.
+                # A split vote of a queued kind (it settles by queue order), or a holder
+                # with no TTL seen: retry after a random delay.
                 pause = q.uniform(0.0, q.retry_jitter)
             else:
                 # Expiry publishes nothing: wake by the holder's TTL at the latest.

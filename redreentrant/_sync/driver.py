@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._core.effects import Fanout, Notify, Relay, Steps, Wait, Watch
+from .._core.effects import Fanout, Notify, Pause, Relay, Steps, Wait, Watch
 from .._core.seams import Hub, Transport
 
 T = TypeVar("T")
@@ -51,6 +51,9 @@ class SyncDriver:
             return self.hub.wait(effect.channel, effect.generation, effect.timeout)
         if isinstance(effect, Notify):
             self.hub.notify(effect.channels, effect.release_id)
+            return None
+        if isinstance(effect, Pause):
+            self.hub.pause(effect.seconds)
             return None
         if isinstance(effect, Relay):
             self.hub.relay(effect.channel)

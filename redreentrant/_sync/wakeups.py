@@ -103,6 +103,12 @@ class WakeupHub:
                 )
             return chan.generation
 
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` (a back-off), cut short only by closing the manager."""
+        with self._lock:
+            if not self._closed:
+                self._confirmations.wait_for(lambda: self._closed, seconds)
+
     def notify(self, channels: Sequence[str], release_id: str) -> None:
         """A release made in this process freed a lock: wake its waiters here at once."""
         if not any(c in self._subs.channels for c in channels):
