@@ -1,5 +1,5 @@
 """The asyncio watchdog: a renewer task and a deadline-clock task per manager, with the
-same rounds and loss rules as the sync watchdog (:mod:`redreentrant.watchdog`)."""
+same rounds and loss rules as the sync watchdog (:mod:`redreentrant._core.watchdog`)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A kind supplies the script calls for its operations, the channels its waiters listen
 on, and how to read its probe reply. The rounds themselves (fan-out, validity, undo,
 retry, wake-ups, renewal) are the same for every kind and live in
-:mod:`redreentrant.steps`. Kinds are stateless singletons.
+:mod:`redreentrant._core.rounds`. Kinds are stateless singletons.
 
 Keys: each kind has keys of its own under the lock's hash tag, so ``lock("x")``,
 ``rw_lock("x")`` and ``fair_lock("x")`` are three independent locks.

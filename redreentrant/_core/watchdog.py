@@ -41,9 +41,10 @@ RENEW_CHUNK = 256
 
 def verdict_margin(interval: float) -> float:
     """How long before a hold's validity ends the deadline clock declares it lost if it
-    was not renewed: a tenth of the renewal interval, at least 50 ms, at most half the
-    interval (room for the report to start before the validity ends)."""
-    return min(interval / 2, max(interval / 10, 0.05))
+    was not renewed: a tenth of the renewal interval, at least 100 ms (room for the
+    report to start on a busy machine before the validity ends), at most half the
+    interval."""
+    return min(interval / 2, max(interval / 10, 0.1))
 
 
 def judge(renewals: Sequence[Renewal], holds: Holds) -> list[Hold]:
