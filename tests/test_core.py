@@ -400,3 +400,78 @@ def test_many_holds_are_renewed_in_chunks_each_with_its_own_validity() -> None:
     ends = sorted({h.valid_until for h in holds})
     assert len(ends) == 3  # each chunk's validity runs from its own round's start
     assert ends[-1] - ends[0] == pytest.approx(2 * w.round_time)
+
+
+# -- rounds that end once decided; suspect masters --------------------------------------
+
+
+def test_an_acquire_round_ends_once_a_quorum_granted() -> None:
+    w = World()
+    assert w.acquire()
+    # Every master carried the call out, but only the first three replies were needed.
+    assert all(m._hash(lock_key("x")) for m in w.masters)
+    rounds = len(w.transport.rounds)
+    w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
+    assert len(w.transport.rounds) == rounds + 1
+    assert all(not m._hash(lock_key("x")) for m in w.masters)
+
+
+def test_a_round_decided_without_some_masters_leaves_them_unread_and_undoes_there() -> None:
+    w = World()
+    w.round_time = LEASE  # decided by three grants, but the validity is spent
+    assert not w.acquire()
+    # The undo goes everywhere, the unread masters too (they may have granted), and is
+    # not waited for.
+    assert w.scripts(1) == {"release"} and all(w.transport.rounds[1])
+    assert all(not m._hash(lock_key("x")) for m in w.masters)
+
+
+def test_unread_replies_are_neither_grants_refusals_nor_failures() -> None:
+    from redreentrant._core.effects import UNREAD
+    from redreentrant._core.quorum import tally_grants, tally_holds
+
+    q = Quorum(("a", "b", "c", "d", "e"), 0.01, 0.05)
+    t = tally_grants(q, "k", [[[1, 1]], [[1, 1]], [[1, 1]], [UNREAD], [UNREAD]])
+    assert t.granted == [0, 1, 2] and t.unread == [3, 4] and not t.failed and not t.refused
+    t = tally_holds(q, "k", [[0], [UNREAD], [-1], [0], [UNREAD]])
+    assert t.granted == [0, 3] and t.refused == [2] and t.unread == [1, 4] and not t.failed
+
+
+def test_the_fanout_round_is_decided_by_votes_and_a_no_wait_round_at_once() -> None:
+    from redreentrant._core.effects import UNREAD, Early
+    from redreentrant._core.fanout import FanoutRound
+    from redreentrant._core.quorum import NO_WAIT, is_grant
+
+    call = Call(EXCLUSIVE.acquire("x", "o", 1000, 1, 0).script, ("k",), ())
+    fan = FanoutRound([(call,)] * 5, Early(3, is_grant))
+    for i, reply in enumerate([[1, 1], [0, 5], [1, 1]]):
+        assert not fan.decided
+        fan.answered(i, [reply])
+    assert not fan.decided
+    fan.answered(3, [[1, 1]])
+    assert fan.decided
+    fan.unread(4)
+    assert fan.results[4] == [UNREAD]
+    assert FanoutRound([(call,)] * 5, NO_WAIT).decided
+    assert not FanoutRound([(call,)] * 5).decided  # without early: every master is read
+
+
+def test_a_master_health_record_turns_suspect_is_probed_at_intervals_and_rejoins() -> None:
+    from redreentrant._core.fanout import MAX_OWED, Behind, MasterHealth
+
+    m = MasterHealth(probe_interval=0.5)
+    behind = Behind(conn=object(), owed=2, since=10.0)
+    assert not m.lagging(behind, 10.1, timeout=0.2)  # late, not overdue: still waited for
+    assert m.lagging(behind, 10.25, timeout=0.2) and m.suspect  # overdue: suspect
+    assert m.queue(behind, MAX_OWED - 2) and not m.queue(behind, MAX_OWED - 1)
+    assert not m.start_probe(10.3)  # not before the probe interval
+    assert m.start_probe(10.8) and not m.start_probe(10.9)  # one at a time
+    m.behind.append(behind)
+    assert m.probed(False) == [] and m.suspect
+    assert m.start_probe(11.3)
+    assert m.probed(True) == [behind] and not m.suspect and not m.behind
+
+
+def test_the_probe_interval_is_a_third_of_the_lease_at_most_one_second() -> None:
+    assert Settings.check(30.0, 0.01, None, 0.05, None).probe_interval == 1.0
+    assert Settings.check(1.5, 0.01, None, 0.05, None).probe_interval == pytest.approx(0.5)

@@ -69,10 +69,12 @@ class AsyncDriver:
     async def _carry_out(self, effect: object, watched: list[str], shielded: bool) -> object:
         if isinstance(effect, Fanout):
             if shielded:
-                return await self.transport.fanout(effect.calls)
+                return await self.transport.fanout(effect.calls, effect.early)
             # A round under way is let finish before a cancellation is acted on, so the
             # undo that follows reaches each master after the round it undoes.
-            return await finish(asyncio.ensure_future(self.transport.fanout(effect.calls)))
+            return await finish(
+                asyncio.ensure_future(self.transport.fanout(effect.calls, effect.early))
+            )
         if isinstance(effect, Wait):
             return await self.hub.wait(effect.channel, effect.generation, effect.timeout)
         if isinstance(effect, Notify):

@@ -69,7 +69,7 @@ class LockManager(ManagerCore[Lock]):
         timeout = settings.master_timeout
         # Confirmations of a subscription may take a round trip from every master.
         self._hub = AsyncWakeupHub(clients, 2 * timeout, engine.home_channel)
-        self._transport = AsyncTransport(clients, timeout)
+        self._transport = AsyncTransport(clients, timeout, settings.probe_interval)
         self._driver = AsyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = AsyncWatchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started

@@ -1,16 +1,16 @@
 """Asyncio transport: carries out a :class:`~redreentrant._core.effects.Fanout` on
 ``redis.asyncio`` clients, following the same fan-out protocol as the sync transport
-(:mod:`redreentrant._core.fanout`).
+(:mod:`redreentrant._core.fanout`, which also says how a round stops once decided, and
+what becomes of a master that stops answering).
 
 All masters are written to first, then read, in the calling task: a round costs the
-slowest master's round trip, and no task is made per master or per call. Each master's
-connections are checked out of its client's pool once and kept on a free list. Masters
+slowest master's round trip that it needs, and no task is made per master or per call.
+Each master's connections are checked out of its client's pool once and kept. Masters
 that need a new connection are connected all at once (a task per connect, only then),
 so k unreachable masters cost one connect time-out, not k. Replies are read under one
-deadline (the master timeout, from when the last request went out); a connection whose
-reply did not come in time is closed, so a late reply is never read by the next round
-(``redis.asyncio`` reports a read time-out by returning ``None``, which is treated as
-the time-out it is: no script of ours replies nil).
+deadline (the master timeout, from when the last request went out). ``redis.asyncio``
+reports a read time-out by returning ``None`` and keeps the connection, which then stays
+behind (no script of ours replies nil). Probes of suspect masters are tasks of their own.
 """
 
 from __future__ import annotations
@@ -23,18 +23,32 @@ from typing import Any
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.effects import Call, Reply
-from .._core.fanout import FanoutRound, connection_getter, read_failed
+from .._core.effects import Call, Early, Reply
+from .._core.fanout import (
+    Behind,
+    FanoutRound,
+    MasterHealth,
+    connection_getter,
+    read_failed,
+    suspect_error_text,
+)
+from .._core.masters import master_name
+
+#: see the sync transport
+_Pending = tuple[int, Any, int, float]
 
 
 class AsyncTransport:
     """Runs script calls on N ``redis.asyncio`` clients at once."""
 
-    def __init__(self, clients: Sequence[Any], timeout: float) -> None:
+    def __init__(self, clients: Sequence[Any], timeout: float, probe_interval: float = 1.0) -> None:
         self.clients = list(clients)
         self.timeout = timeout
+        self.probe_interval = probe_interval
+        self._names = [master_name(c) for c in self.clients]
         self._getters = [connection_getter(c.connection_pool) for c in self.clients]
-        self._idle: list[list[Any]] = [[] for _ in self.clients]
+        self._masters = [MasterHealth(probe_interval) for _ in self.clients]
+        self._probes: set[asyncio.Task[None]] = set()
         self._closed = False
 
     async def _new_connection(self, i: int) -> Any:
@@ -47,50 +61,141 @@ class AsyncTransport:
         if self._closed:
             await self.clients[i].connection_pool.release(conn)
         else:
-            self._idle[i].append(conn)
+            self._masters[i].idle.append(conn)
 
-    async def fanout(self, calls: Sequence[Sequence[Call]]) -> list[list[Reply]]:
-        fan = FanoutRound(calls)
-        sent: list[tuple[int, Any]] = []
+    async def _drop(self, i: int, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            await conn.disconnect(nowait=True)
+        await self._give(i, conn)
+
+    async def fanout(
+        self, calls: Sequence[Sequence[Call]], early: Early | None = None
+    ) -> list[list[Reply]]:
+        fan = FanoutRound(calls, early)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        # Connections whose replies this round still reads (or leaves behind).
+        pending: list[_Pending] = []
+        late: list[_Pending] = []
         try:
             unconnected: list[int] = []
             for i in fan.targets:
-                if self._idle[i]:
-                    await self._start(fan, i, self._idle[i].pop(), sent)
+                m = self._masters[i]
+                commands = fan.commands(i)
+                behind = await self._take_behind(i)
+                if behind is not None and m.lagging(behind, now, self.timeout):
+                    if not m.queue(behind, len(commands)):
+                        await self._drop(i, behind.conn)  # owes too much: given up
+                    elif await self._send(i, behind.conn, commands) is None:
+                        behind.owed += len(commands)
+                        m.behind.append(behind)
+                    self._suspect(fan, i, now)
+                    continue
+                if behind is not None:
+                    error = await self._send(i, behind.conn, commands)
+                    if error is None:
+                        late.append((i, behind.conn, behind.owed, behind.since))
+                    else:
+                        fan.failed(i, error)
+                    continue
+                if m.suspect:
+                    self._suspect(fan, i, now)
+                    continue
+                if m.idle:
+                    await self._start(fan, i, m.idle.pop(), pending, now)
                 else:
                     unconnected.append(i)
             if unconnected:
                 conns = await asyncio.gather(*(self._new_connection(i) for i in unconnected))
                 for i, conn in zip(unconnected, conns, strict=True):
                     if isinstance(conn, Exception):
+                        if isinstance(conn, RedisTimeoutError):
+                            self._masters[i].timed_out(now)
                         fan.failed(i, conn)
                     else:
-                        await self._start(fan, i, conn, sent)
-            deadline = asyncio.get_running_loop().time() + self.timeout
-            while sent:
-                i, conn = sent[0]
-                fan.answered(i, await self._read(conn, fan.count(i), deadline))
-                sent.pop(0)
-                await self._give(i, conn)
+                        await self._start(fan, i, conn, pending, loop.time())
+            pending += late
+            late = []
+            deadline = loop.time() + self.timeout
+            while pending:
+                i, conn, skip, since = pending[0]
+                if fan.decided:
+                    fan.unread(i)
+                    self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
+                else:
+                    fan.answered(i, await self._read(i, conn, skip, fan.count(i), since, deadline))
+                pending.pop(0)
+            # A redo is a round trip of its own, with a time-out of its own.
+            redo_deadline = loop.time() + self.timeout
             for i in fan.targets:
-                commands = fan.reload(i)
-                if commands is not None:
-                    fan.reloaded(i, await self._run(i, commands, deadline))
+                redo = fan.reload(i)
+                if redo is not None:
+                    fan.reloaded(i, await self._run(i, redo, redo_deadline))
         except BaseException:
             # Cancelled mid-round: replies are still due on these connections.
-            for i, conn in sent:
-                with contextlib.suppress(Exception):
-                    await conn.disconnect(nowait=True)
-                await self._give(i, conn)
+            for i, conn, _, _ in pending + late:
+                await self._drop(i, conn)
             raise
         return fan.results
 
+    async def _take_behind(self, i: int) -> Behind | None:
+        """As the sync transport's: a connection behind, caught up without waiting as
+        far as the replies that came allow; None when none is (still) behind."""
+        m = self._masters[i]
+        while m.behind:
+            behind = m.behind.pop()
+            conn = behind.conn
+            try:
+                while behind.owed:
+                    try:
+                        if await conn.read_response(timeout=0) is None:
+                            break  # nothing more has come
+                    except ResponseError:
+                        pass  # an error reply is a reply
+                    behind.owed -= 1
+            except Exception:
+                await self._drop(i, conn)
+                continue
+            if behind.owed:
+                return behind
+            m.answered()
+            await self._give(i, conn)
+        return None
+
+    def _suspect(self, fan: FanoutRound, i: int, now: float) -> None:
+        m = self._masters[i]
+        since = m.suspect_since if m.suspect_since is not None else now
+        fan.failed(i, RedisTimeoutError(suspect_error_text(self._names[i], since, now)))
+        if m.start_probe(now) and not self._closed:
+            task = asyncio.ensure_future(self._probe(i))
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
+
+    async def _probe(self, i: int) -> None:
+        """PING master ``i`` on a fresh connection: when it answers in time, it rejoins
+        at once."""
+        m = self._masters[i]
+        conn = await self._new_connection(i)
+        answered = False
+        if not isinstance(conn, Exception):
+            try:
+                await conn.send_command("PING", check_health=False)
+                answered = bool(await conn.read_response(timeout=self.timeout))
+            except Exception:
+                answered = False
+            if answered:
+                await self._give(i, conn)
+            else:
+                await self._drop(i, conn)
+        for behind in m.probed(answered):
+            await self._drop(i, behind.conn)
+
     async def _start(
-        self, fan: FanoutRound, i: int, conn: Any, sent: list[tuple[int, Any]]
+        self, fan: FanoutRound, i: int, conn: Any, pending: list[_Pending], now: float
     ) -> None:
         error = await self._send(i, conn, fan.commands(i))
         if error is None:
-            sent.append((i, conn))
+            pending.append((i, conn, 0, now))
         else:
             fan.failed(i, error)
 
@@ -101,8 +206,7 @@ class AsyncTransport:
         try:
             await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         except Exception as error:
-            await conn.disconnect(nowait=True)
-            await self._give(i, conn)
+            await self._drop(i, conn)
             return error
         return None
 
@@ -110,38 +214,59 @@ class AsyncTransport:
         self, i: int, commands: list[tuple[object, ...]], deadline: float
     ) -> list[Reply]:
         """Send ``commands`` to master ``i`` and read their replies (the NOSCRIPT redo)."""
-        conn = self._idle[i].pop() if self._idle[i] else await self._new_connection(i)
+        m = self._masters[i]
+        conn = m.idle.pop() if m.idle else await self._new_connection(i)
         if isinstance(conn, Exception):
             return read_failed([], len(commands), conn)
         error = await self._send(i, conn, commands)
         if error is not None:
             return read_failed([], len(commands), error)
-        replies = await self._read(conn, len(commands), deadline)
-        await self._give(i, conn)
-        return replies
+        now = asyncio.get_running_loop().time()
+        return await self._read(i, conn, 0, len(commands), now, deadline)
 
-    async def _read(self, conn: Any, count: int, deadline: float) -> list[Reply]:
+    async def _read(
+        self, i: int, conn: Any, skip: int, count: int, since: float, deadline: float
+    ) -> list[Reply]:
+        """Read ``skip`` owed replies (dropped), then ``count`` replies, by ``deadline``.
+
+        The connection is then idle again, or behind (late), or dropped (broken)."""
         out: list[Reply] = []
+        m = self._masters[i]
         loop = asyncio.get_running_loop()
         while len(out) < count:
             try:
-                left = max(deadline - loop.time(), 1e-6)
+                left = max(deadline - loop.time(), 0.0)
                 reply = await conn.read_response(timeout=left)
                 if reply is None:
-                    # A time-out (see the module docstring): the reply is still owed,
-                    # so this connection must never serve another round.
-                    raise RedisTimeoutError(f"no reply within {self.timeout:.3f}s")
-                out.append(reply)
+                    # A time-out (see the module docstring): the replies are still owed.
+                    m.timed_out(loop.time())
+                    m.behind.append(Behind(conn, skip + count - len(out), since))
+                    error = RedisTimeoutError(f"no reply within {self.timeout:.3f}s")
+                    return read_failed(out, count, error)
             except ResponseError as error:
-                out.append(error)
-            except Exception as error:  # timed out or broken: the stream is out of step
-                await conn.disconnect(nowait=True)
+                reply = error
+            except Exception as error:  # broken: the stream is out of step
+                await self._drop(i, conn)
                 return read_failed(out, count, error)
+            if skip:
+                skip -= 1
+            else:
+                out.append(reply)
+        m.answered()
+        await self._give(i, conn)
         return out
 
     async def close(self) -> None:
         """Hand the kept connections back to their pools."""
         self._closed = True
-        for i, idle in enumerate(self._idle):
-            while idle:
-                await self.clients[i].connection_pool.release(idle.pop())
+        for task in list(self._probes):
+            task.cancel()
+        for i, m in enumerate(self._masters):
+            pool = self.clients[i].connection_pool
+            while m.idle:
+                await pool.release(m.idle.pop())
+            while m.behind:
+                conn = m.behind.pop().conn
+                with contextlib.suppress(Exception):
+                    await conn.disconnect(nowait=True)
+                await pool.release(conn)

@@ -9,7 +9,7 @@ out. So there is one algorithm for both flavours.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,15 +31,41 @@ class Call:
     args: tuple[str | int, ...]
 
 
+class Unread:
+    """The reply of a master whose answer the round did not wait for (its outcome was
+    decided without it). Its reply is read, and dropped, before that master's next one."""
+
+    def __repr__(self) -> str:
+        return "UNREAD"
+
+
+#: see :class:`Unread`
+UNREAD = Unread()
+
+
+@dataclass(frozen=True)
+class Early:
+    """When a round may stop reading: once ``needed`` masters' first replies pass
+    ``vote``. ``needed == 0``: do not wait for any reply (an undo, whose outcome
+    nobody reads)."""
+
+    needed: int
+    vote: Callable[[Reply], bool]
+
+
 @dataclass(frozen=True)
 class Fanout:
     """Effect: send ``calls[i]`` to master ``i``, all masters at once, in one round trip each.
 
     Result: ``list[list[Reply]]``, one list per master with one reply per call. A master
-    that does not answer within the master timeout gets the exception for every call.
+    that does not answer within the master timeout gets the exception for every call,
+    as does a master known not to answer (a *suspect*, see :mod:`.fanout`). With
+    ``early``, the round ends once its outcome is decided: the masters not read by then
+    get :data:`UNREAD` for every call.
     """
 
     calls: tuple[tuple[Call, ...], ...]
+    early: Early | None = None
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,43 @@
 """The fan-out protocol, the same for both transports (no I/O).
 
 One round sends each master its calls (EVALSHA, pipelined) on a kept connection, then
-reads every master's replies under one deadline. :class:`FanoutRound` is the round's
-bookkeeping: what to send to whom, what each master answered, and the redo of calls a
-master answered NOSCRIPT to (it restarted or was flushed: SCRIPT LOAD and the calls
-again, pipelined on the same connection). The sync and asyncio transports do only the
-I/O around it: take or open connections (all masters at once), send, read.
+reads the masters' replies under one deadline. :class:`FanoutRound` is the round's
+bookkeeping: what to send to whom, what each master answered, when the outcome is
+decided (:class:`~.effects.Early`), and the redo of calls a master answered NOSCRIPT to
+(it restarted or was flushed: SCRIPT LOAD and the calls again, pipelined on the same
+connection). :class:`MasterHealth` is what a transport remembers of each master between
+rounds. The sync and asyncio transports do only the I/O around them: take or open
+connections (all masters at once), send, read, probe.
 
-A connection whose replies did not all come in time (or whose stream broke) must be
-closed, never reused: :func:`read_failed` says what the rest of its replies are.
+Rounds never wait for what they do not need:
+
+- A round reads the masters in the order they were sent to, masters that are behind
+  last, and stops once its outcome is decided. A master it did not read gets
+  :data:`~.effects.UNREAD`; its connection is kept *behind*: the replies it still owes
+  are read, and dropped, before the next round's, so a late reply can never be taken
+  for a later one, and later calls reach that master in order after the earlier ones
+  (a late grant is undone by the undo sent after it).
+- A master whose reply did not come within the master timeout is *suspect*. Rounds do
+  not wait for a suspect: it fails at once. Its calls are still sent, queued in order on
+  its connection, while that connection owes at most :data:`MAX_OWED` replies (then
+  the connection is given up and later calls are not sent). A suspect rejoins as soon
+  as it answers: when its owed replies have come in (checked without waiting at the
+  start of every round), or when a probe (a PING on a fresh connection, in the
+  background, at most every ``probe_interval``) is answered.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from .effects import Call, Reply
+from .effects import UNREAD, Call, Early, Reply
+
+#: the most replies a suspect master's connection may owe: then it is given up, and
+#: calls are not sent to that master until it answers a probe
+MAX_OWED = 128
 
 
 def evalsha_args(call: Call) -> tuple[object, ...]:
@@ -50,11 +70,22 @@ def read_failed(out: list[Reply], count: int, error: BaseException) -> list[Repl
 class FanoutRound:
     """One round: ``calls[i]`` for master ``i``, and what each master answered."""
 
-    def __init__(self, calls: Sequence[Sequence[Call]]) -> None:
+    def __init__(self, calls: Sequence[Sequence[Call]], early: Early | None = None) -> None:
         self.calls = calls
         self.results: list[list[Reply]] = [[] for _ in calls]
         #: the masters this round sends to
         self.targets = [i for i, per_master in enumerate(calls) if per_master]
+        self._early = early
+        self._yes = 0
+
+    @property
+    def decided(self) -> bool:
+        """Whether the outcome is known: the replies not read yet need no waiting for."""
+        return self._early is not None and self._yes >= self._early.needed
+
+    def unread(self, i: int) -> None:
+        """Master ``i`` was not read: the round was decided without it."""
+        self.results[i] = [UNREAD] * len(self.calls[i])
 
     def commands(self, i: int) -> list[tuple[object, ...]]:
         return [evalsha_args(c) for c in self.calls[i]]
@@ -69,6 +100,8 @@ class FanoutRound:
 
     def answered(self, i: int, replies: list[Reply]) -> None:
         self.results[i] = replies
+        if self._early is not None and replies and self._early.vote(replies[0]):
+            self._yes += 1
 
     def reload(self, i: int) -> list[tuple[object, ...]] | None:
         """The pipelined commands that load the scripts master ``i`` did not know and
@@ -89,3 +122,85 @@ class FanoutRound:
 
     def _redo(self, i: int) -> list[Call]:
         return [c for c, r in zip(self.calls[i], self.results[i], strict=False) if is_noscript(r)]
+
+
+@dataclass(eq=False)
+class Behind:
+    """A connection that still owes replies: they are read, and dropped, before the
+    replies of anything sent on it later."""
+
+    conn: Any
+    #: replies still owed
+    owed: int
+    #: when the oldest owed reply's command went out (monotonic clock)
+    since: float
+
+
+@dataclass(eq=False)
+class MasterHealth:
+    """What a transport remembers of one master between rounds (no I/O).
+
+    Lists are used as thread-safe stacks (``append``/``pop``), so the sync transport's
+    threads need no lock here; each connection is in the hands of one round at a time.
+    """
+
+    probe_interval: float
+    #: connections ready for a round
+    idle: list[Any] = field(default_factory=list)
+    #: connections that owe replies (see :class:`Behind`)
+    behind: list[Behind] = field(default_factory=list)
+    #: when the master stopped answering in time, or None while it answers
+    suspect_since: float | None = None
+    #: the next time a probe may start, and whether one is under way
+    probe_at: float = 0.0
+    probing: bool = False
+
+    @property
+    def suspect(self) -> bool:
+        return self.suspect_since is not None
+
+    def timed_out(self, now: float) -> None:
+        """The master did not answer within the master timeout."""
+        if self.suspect_since is None:
+            self.suspect_since = now
+            self.probe_at = now + self.probe_interval
+
+    def answered(self) -> None:
+        """The master answered in time: it is not (or no longer) suspect."""
+        self.suspect_since = None
+
+    def lagging(self, behind: Behind, now: float, timeout: float) -> bool:
+        """Whether ``behind`` (not caught up) shows the master stopped answering: its
+        oldest owed reply is overdue."""
+        if now - behind.since >= timeout:
+            self.timed_out(now)
+        return self.suspect
+
+    def queue(self, behind: Behind, count: int) -> bool:
+        """Whether ``count`` more calls may be queued on a suspect's connection."""
+        return behind.owed + count <= MAX_OWED
+
+    def start_probe(self, now: float) -> bool:
+        """Whether to start a probe of this suspect now (at most one under way)."""
+        if self.suspect_since is None or self.probing or now < self.probe_at:
+            return False
+        self.probing = True
+        self.probe_at = now + self.probe_interval
+        return True
+
+    def probed(self, answered: bool) -> list[Behind]:
+        """A probe ended. When it was answered, the master rejoins, and the connections
+        still behind (their replies never came) are returned to be closed."""
+        self.probing = False
+        if not answered:
+            return []
+        self.answered()
+        stale = []
+        while self.behind:
+            stale.append(self.behind.pop())
+        return stale
+
+
+def suspect_error_text(master: str, since: float, now: float) -> str:
+    """Why a round did not wait for a suspect master."""
+    return f"{master} has not answered for {now - since:.3f}s: not waited for until it answers"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .effects import Call, Reply
+from .effects import Call, Early, Reply
+from .fanout import FanoutRound
 
 Handler = Callable[[int, Call], Reply]
 
@@ -40,11 +41,21 @@ class MockTransport:
         self.rounds: list[list[list[Call]]] = []
         self.closed = False
 
-    def fanout(self, calls: Sequence[Sequence[Call]]) -> list[list[Reply]]:
+    def fanout(
+        self, calls: Sequence[Sequence[Call]], early: Early | None = None
+    ) -> list[list[Reply]]:
+        """Every master carries out its calls; their replies are read in master
+        order, and once the round is decided (``early``) the rest are left unread, as a
+        socket transport leaves them."""
         self.rounds.append([list(per_master) for per_master in calls])
-        return [
-            [self.handler(i, call) for call in per_master] for i, per_master in enumerate(calls)
-        ]
+        replies = [[self.handler(i, c) for c in per_master] for i, per_master in enumerate(calls)]
+        fan = FanoutRound(calls, early)
+        for i in fan.targets:
+            if fan.decided:
+                fan.unread(i)
+            else:
+                fan.answered(i, replies[i])
+        return fan.results
 
     def close(self) -> None:
         self.closed = True

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .effects import Call, Fanout, Reply
+from .effects import UNREAD, Call, Early, Fanout, Reply
 from .errors import LockKeyTypeError, QuorumUnavailableError
 
 #: A monotonic clock (seconds): ``time.monotonic`` unless a test injects another.
@@ -50,9 +50,19 @@ class Quorum:
         """Clock drift allowance for a lease: a fraction of it plus 2 ms."""
         return drift_allowance(lease, self.drift_factor)
 
-    def everywhere(self, *calls: Call) -> Fanout:
+    def everywhere(self, *calls: Call, early: Early | None = None) -> Fanout:
         """The same calls on every master."""
-        return Fanout((calls,) * len(self.masters))
+        return Fanout((calls,) * len(self.masters), early)
+
+    @property
+    def until_granted(self) -> Early:
+        """A round that ends once a quorum granted (:func:`is_grant`)."""
+        return Early(self.needed, is_grant)
+
+    @property
+    def until_held(self) -> Early:
+        """A round that ends once a quorum confirmed a hold (:func:`is_hold`)."""
+        return Early(self.needed, is_hold)
 
     def unavailable(
         self, action: str, failed: Mapping[int, BaseException]
@@ -72,6 +82,20 @@ def lease_ms(lease: float) -> int:
     return max(1, math.ceil(lease * 1000))
 
 
+#: a round whose replies nobody reads (an undo): it waits for none of them
+NO_WAIT = Early(0, lambda reply: False)
+
+
+def is_grant(reply: Reply) -> bool:
+    """An acquire's ``{1, n}``: granted."""
+    return isinstance(reply, list) and len(reply) >= 2 and reply[0] == 1
+
+
+def is_hold(reply: Reply) -> bool:
+    """A release's ``1``/``0``: the owner held the lock there."""
+    return isinstance(reply, int) and reply >= 0
+
+
 def is_wrong_type(reply: Reply) -> bool:
     return isinstance(reply, Exception) and "WRONGTYPE" in str(reply)
 
@@ -83,6 +107,8 @@ class Tally:
     granted: list[int] = field(default_factory=list)
     refused: list[int] = field(default_factory=list)
     failed: dict[int, BaseException] = field(default_factory=dict)
+    #: masters whose reply the round did not wait for (it was decided without them)
+    unread: list[int] = field(default_factory=list)
     #: smallest positive remaining lease (seconds) reported by a refusal, if any
     holder_ttl: float | None = None
     wrong_type: LockKeyTypeError | None = None
@@ -93,7 +119,9 @@ def tally_grants(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tal
     t = Tally()
     for i, per_master in enumerate(replies):
         reply = per_master[0]
-        if isinstance(reply, list) and len(reply) >= 2:
+        if reply is UNREAD:
+            t.unread.append(i)
+        elif isinstance(reply, list) and len(reply) >= 2:
             if int(reply[0]) == 1:
                 t.granted.append(i)
             else:
@@ -111,7 +139,9 @@ def tally_holds(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tall
     t = Tally()
     for i, per_master in enumerate(replies):
         reply = per_master[0]
-        if isinstance(reply, int):
+        if reply is UNREAD:
+            t.unread.append(i)
+        elif isinstance(reply, int):
             (t.granted if reply >= 0 else t.refused).append(i)
         else:
             note_failure(q, t, i, key, reply)

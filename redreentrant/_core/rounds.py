@@ -17,7 +17,7 @@ from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .holds import Hold
 from .keys import key_slot
 from .kinds import LockKind
-from .quorum import Quorum, is_wrong_type, lease_ms, tally_grants, tally_holds
+from .quorum import NO_WAIT, Quorum, is_wrong_type, lease_ms, tally_grants, tally_holds
 from .views import MasterView
 
 _release_ids = itertools.count(1)
@@ -53,7 +53,10 @@ def acquire_steps(
     ms = lease_ms(lease)
 
     def undo() -> Fanout:  # made only when needed: the usual grant never undoes
-        return q.everywhere(kind.undo(name, owner, count - 1, release_id(owner)))
+        # Nobody reads an undo's replies: the round does not wait for them (they are
+        # read before the next round's on each connection).
+        undo_call = kind.undo(name, owner, count - 1, release_id(owner))
+        return q.everywhere(undo_call, early=NO_WAIT)
 
     channel = kind.wake_channel(name, owner)
     key = kind.key(name)
@@ -71,7 +74,9 @@ def acquire_steps(
             wait_s = 0.0
             if blocking and count == 1:
                 wait_s = lease if deadline is None else min(lease, deadline - started)
-            acquire = q.everywhere(kind.acquire(name, owner, ms, count, lease_ms(wait_s)))
+            acquire = q.everywhere(
+                kind.acquire(name, owner, ms, count, lease_ms(wait_s)), early=q.until_granted
+            )
             try:
                 replies = yield acquire
             except BaseException:
@@ -83,15 +88,15 @@ def acquire_steps(
             now = q.clock()
             if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
                 return valid_until
-            if tally.granted or tally.failed:
-                # Undo everywhere, also where the reply was lost: a failed master may
-                # have granted before failing to answer.
+            if tally.granted or tally.failed or tally.unread:
+                # Undo everywhere, also where the reply was lost or not read: such a
+                # master may have granted.
                 yield undo()
                 settle = None
                 if tally.granted:
                     settle = kind.settle(name, owner, replies, release_id(owner))
                 if settle is not None:
-                    yield q.everywhere(settle)
+                    yield q.everywhere(settle, early=NO_WAIT)
             if tally.wrong_type is not None:
                 raise tally.wrong_type
             if len(tally.failed) > q.tolerated:
@@ -139,7 +144,7 @@ def _give_up(
 ) -> Steps[None]:
     call = kind.abandon(name, owner, release_id(owner))
     if call is not None:
-        yield q.everywhere(call)
+        yield q.everywhere(call, early=NO_WAIT)
     if woken:
         yield Relay(channel)
 
@@ -151,7 +156,7 @@ def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: 
     :class:`QuorumUnavailableError` when too many masters failed to tell.
     """
     rid = release_id(owner)
-    replies = yield q.everywhere(kind.release(name, owner, count_left, rid))
+    replies = yield q.everywhere(kind.release(name, owner, count_left, rid), early=q.until_held)
     tally = tally_holds(q, kind.key(name), replies)
     if count_left == 0 and kind.notify_channels(name):
         yield Notify(kind.notify_channels(name), rid)

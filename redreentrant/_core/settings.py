@@ -43,6 +43,10 @@ def default_master_timeout(lease: float) -> float:
     return min(0.25, lease / 10)
 
 
+#: the longest time between two probes of a master that stopped answering
+PROBE_INTERVAL = 1.0
+
+
 @dataclass(frozen=True)
 class Settings:
     """A manager's settings, checked (see ``LockManager`` for their meaning)."""
@@ -52,6 +56,11 @@ class Settings:
     master_timeout: float
     retry_jitter: float
     on_lost: Callable[[Any], object] | None
+
+    @property
+    def probe_interval(self) -> float:
+        """How often a master that stopped answering is probed: ``min(lease / 3, 1 s)``."""
+        return min(self.lease / 3, PROBE_INTERVAL)
 
     @classmethod
     def check(

@@ -1,20 +1,25 @@
 """Sync transport: carries out a :class:`~redreentrant._core.effects.Fanout` on redis-py
-clients, following the fan-out protocol of :mod:`redreentrant._core.fanout`.
+clients, following the fan-out protocol of :mod:`redreentrant._core.fanout` (which also
+says how a round stops once decided, and what becomes of a master that stops
+answering).
 
 All masters are written to first, then read, so one round costs the slowest master's
-round trip rather than the sum. Each master's connections are checked out of its
-client's pool once and then kept on a free list (no thread, pool or connection is made
-per call). Masters with a kept connection are sent to first; masters that need a new
+round trip that it needs rather than the sum. Each master's connections are checked out
+of its client's pool once and then kept (no thread, pool or connection is made per
+call). Masters with a kept connection are sent to first; masters that need a new
 connection are connected all at once (a few connector threads, made once per transport
-and used only then), so k unreachable masters cost one connect time-out, not k. Replies
-are read under one deadline (the master timeout, from when the last request went out);
-a connection whose reply did not come in time is closed, so a late reply is never read
-by the next round.
+and used only then, and for probes of suspect masters), so k unreachable masters cost
+one connect time-out, not k. Replies are read under one deadline (the master timeout,
+from when the last request went out).
+
+A read never times out inside redis-py (which would close the connection): the
+transport polls with ``can_read`` and reads only what has come, so a connection whose
+replies are late stays open and behind.
 """
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -24,45 +29,53 @@ from typing import Any
 import redis
 from redis.exceptions import ResponseError
 
-from .._core.effects import Call, Reply
-from .._core.fanout import FanoutRound, connection_getter, read_failed
+from .._core.effects import Call, Early, Reply
+from .._core.fanout import (
+    Behind,
+    FanoutRound,
+    MasterHealth,
+    connection_getter,
+    read_failed,
+    suspect_error_text,
+)
+from .._core.masters import master_name
 
-_timed_reads: dict[type, bool] = {}
-
-
-def reads_with_timeout(conn: Any) -> bool:
-    """Whether ``conn.read_response`` takes a ``timeout`` (newer redis-py)."""
-    kind = type(conn)
-    if kind not in _timed_reads:
-        params = inspect.signature(kind.read_response).parameters
-        _timed_reads[kind] = "timeout" in params
-    return _timed_reads[kind]
+#: a connection that is behind and still waits: (master, connection, replies to drop
+#: first, when its oldest unread command went out)
+_Pending = tuple[int, Any, int, float]
 
 
 class SyncTransport:
     """Runs script calls on N redis-py clients at once."""
 
-    def __init__(self, clients: Sequence[redis.Redis], timeout: float) -> None:
+    def __init__(
+        self, clients: Sequence[redis.Redis], timeout: float, probe_interval: float = 1.0
+    ) -> None:
         self.clients = list(clients)
         self.timeout = timeout
+        self.probe_interval = probe_interval
+        self._names = [master_name(c) for c in self.clients]
         self._getters = [connection_getter(c.connection_pool) for c in self.clients]
         self._reset()
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._idle: list[list[Any]] = [[] for _ in self.clients]
+        self._masters = [MasterHealth(self.probe_interval) for _ in self.clients]
         self._connector: ThreadPoolExecutor | None = None
         self._closed = False
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._connector is None:
+            self._connector = ThreadPoolExecutor(
+                max_workers=2 * len(self.clients), thread_name_prefix="redreentrant-connect"
+            )
+        return self._connector
 
     def _connect(self, masters: list[int]) -> list[Any]:
         """New connections to ``masters``, all at once; an exception for each failure."""
         if len(masters) == 1:
             return [self._new_connection(masters[0])]
-        if self._connector is None:
-            self._connector = ThreadPoolExecutor(
-                max_workers=len(self.clients), thread_name_prefix="redreentrant-connect"
-            )
-        return list(self._connector.map(self._new_connection, masters))
+        return list(self._pool().map(self._new_connection, masters))
 
     def _new_connection(self, i: int) -> Any:
         try:
@@ -74,47 +87,134 @@ class SyncTransport:
         if self._closed:
             self.clients[i].connection_pool.release(conn)
         else:
-            self._idle[i].append(conn)
+            self._masters[i].idle.append(conn)
 
-    def fanout(self, calls: Sequence[Sequence[Call]]) -> list[list[Reply]]:
+    def _drop(self, i: int, conn: Any) -> None:
+        conn.disconnect()
+        self._give(i, conn)
+
+    def fanout(
+        self, calls: Sequence[Sequence[Call]], early: Early | None = None
+    ) -> list[list[Reply]]:
         if self._pid != os.getpid():
             self._reset()  # a forked child must not share the parent's sockets
-        fan = FanoutRound(calls)
-        sent: list[tuple[int, Any]] = []
+        fan = FanoutRound(calls, early)
+        now = time.monotonic()
+        sent: list[_Pending] = []
+        late: list[_Pending] = []
         unconnected: list[int] = []
-        idle = self._idle
         for i in fan.targets:
+            m = self._masters[i]
+            commands = fan.commands(i)
+            behind = self._take_behind(i)
+            if behind is not None and m.lagging(behind, now, self.timeout):
+                # Queue the calls behind the owed replies (they reach the master in
+                # order) without waiting for them.
+                if not m.queue(behind, len(commands)):
+                    self._drop(i, behind.conn)  # owes too much: given up
+                elif self._send(i, behind.conn, commands) is None:
+                    behind.owed += len(commands)
+                    m.behind.append(behind)
+                self._suspect(fan, i, now)
+                continue
+            if behind is not None:
+                error = self._send(i, behind.conn, commands)
+                if error is None:
+                    late.append((i, behind.conn, behind.owed, behind.since))
+                else:
+                    fan.failed(i, error)
+                continue
+            if m.suspect:
+                self._suspect(fan, i, now)
+                continue
             try:
-                conn = idle[i].pop()  # list.pop is atomic: safe across threads
+                conn = m.idle.pop()  # list.pop is atomic: safe across threads
             except IndexError:
                 unconnected.append(i)
                 continue
-            error = self._send(i, conn, fan.commands(i))
+            error = self._send(i, conn, commands)
             if error is None:
-                sent.append((i, conn))
+                sent.append((i, conn, 0, now))
             else:
                 fan.failed(i, error)
         if unconnected:
             for i, conn in zip(unconnected, self._connect(unconnected), strict=True):
+                if isinstance(conn, redis.TimeoutError):
+                    self._masters[i].timed_out(now)
                 error = (
                     conn if isinstance(conn, Exception) else self._send(i, conn, fan.commands(i))
                 )
                 if error is None:
-                    sent.append((i, conn))
+                    sent.append((i, conn, 0, time.monotonic()))
                 else:
                     fan.failed(i, error)
         # The master timeout runs from when the last request went out, so a slow connect
         # to one master does not eat the others' time.
         deadline = time.monotonic() + self.timeout
-        results = fan.results
-        for i, conn in sent:
-            results[i] = self._read(conn, len(calls[i]), deadline)
-            self._give(i, conn)
-        for i, _ in sent:
-            commands = fan.reload(i)
-            if commands is not None:
-                fan.reloaded(i, self._run(i, commands, deadline))
-        return results
+        for i, conn, skip, since in sent + late:
+            count = fan.count(i)
+            if fan.decided:
+                fan.unread(i)
+                self._masters[i].behind.append(Behind(conn, skip + count, since))
+                continue
+            fan.answered(i, self._read(i, conn, skip, count, since, deadline))
+        # A redo is a round trip of its own, with a time-out of its own.
+        redo_deadline = time.monotonic() + self.timeout
+        for i in fan.targets:
+            redo = fan.reload(i)
+            if redo is not None:
+                fan.reloaded(i, self._run(i, redo, redo_deadline))
+        return fan.results
+
+    def _take_behind(self, i: int) -> Behind | None:
+        """One of master ``i``'s connections that are behind, caught up as far as the
+        replies that have come allow (without waiting); None when there is none, or it
+        caught up (its connection is then idle again) or broke."""
+        m = self._masters[i]
+        try:
+            behind = m.behind.pop()
+        except IndexError:
+            return None
+        conn = behind.conn
+        try:
+            while behind.owed and conn.can_read(timeout=0):
+                with contextlib.suppress(ResponseError):  # an error reply is a reply
+                    conn.read_response()
+                behind.owed -= 1
+        except Exception:
+            self._drop(i, conn)
+            return None
+        if behind.owed:
+            return behind
+        m.answered()
+        self._give(i, conn)
+        return self._take_behind(i)
+
+    def _suspect(self, fan: FanoutRound, i: int, now: float) -> None:
+        m = self._masters[i]
+        since = m.suspect_since if m.suspect_since is not None else now
+        fan.failed(i, redis.TimeoutError(suspect_error_text(self._names[i], since, now)))
+        if m.start_probe(now) and not self._closed:
+            self._pool().submit(self._probe, i)
+
+    def _probe(self, i: int) -> None:
+        """PING master ``i`` on a fresh connection (a connector thread): when it answers
+        in time, it rejoins at once."""
+        m = self._masters[i]
+        conn = self._new_connection(i)
+        answered = False
+        if not isinstance(conn, Exception):
+            try:
+                conn.send_command("PING", check_health=False)
+                answered = conn.can_read(timeout=self.timeout) and bool(conn.read_response())
+            except Exception:
+                answered = False
+            if answered:
+                self._give(i, conn)
+            else:
+                self._drop(i, conn)
+        for behind in m.probed(answered):
+            self._drop(i, behind.conn)
 
     def _send(self, i: int, conn: Any, commands: list[tuple[object, ...]]) -> Exception | None:
         """Send ``commands`` pipelined; on failure the connection is dropped."""
@@ -125,42 +225,51 @@ class SyncTransport:
                 packed = conn.pack_commands(commands)
             conn.send_packed_command(packed, check_health=False)
         except Exception as error:
-            conn.disconnect()
-            self._give(i, conn)
+            self._drop(i, conn)
             return error
         return None
 
     def _run(self, i: int, commands: list[tuple[object, ...]], deadline: float) -> list[Reply]:
         """Send ``commands`` to master ``i`` and read their replies (the NOSCRIPT redo)."""
-        conn = self._idle[i].pop() if self._idle[i] else self._new_connection(i)
+        try:
+            conn = self._masters[i].idle.pop()
+        except IndexError:
+            conn = self._new_connection(i)
         if isinstance(conn, Exception):
             return read_failed([], len(commands), conn)
         error = self._send(i, conn, commands)
         if error is not None:
             return read_failed([], len(commands), error)
-        replies = self._read(conn, len(commands), deadline)
-        self._give(i, conn)
-        return replies
+        return self._read(i, conn, 0, len(commands), time.monotonic(), deadline)
 
-    def _read(self, conn: Any, count: int, deadline: float) -> list[Reply]:
+    def _read(
+        self, i: int, conn: Any, skip: int, count: int, since: float, deadline: float
+    ) -> list[Reply]:
+        """Read ``skip`` owed replies (dropped), then ``count`` replies, by ``deadline``.
+
+        The connection is then idle again, or behind (late), or dropped (broken)."""
         out: list[Reply] = []
-        timed = reads_with_timeout(conn)
+        m = self._masters[i]
         while len(out) < count:
             try:
-                left = max(0.0, deadline - time.monotonic())
-                if timed:
-                    # One blocking read bounded by the round's deadline.
-                    out.append(conn.read_response(timeout=max(left, 1e-6)))
-                    continue
-                if not conn.can_read(timeout=left):
-                    raise redis.TimeoutError(f"no reply within {self.timeout:.3f}s")
-                out.append(conn.read_response())
+                if not conn.can_read(timeout=max(0.0, deadline - time.monotonic())):
+                    m.timed_out(time.monotonic())
+                    m.behind.append(Behind(conn, skip + count - len(out), since))
+                    error = redis.TimeoutError(f"no reply within {self.timeout:.3f}s")
+                    return read_failed(out, count, error)
+                reply: Reply = conn.read_response()
             except ResponseError as error:
-                out.append(error)
+                reply = error
             except Exception as error:
                 # The stream is out of step now: drop the connection, fail the rest.
-                conn.disconnect()
+                self._drop(i, conn)
                 return read_failed(out, count, error)
+            if skip:
+                skip -= 1
+            else:
+                out.append(reply)
+        m.answered()
+        self._give(i, conn)
         return out
 
     def close(self) -> None:
@@ -170,6 +279,11 @@ class SyncTransport:
             return
         if self._connector is not None:
             self._connector.shutdown(wait=False)
-        for i, idle in enumerate(self._idle):
-            while idle:
-                self.clients[i].connection_pool.release(idle.pop())
+        for i, m in enumerate(self._masters):
+            pool = self.clients[i].connection_pool
+            while m.idle:
+                pool.release(m.idle.pop())
+            while m.behind:
+                conn = m.behind.pop().conn
+                conn.disconnect()
+                pool.release(conn)

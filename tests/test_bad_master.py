@@ -1,0 +1,135 @@
+"""A bad master costs the other rounds nothing: rounds end once decided, a master that
+stopped answering is suspect (not waited for, probed), and rejoins once it answers.
+
+Real servers, sync and asyncio. Time bounds are an order of magnitude wide: before
+this behaviour, every round waited the master timeout for a frozen master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis
+
+import redreentrant.asyncio as ra
+from redreentrant import LockManager
+from redreentrant._core.keys import PREFIX, lock_key
+from redreentrant.testing import LocalEnsemble
+
+CYCLES = 10
+TIMEOUT = 1.0  # master_timeout: each round that waited for a frozen master costs this
+
+
+def lock_keys(ensemble: LocalEnsemble) -> dict[str, list[str]]:
+    return {url: keys for url, keys in ensemble.keys(PREFIX + "*").items() if keys}
+
+
+def wait_for(condition: object, seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def has_key(ensemble: LocalEnsemble, i: int, name: str) -> bool:
+    with redis.Redis.from_url(ensemble[i].url) as r:
+        return bool(r.exists(lock_key(name)))
+
+
+def test_a_frozen_master_is_waited_for_once_not_every_round(ensemble: LocalEnsemble) -> None:
+    with LockManager(ensemble.urls, lease=30.0, master_timeout=TIMEOUT) as mgr:
+        with mgr.lock("warm"):
+            pass  # connections open, scripts loaded
+        ensemble[0].pause()
+        started = time.monotonic()
+        for _ in range(CYCLES):
+            with mgr.lock("frozen-one"):
+                pass
+        elapsed = time.monotonic() - started
+        # 2 * CYCLES rounds; waiting in each would take 20 s. Not waiting: about one
+        # master timeout (the round that found the master frozen), if even that.
+        assert elapsed < 5 * TIMEOUT, elapsed
+        ensemble[0].resume()
+
+
+def test_the_frozen_masters_queued_calls_run_in_order_when_it_thaws(
+    ensemble: LocalEnsemble,
+) -> None:
+    with LockManager(ensemble.urls, lease=30.0, master_timeout=TIMEOUT) as mgr:
+        with mgr.lock("warm"):
+            pass
+        ensemble[0].pause()
+        for _ in range(CYCLES):
+            with mgr.lock("queued"):
+                pass
+        ensemble[0].resume()
+        # Each acquire sent to the frozen master was followed by its release on the
+        # same connection: once it thawed, nothing of them remains.
+        assert wait_for(lambda: not lock_keys(ensemble))
+        # It rejoins: a new hold reaches it again.
+        assert wait_for(lambda: _held_on(mgr, ensemble, 0, "rejoined"))
+    assert lock_keys(ensemble) == {}
+
+
+def _held_on(mgr: LockManager, ensemble: LocalEnsemble, i: int, name: str) -> bool:
+    with mgr.lock(name):
+        return has_key(ensemble, i, name)
+
+
+def test_a_killed_master_rejoins_after_its_restart(ensemble: LocalEnsemble) -> None:
+    with LockManager(ensemble.urls, lease=3.0, master_timeout=0.2) as mgr:
+        with mgr.lock("before"):
+            assert has_key(ensemble, 2, "before")
+        ensemble[2].pause()
+        for _ in range(3):
+            with mgr.lock("during") as lock:
+                assert lock.locked()  # a probe round: the suspect fails at once
+        ensemble[2].kill()
+        ensemble[2].start()
+        # Probed at least every min(lease / 3, 1 s): it takes locks again soon.
+        assert wait_for(lambda: _held_on(mgr, ensemble, 2, "after"))
+    assert lock_keys(ensemble) == {}
+
+
+def test_asyncio_a_frozen_master_is_waited_for_once(ensemble: LocalEnsemble) -> None:
+    async def main() -> float:
+        async with ra.LockManager(ensemble.urls, lease=30.0, master_timeout=TIMEOUT) as mgr:
+            async with mgr.lock("warm"):
+                pass
+            ensemble[0].pause()
+            started = time.monotonic()
+            for _ in range(CYCLES):
+                async with mgr.lock("frozen-async"):
+                    pass
+            elapsed = time.monotonic() - started
+            ensemble[0].resume()
+            for _ in range(200):  # it rejoins once it answers
+                async with mgr.lock("rejoined-async"):
+                    if has_key(ensemble, 0, "rejoined-async"):
+                        break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the thawed master never rejoined")
+            return elapsed
+
+    elapsed = asyncio.run(main())
+    assert elapsed < 5 * TIMEOUT, elapsed
+    assert wait_for(lambda: not lock_keys(ensemble))
+
+
+def test_a_round_ends_once_decided_while_a_master_is_slow(ensemble: LocalEnsemble) -> None:
+    # A master frozen mid-way: a round that already has its quorum does not wait.
+    with LockManager(ensemble.urls, lease=30.0, master_timeout=TIMEOUT) as mgr:
+        lock = mgr.lock("decided")
+        lock.acquire()
+        ensemble[4].pause()
+        started = time.monotonic()
+        lock.release()
+        assert lock.acquire(blocking=False)
+        lock.release()
+        assert time.monotonic() - started < TIMEOUT, "a decided round waited"
+        ensemble[4].resume()
+    assert wait_for(lambda: not lock_keys(ensemble))
