@@ -273,15 +273,15 @@ def cancelling_at(mgr: LockManager, k: int) -> list[int]:
     driver = mgr._driver  # the test reaches into the driver to cancel at each effect
     carry_out = driver._carry_out
 
-    async def carry(effect: object, watched: list[str], shielded: bool) -> object:
+    async def carry(effect: object, watched: list[str]) -> object:
         if seen[1]:
-            return await carry_out(effect, watched, shielded)
+            return await carry_out(effect, watched)
         seen[0] += 1
         if seen[0] == k:
             task = asyncio.current_task()
             assert task is not None
             task.cancel()
-        return await carry_out(effect, watched, shielded)
+        return await carry_out(effect, watched)
 
     driver._carry_out = carry  # type: ignore[method-assign]
     return seen
@@ -351,10 +351,10 @@ def test_cancelling_a_release_still_frees_the_lock(urls: list[str]) -> None:
             driver = mgr._driver
             carry_out = driver._carry_out
 
-            async def carry(effect: object, watched: list[str], shielded: bool) -> object:
+            async def carry(effect: object, watched: list[str]) -> object:
                 in_round.set()  # the release round is under way
                 await asyncio.sleep(0.05)  # ... and still is when the caller is cancelled
-                return await carry_out(effect, watched, shielded)
+                return await carry_out(effect, watched)
 
             async def owner() -> None:
                 lock = mgr.lock("release-cancel")

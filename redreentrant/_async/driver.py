@@ -37,11 +37,8 @@ class AsyncDriver:
         # The runs under way: close() lets them finish their clean-up on the transport.
         self._active: set[object] = set()
 
-    async def run(self, steps: Steps[T], shielded: bool = False) -> T:
-        """Run ``steps`` to their end in the calling task.
-
-        ``shielded``: the caller already runs these steps where no cancellation reaches
-        (a release): rounds then need no shield of their own."""
+    async def run(self, steps: Steps[T]) -> T:
+        """Run ``steps`` to their end in the calling task."""
         self._check_open()
         watched: list[str] = []
         self._active.add(steps)
@@ -49,7 +46,7 @@ class AsyncDriver:
             effect = next(steps)
             while True:
                 try:
-                    result = await self._carry_out(effect, watched, shielded)
+                    result = await self._carry_out(effect, watched)
                 except BaseException as error:  # cancellation too: the steps clean up
                     effect = steps.throw(error)
                     continue
@@ -64,17 +61,14 @@ class AsyncDriver:
 
     async def run_shielded(self, steps: Steps[T]) -> T:
         """Run ``steps`` to their end even if the caller is cancelled (releases)."""
-        return await finish(asyncio.ensure_future(self.run(steps, shielded=True)))
+        return await finish(asyncio.ensure_future(self.run(steps)))
 
-    async def _carry_out(self, effect: object, watched: list[str], shielded: bool) -> object:
+    async def _carry_out(self, effect: object, watched: list[str]) -> object:
         if isinstance(effect, Fanout):
-            if shielded:
-                return await self.transport.fanout(effect.calls, effect.early)
-            # A round under way is let finish before a cancellation is acted on, so the
-            # undo that follows reaches each master after the round it undoes.
-            return await finish(
-                asyncio.ensure_future(self.transport.fanout(effect.calls, effect.early))
-            )
+            # A cancellation mid-round leaves the round's connections behind (see the
+            # transport): the undo that follows reaches each master after the round it
+            # undoes, on the same connection. So no task or shield is made per round.
+            return await self.transport.fanout(effect.calls, effect.early)
         if isinstance(effect, Wait):
             return await self.hub.wait(effect.channel, effect.generation, effect.timeout)
         if isinstance(effect, Notify):

@@ -118,13 +118,12 @@ class AsyncTransport:
             late = []
             deadline = loop.time() + self.timeout
             while pending:
-                i, conn, skip, since = pending[0]
+                i, conn, skip, since = pending.pop(0)
                 if fan.decided:
                     fan.unread(i)
                     self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
                 else:
                     fan.answered(i, await self._read(i, conn, skip, fan.count(i), since, deadline))
-                pending.pop(0)
             # A redo is a round trip of its own, with a time-out of its own.
             redo_deadline = loop.time() + self.timeout
             for i in fan.targets:
@@ -132,9 +131,11 @@ class AsyncTransport:
                 if redo is not None:
                     fan.reloaded(i, await self._run(i, redo, redo_deadline))
         except BaseException:
-            # Cancelled mid-round: replies are still due on these connections.
-            for i, conn, _, _ in pending + late:
-                await self._drop(i, conn)
+            # Cancelled mid-round: the replies still due on these connections are read
+            # later (they stay behind), so what follows, an undo, reaches each master
+            # after this round's calls, on the same connection.
+            for i, conn, skip, since in pending + late:
+                self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
             raise
         return fan.results
 
@@ -148,7 +149,8 @@ class AsyncTransport:
             try:
                 while behind.owed:
                     try:
-                        if await conn.read_response(timeout=0) is None:
+                        reply = await conn.read_response(timeout=0, disconnect_on_error=False)
+                        if reply is None:
                             break  # nothing more has come
                     except ResponseError:
                         pass  # an error reply is a reply
@@ -236,7 +238,12 @@ class AsyncTransport:
         while len(out) < count:
             try:
                 left = max(deadline - loop.time(), 0.0)
-                reply = await conn.read_response(timeout=left)
+                try:
+                    reply = await conn.read_response(timeout=left, disconnect_on_error=False)
+                except asyncio.CancelledError:
+                    # A cancelled read consumed nothing: the replies are still owed.
+                    m.behind.append(Behind(conn, skip + count - len(out), since))
+                    raise
                 if reply is None:
                     # A time-out (see the module docstring): the replies are still owed.
                     m.timed_out(loop.time())
