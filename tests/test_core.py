@@ -21,7 +21,13 @@ from redreentrant._core.mock import FakeClock, MockTransport
 from redreentrant._core.quorum import Quorum
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
-from redreentrant._core.watchdog import RENEW_CHUNK, tick_steps, verdict_margin
+from redreentrant._core.watchdog import (
+    RENEW_CHUNK,
+    SPREAD,
+    RoundTimes,
+    tick_steps,
+    verdict_margin,
+)
 from redreentrant._sync.driver import SyncDriver
 
 LEASE = 3.0
@@ -399,7 +405,47 @@ def test_many_holds_are_renewed_in_chunks_each_with_its_own_validity() -> None:
     assert all(len(call.keys) <= RENEW_CHUNK for r in rounds for per in r for call in per)
     ends = sorted({h.valid_until for h in holds})
     assert len(ends) == 3  # each chunk's validity runs from its own round's start
-    assert ends[-1] - ends[0] == pytest.approx(2 * w.round_time)
+    # The chunks are spread over the first half of the renewal interval.
+    gap = SPREAD * LEASE / 3 / 3
+    assert ends[1] - ends[0] == pytest.approx(gap) and ends[2] - ends[1] == pytest.approx(gap)
+    assert w.hub.pauses == [pytest.approx(gap - 0.01), pytest.approx(gap - 0.01)]
+
+
+def test_the_verdict_margin_grows_with_how_long_renewal_rounds_take() -> None:
+    interval = LEASE / 3
+    times = RoundTimes()
+    assert verdict_margin(interval, times.slowest) == pytest.approx(0.1)
+    w = World()
+    w.run(w.engine.acquire(EXCLUSIVE, "x", w.engine.owner_id(), False, -1, None))
+    w.round_time = 0.2  # slow renewal rounds
+    tick = tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True, True, times)
+    assert w.run(tick) == []
+    assert times.slowest == pytest.approx(0.2)
+    assert verdict_margin(interval, times.slowest) == pytest.approx(0.4)
+    assert verdict_margin(interval, 10.0) == interval / 2  # never more than half
+
+
+def test_an_owner_that_ends_mid_tick_is_swept_before_the_next_chunk() -> None:
+    w = World()
+    w.round_time = 0.0
+    owner = w.engine.owner_id()
+    for n in range(RENEW_CHUNK + 1):
+        assert w.run(w.engine.acquire(EXCLUSIVE, f"x{n}", owner, False, -1, None))
+    alive = [True]
+    checks = iter([False, True])  # the owner ends after the first chunk
+
+    def sweep_due() -> bool:
+        due = next(checks, False)
+        if due:
+            alive[0] = False
+        return due
+
+    tick = tick_steps(
+        w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: alive[0], True, None, sweep_due
+    )
+    lost = w.run(tick)
+    assert len(lost) == RENEW_CHUNK + 1  # all of them freed, not left to the next tick
+    assert all(not m.hashes.get(lock_key("x0")) for m in w.masters)
 
 
 # -- rounds that end once decided; suspect masters --------------------------------------

@@ -68,7 +68,7 @@ class AsyncDriver:
             # A cancellation mid-round leaves the round's connections behind (see the
             # transport): the undo that follows reaches each master after the round it
             # undoes, on the same connection. So no task or shield is made per round.
-            return await self.transport.fanout(effect.calls, effect.early)
+            return await self.transport.fanout(effect)
         if isinstance(effect, Wait):
             return await self.hub.wait(effect.channel, effect.generation, effect.timeout)
         if isinstance(effect, Notify):

@@ -23,7 +23,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.effects import Call, Early, Reply
+from .._core.effects import Fanout, Reply
 from .._core.fanout import (
     Behind,
     FanoutRound,
@@ -68,10 +68,9 @@ class AsyncTransport:
             await conn.disconnect(nowait=True)
         await self._give(i, conn)
 
-    async def fanout(
-        self, calls: Sequence[Sequence[Call]], early: Early | None = None
-    ) -> list[list[Reply]]:
-        fan = FanoutRound(calls, early)
+    async def fanout(self, fanout: Fanout) -> list[list[Reply]]:
+        calls = fanout.calls
+        fan = FanoutRound(calls, fanout.early)
         loop = asyncio.get_running_loop()
         now = loop.time()
         # Connections whose replies this round still reads (or leaves behind).
@@ -84,7 +83,9 @@ class AsyncTransport:
                 commands = fan.commands(i)
                 behind = await self._take_behind(i)
                 if behind is not None and m.lagging(behind, now, self.timeout):
-                    if not m.queue(behind, len(commands)):
+                    if not fanout.cleanup:
+                        m.behind.append(behind)  # a suspect is sent no new acquire
+                    elif not m.queue(behind, len(commands)):
                         await self._drop(i, behind.conn)  # owes too much: given up
                     elif await self._send(i, behind.conn, commands) is None:
                         behind.owed += len(commands)

@@ -66,6 +66,10 @@ class Fanout:
 
     calls: tuple[tuple[Call, ...], ...]
     early: Early | None = None
+    #: the calls undo or release what earlier calls may have taken: they are queued for
+    #: suspect masters too (in order, behind those earlier calls), which other calls
+    #: are not (a suspect is sent no new acquire)
+    cleanup: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ Rounds never wait for what they do not need:
   for a later one, and later calls reach that master in order after the earlier ones
   (a late grant is undone by the undo sent after it).
 - A master whose reply did not come within the master timeout is *suspect*. Rounds do
-  not wait for a suspect: it fails at once. Its calls are still sent, queued in order on
-  its connection, while that connection owes at most :data:`MAX_OWED` replies (then
-  the connection is given up and later calls are not sent). A suspect rejoins as soon
+  not wait for a suspect: it fails at once. It is sent no new acquire, but clean-ups
+  (undo, release: ``Fanout.cleanup``) are still sent, queued in order on its connection
+  behind the calls they clean up after, while that connection owes at most
+  :data:`MAX_OWED` replies (then the connection is given up and later calls are not
+  sent). A suspect rejoins as soon
   as it answers: when its owed replies have come in (checked without waiting at the
   start of every round), or when a probe (a PING on a fresh connection, in the
   background, at most every ``probe_interval``) is answered.
@@ -177,7 +179,8 @@ class MasterHealth:
         return self.suspect
 
     def queue(self, behind: Behind, count: int) -> bool:
-        """Whether ``count`` more calls may be queued on a suspect's connection."""
+        """Whether ``count`` more clean-up calls may be queued on a suspect's
+        connection."""
         return behind.owed + count <= MAX_OWED
 
     def start_probe(self, now: float) -> bool:

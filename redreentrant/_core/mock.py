@@ -11,9 +11,9 @@ mid-round and the watchdog's verdicts are tested deterministically. It has the s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from .effects import Call, Early, Reply
+from .effects import Call, Fanout, Reply
 from .fanout import FanoutRound
 
 Handler = Callable[[int, Call], Reply]
@@ -41,15 +41,14 @@ class MockTransport:
         self.rounds: list[list[list[Call]]] = []
         self.closed = False
 
-    def fanout(
-        self, calls: Sequence[Sequence[Call]], early: Early | None = None
-    ) -> list[list[Reply]]:
+    def fanout(self, fanout: Fanout) -> list[list[Reply]]:
         """Every master carries out its calls; their replies are read in master
         order, and once the round is decided (``early``) the rest are left unread, as a
         socket transport leaves them."""
+        calls = fanout.calls
         self.rounds.append([list(per_master) for per_master in calls])
         replies = [[self.handler(i, c) for c in per_master] for i, per_master in enumerate(calls)]
-        fan = FanoutRound(calls, early)
+        fan = FanoutRound(calls, fanout.early)
         for i in fan.targets:
             if fan.decided:
                 fan.unread(i)

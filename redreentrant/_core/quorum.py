@@ -50,9 +50,9 @@ class Quorum:
         """Clock drift allowance for a lease: a fraction of it plus 2 ms."""
         return drift_allowance(lease, self.drift_factor)
 
-    def everywhere(self, *calls: Call, early: Early | None = None) -> Fanout:
-        """The same calls on every master."""
-        return Fanout((calls,) * len(self.masters), early)
+    def everywhere(self, *calls: Call, early: Early | None = None, cleanup: bool = False) -> Fanout:
+        """The same calls on every master (see :class:`~.effects.Fanout`)."""
+        return Fanout((calls,) * len(self.masters), early, cleanup)
 
     @property
     def until_granted(self) -> Early:

@@ -56,7 +56,7 @@ def acquire_steps(
         # Nobody reads an undo's replies: the round does not wait for them (they are
         # read before the next round's on each connection).
         undo_call = kind.undo(name, owner, count - 1, release_id(owner))
-        return q.everywhere(undo_call, early=NO_WAIT)
+        return q.everywhere(undo_call, early=NO_WAIT, cleanup=True)
 
     channel = kind.wake_channel(name, owner)
     key = kind.key(name)
@@ -96,7 +96,7 @@ def acquire_steps(
                 if tally.granted:
                     settle = kind.settle(name, owner, replies, release_id(owner))
                 if settle is not None:
-                    yield q.everywhere(settle, early=NO_WAIT)
+                    yield q.everywhere(settle, early=NO_WAIT, cleanup=True)
             if tally.wrong_type is not None:
                 raise tally.wrong_type
             if len(tally.failed) > q.tolerated:
@@ -144,7 +144,7 @@ def _give_up(
 ) -> Steps[None]:
     call = kind.abandon(name, owner, release_id(owner))
     if call is not None:
-        yield q.everywhere(call, early=NO_WAIT)
+        yield q.everywhere(call, early=NO_WAIT, cleanup=True)
     if woken:
         yield Relay(channel)
 
@@ -156,7 +156,8 @@ def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: 
     :class:`QuorumUnavailableError` when too many masters failed to tell.
     """
     rid = release_id(owner)
-    replies = yield q.everywhere(kind.release(name, owner, count_left, rid), early=q.until_held)
+    release = kind.release(name, owner, count_left, rid)
+    replies = yield q.everywhere(release, early=q.until_held, cleanup=True)
     tally = tally_holds(q, kind.key(name), replies)
     if count_left == 0 and kind.notify_channels(name):
         yield Notify(kind.notify_channels(name), rid)
@@ -173,7 +174,7 @@ def force_unlock_steps(q: Quorum, kinds: Sequence[LockKind], name: str) -> Steps
     """Delete ``name``'s locks of the given kinds on every master, whoever holds them,
     and wake their waiters. True if any master had one."""
     rid = release_id("force")
-    replies = yield q.everywhere(*(k.force_unlock(name, rid) for k in kinds))
+    replies = yield q.everywhere(*(k.force_unlock(name, rid) for k in kinds), cleanup=True)
     deleted = False
     failed: dict[int, BaseException] = {}
     for i, per_master in enumerate(replies):

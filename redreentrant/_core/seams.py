@@ -11,15 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from .effects import Call, Early, Reply
+from .effects import Fanout, Reply
 
 
 class Transport(Protocol):
     """Runs one fan-out round: ``calls[i]`` on master ``i``, all at once."""
 
-    def fanout(
-        self, calls: Sequence[Sequence[Call]], early: Early | None = None
-    ) -> list[list[Reply]]: ...
+    def fanout(self, fanout: Fanout) -> list[list[Reply]]: ...
 
     def close(self) -> None: ...
 
@@ -27,9 +25,7 @@ class Transport(Protocol):
 class AsyncTransport(Protocol):
     """The asyncio twin of :class:`Transport`."""
 
-    async def fanout(
-        self, calls: Sequence[Sequence[Call]], early: Early | None = None
-    ) -> list[list[Reply]]: ...
+    async def fanout(self, fanout: Fanout) -> list[list[Reply]]: ...
 
     async def close(self) -> None: ...
 

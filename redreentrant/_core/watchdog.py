@@ -4,12 +4,15 @@ Each manager has one (a pair of daemon threads in the sync API, of tasks in the 
 API), started with its first watchdog-managed hold:
 
 - the **renewer** renews every managed hold every ``lease / 3`` on a fixed schedule
-  (one script call per master per lock kind, batched by :data:`RENEW_CHUNK` holds, each
-  chunk a round of its own), and frees at once the holds of owners (threads, tasks)
-  that ended while holding a lock;
+  (the period does not drift by the rounds' durations): one script call per master per
+  lock kind, batched by :data:`RENEW_CHUNK` holds, each chunk a round of its own with
+  its own time-out and validity, the chunks spread over the first half of the interval
+  (so that many held locks never stall the acquires in between); it frees at once the
+  holds of owners (threads, tasks) that ended while holding a lock, also between chunks;
 - the **deadline clock** declares a hold lost when its validity is about to end
-  without a renewal (:func:`verdict_margin` before it), whatever the renewer is doing:
-  a slow or stalled round can never delay the verdict past the validity's end;
+  without a renewal (:func:`verdict_margin` before it, which grows with how long the
+  recent renewal rounds really took), whatever the renewer is doing: a slow or stalled
+  round can never delay the verdict past the validity's end;
 - every loss is reported outside both (a thread or task per report), so a slow
   ``on_lost`` callback delays neither renewals nor other reports.
 
@@ -21,10 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from .effects import Steps
+from .effects import Pause, Steps
 from .engine import Engine
 from .holds import Hold, Holds
 from .owner import OWNERS
@@ -36,15 +40,34 @@ R = TypeVar("R")  # what a round gives: the lost holds, or an awaitable of them
 
 
 #: how many holds one renewal round renews (per master, one call per kind and chunk)
-RENEW_CHUNK = 256
+RENEW_CHUNK = 64
+
+#: the share of the renewal interval over which a tick's chunks are spread
+SPREAD = 0.5
 
 
-def verdict_margin(interval: float) -> float:
+def verdict_margin(interval: float, round_time: float = 0.0) -> float:
     """How long before a hold's validity ends the deadline clock declares it lost if it
     was not renewed: a tenth of the renewal interval, at least 100 ms (room for the
-    report to start on a busy machine before the validity ends), at most half the
-    interval."""
-    return min(interval / 2, max(interval / 10, 0.1))
+    report to start on a busy machine before the validity ends), at least twice as long
+    as recent renewal rounds took (``round_time``: a renewal that could still save the
+    hold would have had to start by then), at most half the interval."""
+    return min(interval / 2, max(interval / 10, 0.1, 2 * round_time))
+
+
+class RoundTimes:
+    """How long the recent renewal rounds took: the slowest of the last few counts."""
+
+    RECENT = 16
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=self.RECENT)
+        #: read by the deadline clock (another thread): a float, replaced whole
+        self.slowest = 0.0
+
+    def note(self, seconds: float) -> None:
+        self._recent.append(seconds)
+        self.slowest = max(self._recent)
 
 
 def judge(renewals: Sequence[Renewal], holds: Holds) -> list[Hold]:
@@ -69,23 +92,46 @@ def tick_steps(
     cluster: set[int],
     alive: Callable[[str], bool],
     renew: bool = True,
+    times: RoundTimes | None = None,
+    sweep_due: Callable[[], bool] = lambda: False,
 ) -> Steps[list[Hold]]:
     """One watchdog round: free the holds of owners that ended, then (``renew``) renew
-    every other managed hold. Returns the holds found lost (dead owners included)."""
+    every other managed hold, in chunks spread over the first :data:`SPREAD` of the
+    renewal interval (``lease / 3``), noting each chunk's duration in ``times``, and
+    freeing dead owners' holds again between chunks when ``sweep_due()``. Returns the
+    holds found lost (dead owners included)."""
+    lost = yield from _free_dead(q, holds, alive)
+    held = holds.managed() if renew else []
+    # In chunks, each its own round with its own time-out and validity: a script call
+    # over thousands of keys would hold every master (and the client's CPU) for tens of
+    # milliseconds at once, stalling the acquires in between. Spread out, they leave
+    # the acquires room between them; each hold keeps its place, so its renewals stay
+    # one interval apart.
+    chunks = [held[start : start + RENEW_CHUNK] for start in range(0, len(held), RENEW_CHUNK)]
+    gap = SPREAD * lease / 3 / len(chunks) if len(chunks) > 1 else 0.0
+    began = q.clock()
+    for k, chunk in enumerate(chunks):
+        wait = began + k * gap - q.clock()
+        if wait > 0:
+            yield Pause(wait)
+        if sweep_due():
+            lost = lost + (yield from _free_dead(q, holds, alive))
+        started = q.clock()
+        renewals = yield from renew_steps(q, chunk, lease, cluster)
+        if times is not None:
+            times.note(q.clock() - started)
+        lost = lost + judge(renewals, holds)
+    return lost
+
+
+def _free_dead(q: Quorum, holds: Holds, alive: Callable[[str], bool]) -> Steps[list[Hold]]:
+    """Release the managed holds of owners that ended; return them (marked lost)."""
     dead = holds.take_dead(alive)
     for h in dead:
         # Best effort: what cannot be freed now lapses within one lease.
         with contextlib.suppress(Exception):
             yield from release_steps(q, h.kind, h.name, h.owner, 0)
-    held = holds.managed() if renew else []
-    lost = dead
-    # In chunks, each its own round with its own time-out and validity: a script call
-    # over thousands of keys would hold every master (and the client's CPU) for tens of
-    # milliseconds at once, stalling the acquires in between.
-    for start in range(0, len(held), RENEW_CHUNK):
-        renewals = yield from renew_steps(q, held[start : start + RENEW_CHUNK], lease, cluster)
-        lost = lost + judge(renewals, holds)
-    return lost
+    return dead
 
 
 class WatchdogBase(Generic[R]):
@@ -101,11 +147,17 @@ class WatchdogBase(Generic[R]):
         self._engine = engine
         self._report = report
         self.interval = engine.settings.lease / 3
-        self.margin = verdict_margin(self.interval)
+        self.times = RoundTimes()
+        self._sweep_pending = False
         # masters found to be Redis Cluster nodes: renewals are split by hash slot there
         self.cluster: set[int] = set()
         self._stopping = False
         OWNERS.listen(self)
+
+    @property
+    def margin(self) -> float:
+        """The deadline clock's margin now (see :func:`verdict_margin`)."""
+        return verdict_margin(self.interval, self.times.slowest)
 
     @property
     def _holds(self) -> Holds:
@@ -113,10 +165,23 @@ class WatchdogBase(Generic[R]):
 
     def _round(self, renew: bool = True) -> R:
         engine = self._engine
+        self._sweep_pending = False
         steps = tick_steps(
-            engine.quorum, engine.holds, engine.settings.lease, self.cluster, OWNERS.alive, renew
+            engine.quorum,
+            engine.holds,
+            engine.settings.lease,
+            self.cluster,
+            OWNERS.alive,
+            renew,
+            self.times,
+            self._take_sweep,
         )
         return self._run(steps)
+
+    def _take_sweep(self) -> bool:
+        """Whether an owner ended since the last look (then free its holds now)."""
+        due, self._sweep_pending = self._sweep_pending, False
+        return due
 
     def _overdue(self) -> tuple[list[Hold], float | None]:
         """The deadline clock's step: the holds found overdue now (marked lost), and
@@ -134,6 +199,7 @@ class WatchdogBase(Generic[R]):
     def owner_ended(self, token: str) -> None:
         """An owner (thread or task) ended: free its holds now if it had any here."""
         if not self._stopping and self._holds.owned_by(token):
+            self._sweep_pending = True  # seen between the chunks of a tick under way
             self._sweep_soon()
 
     def _sweep_soon(self) -> None:

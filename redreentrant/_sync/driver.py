@@ -46,7 +46,7 @@ class SyncDriver:
 
     def _carry_out(self, effect: object, watched: list[str]) -> object:
         if isinstance(effect, Fanout):
-            return self.transport.fanout(effect.calls, effect.early)
+            return self.transport.fanout(effect)
         if isinstance(effect, Wait):
             return self.hub.wait(effect.channel, effect.generation, effect.timeout)
         if isinstance(effect, Notify):

@@ -29,7 +29,7 @@ from typing import Any
 import redis
 from redis.exceptions import ResponseError
 
-from .._core.effects import Call, Early, Reply
+from .._core.effects import Fanout, Reply
 from .._core.fanout import (
     Behind,
     FanoutRound,
@@ -93,12 +93,11 @@ class SyncTransport:
         conn.disconnect()
         self._give(i, conn)
 
-    def fanout(
-        self, calls: Sequence[Sequence[Call]], early: Early | None = None
-    ) -> list[list[Reply]]:
+    def fanout(self, fanout: Fanout) -> list[list[Reply]]:
         if self._pid != os.getpid():
             self._reset()  # a forked child must not share the parent's sockets
-        fan = FanoutRound(calls, early)
+        calls = fanout.calls
+        fan = FanoutRound(calls, fanout.early)
         now = time.monotonic()
         sent: list[_Pending] = []
         late: list[_Pending] = []
@@ -108,9 +107,11 @@ class SyncTransport:
             commands = fan.commands(i)
             behind = self._take_behind(i)
             if behind is not None and m.lagging(behind, now, self.timeout):
-                # Queue the calls behind the owed replies (they reach the master in
-                # order) without waiting for them.
-                if not m.queue(behind, len(commands)):
+                # A suspect is sent no new acquire; clean-ups are queued behind the
+                # owed replies (they reach the master in order), not waited for.
+                if not fanout.cleanup:
+                    m.behind.append(behind)
+                elif not m.queue(behind, len(commands)):
                     self._drop(i, behind.conn)  # owes too much: given up
                 elif self._send(i, behind.conn, commands) is None:
                     behind.owed += len(commands)
