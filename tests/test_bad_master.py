@@ -133,3 +133,25 @@ def test_a_round_ends_once_decided_while_a_master_is_slow(ensemble: LocalEnsembl
         assert time.monotonic() - started < TIMEOUT, "a decided round waited"
         ensemble[4].resume()
     assert wait_for(lambda: not lock_keys(ensemble))
+
+
+def test_a_blackholed_master_is_waited_for_once_and_rejoins(ensemble: LocalEnsemble) -> None:
+    from redreentrant.testing.proxy import TcpProxy
+
+    with TcpProxy(ensemble[1].port) as proxy:
+        urls = list(ensemble.urls)
+        urls[1] = proxy.url()
+        with LockManager(urls, lease=30.0, master_timeout=TIMEOUT) as mgr:
+            with mgr.lock("warm"):
+                pass
+            proxy.blackhole()  # accepted, read, never answered: a silent network
+            started = time.monotonic()
+            for _ in range(CYCLES):
+                with mgr.lock("blackholed"):
+                    pass
+            assert time.monotonic() - started < 5 * TIMEOUT
+            proxy.pass_through()
+            # The old connection's bytes are gone; a probe on a fresh one finds the
+            # master answering, and it takes locks again.
+            assert wait_for(lambda: _held_on(mgr, ensemble, 1, "back"))
+    assert wait_for(lambda: not lock_keys(ensemble))
