@@ -94,6 +94,21 @@ def servers(masters: str | None) -> Iterator[list[str]]:
         yield list(ensemble.urls)
 
 
+@contextlib.contextmanager
+def servers_with_handle(
+    masters: str | None, size: int = QUORUM_SIZE
+) -> Iterator[tuple[list[str], Any]]:
+    """Like :func:`servers`, and also the ``LocalEnsemble`` started here (None when
+    ``masters`` are given): for workloads that pause (SIGSTOP) one of its servers."""
+    if masters:
+        yield split_urls(masters), None
+        return
+    from redreentrant.testing import LocalEnsemble
+
+    with LocalEnsemble(size) as ensemble:
+        yield list(ensemble.urls), ensemble
+
+
 def cleanup(urls: Sequence[str], run_id: str) -> int:
     """Delete every key whose name contains ``run_id`` (all lock names embed it)."""
     deleted = 0
