@@ -38,6 +38,14 @@ from .._core.masters import master_name
 _Pending = tuple[int, Any, int, float]
 
 
+def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
+    """Master ``i``'s commands, packed once per round for every master with the same
+    calls and the same connection class and encoding."""
+    enc = conn.encoder
+    how = (type(conn), enc.encoding, enc.encoding_errors)
+    return fan.packed(i, how, conn.pack_commands)
+
+
 class AsyncTransport:
     """Runs script calls on N ``redis.asyncio`` clients at once."""
 
@@ -80,20 +88,19 @@ class AsyncTransport:
             unconnected: list[int] = []
             for i in fan.targets:
                 m = self._masters[i]
-                commands = fan.commands(i)
                 behind = await self._take_behind(i)
                 if behind is not None and m.lagging(behind, now, self.timeout):
                     if not fanout.cleanup:
                         m.behind.append(behind)  # a suspect is sent no new acquire
-                    elif not m.queue(behind, len(commands)):
+                    elif not m.queue(behind, fan.count(i)):
                         await self._drop(i, behind.conn)  # owes too much: given up
-                    elif await self._send(i, behind.conn, commands) is None:
-                        behind.owed += len(commands)
+                    elif await self._send(i, behind.conn, _packed(fan, i, behind.conn)) is None:
+                        behind.owed += fan.count(i)
                         m.behind.append(behind)
                     self._suspect(fan, i, now)
                     continue
                 if behind is not None:
-                    error = await self._send(i, behind.conn, commands)
+                    error = await self._send(i, behind.conn, _packed(fan, i, behind.conn))
                     if error is None:
                         late.append((i, behind.conn, behind.owed, behind.since))
                     else:
@@ -196,18 +203,16 @@ class AsyncTransport:
     async def _start(
         self, fan: FanoutRound, i: int, conn: Any, pending: list[_Pending], now: float
     ) -> None:
-        error = await self._send(i, conn, fan.commands(i))
+        error = await self._send(i, conn, _packed(fan, i, conn))
         if error is None:
             pending.append((i, conn, 0, now))
         else:
             fan.failed(i, error)
 
-    async def _send(
-        self, i: int, conn: Any, commands: list[tuple[object, ...]]
-    ) -> Exception | None:
-        """Send ``commands`` pipelined; on failure the connection is dropped."""
+    async def _send(self, i: int, conn: Any, packed: list[bytes]) -> Exception | None:
+        """Send ``packed`` commands (pipelined); on failure the connection is dropped."""
         try:
-            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            await conn.send_packed_command(packed, check_health=False)
         except Exception as error:
             await self._drop(i, conn)
             return error
@@ -221,7 +226,7 @@ class AsyncTransport:
         conn = m.idle.pop() if m.idle else await self._new_connection(i)
         if isinstance(conn, Exception):
             return read_failed([], len(commands), conn)
-        error = await self._send(i, conn, commands)
+        error = await self._send(i, conn, conn.pack_commands(commands))
         if error is not None:
             return read_failed([], len(commands), error)
         now = asyncio.get_running_loop().time()

@@ -33,9 +33,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .effects import UNREAD, Call, Early, Reply
+
+T = TypeVar("T")
 
 #: the most replies a suspect master's connection may owe: then it is given up, and
 #: calls are not sent to that master until it answers a probe
@@ -79,6 +81,7 @@ class FanoutRound:
         self.targets = [i for i, per_master in enumerate(calls) if per_master]
         self._early = early
         self._yes = 0
+        self._packed: dict[tuple[int, object], Any] = {}
 
     @property
     def decided(self) -> bool:
@@ -91,6 +94,16 @@ class FanoutRound:
 
     def commands(self, i: int) -> list[tuple[object, ...]]:
         return [evalsha_args(c) for c in self.calls[i]]
+
+    def packed(self, i: int, how: object, pack: Callable[[list[tuple[object, ...]]], T]) -> T:
+        """Master ``i``'s commands packed by ``pack``, packed once for all the masters
+        that are sent the same calls (the usual round) and packed the same way
+        (``how``: what the packing depends on, such as the connection's encoding)."""
+        key = (id(self.calls[i]), how)
+        if key not in self._packed:
+            self._packed[key] = pack(self.commands(i))
+        out: T = self._packed[key]
+        return out
 
     def count(self, i: int) -> int:
         return len(self.calls[i])

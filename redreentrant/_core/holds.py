@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -48,18 +50,54 @@ class Holds:
     def __init__(self, lock: AbstractContextManager[object]) -> None:
         self._lock = lock
         self._table: dict[tuple[str, str, str], Hold] = {}
+        # The deadline clock's queue: one entry per managed hold, ``(valid_until when
+        # queued, n, hold)``. An entry is brought up to date only when it comes to the
+        # top (validity only moves later), and dropped there once its hold is gone, so
+        # neither a renewal nor a look at the next deadline scans every hold.
+        self._deadlines: list[tuple[float, int, Hold]] = []
+        self._order = itertools.count()
+        # The managed holds by owner token: liveness is checked per owner, not per hold.
+        self._by_token: dict[str, set[Hold]] = {}
 
     def get(self, kind: LockKind, name: str, owner: str) -> Hold | None:
         return self._table.get((kind.label, name, owner))
 
     def add(self, hold: Hold) -> None:
         with self._lock:
+            old = self._table.get(hold.ident)
+            if old is not None:
+                self._forget(old)
             self._table[hold.ident] = hold
+            if hold.managed:
+                heapq.heappush(self._deadlines, (hold.valid_until, next(self._order), hold))
+                self._by_token.setdefault(hold.token, set()).add(hold)
+
+    def _forget(self, hold: Hold) -> None:
+        """Take ``hold`` off the table (under the lock)."""
+        del self._table[hold.ident]
+        owned = self._by_token.get(hold.token)
+        if owned is not None:
+            owned.discard(hold)
+            if not owned:
+                del self._by_token[hold.token]
+
+    def _first(self) -> Hold | None:
+        """The managed hold whose validity ends first (under the lock)."""
+        heap = self._deadlines
+        while heap:
+            queued, _, h = heap[0]
+            if h.lost is not None or self._table.get(h.ident) is not h:
+                heapq.heappop(heap)
+            elif queued < h.valid_until:
+                heapq.heapreplace(heap, (h.valid_until, next(self._order), h))
+            else:
+                return h
+        return None
 
     def remove(self, hold: Hold) -> None:
         with self._lock:
             if self._table.get(hold.ident) is hold:
-                del self._table[hold.ident]
+                self._forget(hold)
 
     def is_current(self, hold: Hold) -> bool:
         return self._table.get(hold.ident) is hold
@@ -72,27 +110,35 @@ class Holds:
     def owned_by(self, token: str) -> bool:
         """Whether an owner with this token has a watchdog-managed hold here."""
         with self._lock:
-            return any(h.managed and h.token == token for h in self._table.values())
+            return token in self._by_token
 
     def take_dead(self, alive: Callable[[str], bool]) -> list[Hold]:
         """Remove the managed holds whose owner has ended, marked lost, and return them
         (the watchdog releases them and reports them)."""
         dead: list[Hold] = []
         with self._lock:
-            for h in list(self._table.values()):
-                if h.managed and h.lost is None and not alive(h.token):
-                    h.lost = "its owner ended while holding it"
-                    del self._table[h.ident]
-                    dead.append(h)
+            for token in [t for t in self._by_token if not alive(t)]:
+                for h in list(self._by_token[token]):
+                    if h.lost is None:
+                        h.lost = "its owner ended while holding it"
+                        dead.append(h)
+                    self._forget(h)
         return dead
 
     def renewed(self, hold: Hold, valid_until: float) -> bool:
         """Record a renewal of ``hold``, unless it was released or found lost meanwhile."""
+        return self.renewed_all([hold], valid_until) == 1
+
+    def renewed_all(self, holds: Sequence[Hold], valid_until: float) -> int:
+        """:meth:`renewed` for many holds, under one lock; how many were recorded."""
+        done = 0
+        table = self._table
         with self._lock:
-            if hold.lost is not None or self._table.get(hold.ident) is not hold:
-                return False
-            hold.valid_until = valid_until
-            return True
+            for hold in holds:
+                if hold.lost is None and table.get(hold.ident) is hold:
+                    hold.valid_until = valid_until
+                    done += 1
+        return done
 
     def mark_lost(self, hold: Hold, why: str) -> bool:
         """Mark ``hold`` lost (True), unless it was released or lost already."""
@@ -107,17 +153,17 @@ class Holds:
         ``margin`` of ``now`` without a renewal: reported before their validity ends."""
         out: list[Hold] = []
         with self._lock:
-            for h in self._table.values():
-                if h.managed and h.lost is None and h.valid_until - margin <= now:
-                    h.lost = "the lease could not be renewed on a quorum before its validity ended"
-                    out.append(h)
+            while (h := self._first()) is not None and h.valid_until - margin <= now:
+                h.lost = "the lease could not be renewed on a quorum before its validity ended"
+                heapq.heappop(self._deadlines)
+                out.append(h)
         return out
 
     def next_deadline(self, margin: float) -> float | None:
         """When the next managed hold becomes overdue (see :meth:`overdue`), if any."""
         with self._lock:
-            ends = [h.valid_until for h in self._table.values() if h.managed and h.lost is None]
-        return min(ends) - margin if ends else None
+            h = self._first()
+        return None if h is None else h.valid_until - margin
 
     def all(self) -> list[Hold]:
         with self._lock:
@@ -126,3 +172,5 @@ class Holds:
     def clear(self) -> None:
         with self._lock:
             self._table.clear()
+            self._deadlines.clear()
+            self._by_token.clear()

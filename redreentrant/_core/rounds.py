@@ -228,24 +228,25 @@ def held_by_quorum(q: Quorum, kind: LockKind, views: Sequence[MasterView]) -> bo
 
 
 @dataclass
-class Renewal:
-    """The outcome of one watchdog round for one hold."""
+class Renewals:
+    """The outcome of one watchdog round."""
 
-    hold: Hold
-    #: new end of validity if renewed on a quorum in time, else None
-    valid_until: float | None
-    #: the hold is gone from so many masters that no renewal can succeed
-    gone: bool
+    #: the holds renewed on a quorum in time, and the new end of their validity
+    renewed: list[Hold]
+    valid_until: float
+    #: the holds gone from so many masters that no renewal can succeed
+    gone: list[Hold]
 
 
 def renew_steps(
     q: Quorum, holds: Sequence[Hold], lease: float, cluster: set[int]
-) -> Steps[list[Renewal]]:
+) -> Steps[Renewals]:
     """Renew many holds in one round: per master one call per kind (per hash slot on
     the masters in ``cluster``, which a CROSSSLOT reply adds to that set)."""
     ms = lease_ms(lease)
     started = q.clock()
-    per_master = [_renew_calls(holds, ms, i in cluster) for i in range(q.size)]
+    plain = _renew_calls(holds, ms, False)  # the same for every master outside a cluster
+    per_master = [_renew_calls(holds, ms, True) if i in cluster else plain for i in range(q.size)]
     replies = yield Fanout(tuple(calls for calls, _ in per_master))
     crossed = [i for i, rs in enumerate(replies) if any(map(_cross_slot, rs))]
     if crossed:
@@ -255,26 +256,27 @@ def renew_steps(
         again = yield Fanout(tuple(per_master[i][0] if i in crossed else () for i in range(q.size)))
         for i in crossed:
             replies[i] = again[i]
-    renewed: dict[int, int] = defaultdict(int)
-    gone: dict[int, int] = defaultdict(int)
+    # Votes per hold, by its place in ``holds``.
+    place = {id(h): n for n, h in enumerate(holds)}
+    renewed = [0] * len(holds)
+    gone = [0] * len(holds)
     for i, (_, order) in enumerate(per_master):
         for reply, group in zip(replies[i], order, strict=False):
-            for pos, h in enumerate(group):
-                flag = _renewed_flag(reply, pos)
+            if not isinstance(reply, list):
+                continue  # failed: neither renewed nor gone there
+            for h, flag in zip(group, reply, strict=False):
                 if flag == 1:
-                    renewed[id(h)] += 1
+                    renewed[place[id(h)]] += 1
                 elif flag == 0:
-                    gone[id(h)] += 1
+                    gone[place[id(h)]] += 1
     valid_until = started + lease - q.drift(lease)
-    now = q.clock()
-    return [
-        Renewal(
-            h,
-            valid_until if renewed[id(h)] >= q.needed and valid_until > now else None,
-            gone[id(h)] > q.tolerated,
-        )
-        for h in holds
-    ]
+    needed = q.needed if valid_until > q.clock() else q.size + 1  # too late: none
+    tolerated = q.tolerated
+    return Renewals(
+        [h for h, votes in zip(holds, renewed, strict=True) if votes >= needed],
+        valid_until,
+        [h for h, votes in zip(holds, gone, strict=True) if votes > tolerated],
+    )
 
 
 def _cross_slot(reply: Reply) -> bool:
@@ -284,12 +286,6 @@ def _cross_slot(reply: Reply) -> bool:
     return isinstance(reply, Exception) and (
         type(reply).__name__ == "ClusterCrossSlotError" or "CROSSSLOT" in str(reply)
     )
-
-
-def _renewed_flag(reply: Reply, pos: int) -> int | None:
-    if isinstance(reply, list) and pos < len(reply):
-        return int(reply[pos])
-    return None
 
 
 def _renew_calls(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from .effects import Pause, Steps
@@ -33,7 +33,7 @@ from .engine import Engine
 from .holds import Hold, Holds
 from .owner import OWNERS
 from .quorum import Quorum
-from .rounds import Renewal, release_steps, renew_steps
+from .rounds import Renewals, release_steps, renew_steps
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")  # what a round gives: the lost holds, or an awaitable of them
@@ -70,19 +70,13 @@ class RoundTimes:
         self.slowest = max(self._recent)
 
 
-def judge(renewals: Sequence[Renewal], holds: Holds) -> list[Hold]:
+def judge(renewals: Renewals, holds: Holds) -> list[Hold]:
     """Apply one renewal round to the holds; return the holds found lost (gone from so
     many masters that no renewal can reach a quorum). A hold that merely failed to renew
     is tried again at the next tick, until the deadline clock calls it lost."""
-    lost: list[Hold] = []
-    for r in renewals:
-        if r.valid_until is not None:
-            holds.renewed(r.hold, r.valid_until)
-        elif r.gone and holds.mark_lost(
-            r.hold, "the lock's key was deleted or taken over on a majority of masters"
-        ):
-            lost.append(r.hold)
-    return lost
+    holds.renewed_all(renewals.renewed, renewals.valid_until)
+    why = "the lock's key was deleted or taken over on a majority of masters"
+    return [h for h in renewals.gone if holds.mark_lost(h, why)]
 
 
 def tick_steps(

@@ -45,6 +45,20 @@ from .._core.masters import master_name
 _Pending = tuple[int, Any, int, float]
 
 
+def _pack(conn: Any, commands: list[tuple[object, ...]]) -> list[bytes]:
+    if len(commands) == 1:
+        return conn.pack_command(*commands[0])  # type: ignore[no-any-return]
+    return conn.pack_commands(commands)  # type: ignore[no-any-return]
+
+
+def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
+    """Master ``i``'s commands, packed once per round for every master with the same
+    calls and the same connection class and encoding."""
+    enc = conn.encoder
+    how = (type(conn), enc.encoding, enc.encoding_errors)
+    return fan.packed(i, how, lambda commands: _pack(conn, commands))
+
+
 class SyncTransport:
     """Runs script calls on N redis-py clients at once."""
 
@@ -104,22 +118,21 @@ class SyncTransport:
         unconnected: list[int] = []
         for i in fan.targets:
             m = self._masters[i]
-            commands = fan.commands(i)
             behind = self._take_behind(i)
             if behind is not None and m.lagging(behind, now, self.timeout):
                 # A suspect is sent no new acquire; clean-ups are queued behind the
                 # owed replies (they reach the master in order), not waited for.
                 if not fanout.cleanup:
                     m.behind.append(behind)
-                elif not m.queue(behind, len(commands)):
+                elif not m.queue(behind, fan.count(i)):
                     self._drop(i, behind.conn)  # owes too much: given up
-                elif self._send(i, behind.conn, commands) is None:
-                    behind.owed += len(commands)
+                elif self._send(i, behind.conn, _packed(fan, i, behind.conn)) is None:
+                    behind.owed += fan.count(i)
                     m.behind.append(behind)
                 self._suspect(fan, i, now)
                 continue
             if behind is not None:
-                error = self._send(i, behind.conn, commands)
+                error = self._send(i, behind.conn, _packed(fan, i, behind.conn))
                 if error is None:
                     late.append((i, behind.conn, behind.owed, behind.since))
                 else:
@@ -133,7 +146,7 @@ class SyncTransport:
             except IndexError:
                 unconnected.append(i)
                 continue
-            error = self._send(i, conn, commands)
+            error = self._send(i, conn, _packed(fan, i, conn))
             if error is None:
                 sent.append((i, conn, 0, now))
             else:
@@ -143,7 +156,9 @@ class SyncTransport:
                 if isinstance(conn, redis.TimeoutError):
                     self._masters[i].timed_out(now)
                 error = (
-                    conn if isinstance(conn, Exception) else self._send(i, conn, fan.commands(i))
+                    conn
+                    if isinstance(conn, Exception)
+                    else self._send(i, conn, _packed(fan, i, conn))
                 )
                 if error is None:
                     sent.append((i, conn, 0, time.monotonic()))
@@ -217,13 +232,9 @@ class SyncTransport:
         for behind in m.probed(answered):
             self._drop(i, behind.conn)
 
-    def _send(self, i: int, conn: Any, commands: list[tuple[object, ...]]) -> Exception | None:
-        """Send ``commands`` pipelined; on failure the connection is dropped."""
+    def _send(self, i: int, conn: Any, packed: list[bytes]) -> Exception | None:
+        """Send ``packed`` commands (pipelined); on failure the connection is dropped."""
         try:
-            if len(commands) == 1:
-                packed = conn.pack_command(*commands[0])
-            else:
-                packed = conn.pack_commands(commands)
             conn.send_packed_command(packed, check_health=False)
         except Exception as error:
             self._drop(i, conn)
@@ -238,7 +249,7 @@ class SyncTransport:
             conn = self._new_connection(i)
         if isinstance(conn, Exception):
             return read_failed([], len(commands), conn)
-        error = self._send(i, conn, commands)
+        error = self._send(i, conn, _pack(conn, commands))
         if error is not None:
             return read_failed([], len(commands), error)
         return self._read(i, conn, 0, len(commands), time.monotonic(), deadline)
