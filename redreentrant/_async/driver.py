@@ -43,7 +43,7 @@ class AsyncDriver:
         ``shielded``: the caller already runs these steps where no cancellation reaches
         (a release): rounds then need no shield of their own."""
         self._check_open()
-        watched: list[str] = []
+        watched: list[tuple[str, str]] = []
         self._active.add(steps)
         try:
             effect = next(steps)
@@ -59,14 +59,16 @@ class AsyncDriver:
             return value
         finally:
             self._active.discard(steps)
-            for channel in watched:
-                self.hub.unwatch(channel)
+            for channel, owner in watched:
+                self.hub.unwatch(channel, owner)
 
     async def run_shielded(self, steps: Steps[T]) -> T:
         """Run ``steps`` to their end even if the caller is cancelled (releases)."""
         return await finish(asyncio.ensure_future(self.run(steps, shielded=True)))
 
-    async def _carry_out(self, effect: object, watched: list[str], shielded: bool) -> object:
+    async def _carry_out(
+        self, effect: object, watched: list[tuple[str, str]], shielded: bool
+    ) -> object:
         if isinstance(effect, Fanout):
             if shielded:
                 return await self.transport.fanout(effect.calls)
@@ -74,19 +76,23 @@ class AsyncDriver:
             # undo that follows reaches each master after the round it undoes.
             return await finish(asyncio.ensure_future(self.transport.fanout(effect.calls)))
         if isinstance(effect, Wait):
-            return await self.hub.wait(effect.channel, effect.generation, effect.timeout)
+            return await self.hub.wait(
+                effect.channel, effect.owner, effect.generation, effect.timeout
+            )
         if isinstance(effect, Notify):
-            self.hub.notify(effect.channels, effect.release_id)
+            self.hub.notify(effect.channels, effect.release_id, effect.woken)
             return None
         if isinstance(effect, Pause):
             await self.hub.pause(effect.seconds)
             return None
         if isinstance(effect, Relay):
-            self.hub.relay(effect.channel)
+            self.hub.relay(effect.channel, effect.owner)
             return None
         if isinstance(effect, Watch):
-            generation = await self.hub.watch(effect.channel, effect.broadcast)
-            watched.append(effect.channel)
+            generation = await self.hub.watch(
+                effect.channel, effect.owner, effect.broadcast, effect.targeted
+            )
+            watched.append((effect.channel, effect.owner))
             return generation
         raise TypeError(f"unknown effect {effect!r}")
 
