@@ -1,12 +1,19 @@
 -- name: acquire
--- version: 1
+-- version: 2
 -- Takes a free exclusive lock, or re-enters it, as a hash owner -> hold count.
 -- The key is created only by a first hold (count 1): a re-entry whose hold is gone
 -- is refused, so a lost lease is never silently taken again under an old count.
+-- A refused first hold may register its owner as a waiter in KEYS[2], for ARGV[4] ms
+-- (server time): a release then wakes the registered waiters one at a time (see
+-- release.lua). A grant ends the owner's registration. KEYS[2] lives exactly as long as
+-- its last registration, and is gone once it holds none.
 -- KEYS[1]  the lock hash
+-- KEYS[2]  zset of registered waiters: owner -> end of its registration (server ms)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds: the key's PTTL after a grant
 -- ARGV[3]  hold count to record on a grant (1 takes the lock, >1 re-enters)
+-- ARGV[4]  ms the owner stays registered as a waiter if refused (0: do not register;
+--          a re-entry never registers)
 -- Reply    {1, count} granted; {0, pttl} refused: pttl is the holder's remaining
 --          lease in ms, or -2 when the key is absent (a re-entry whose hold is gone)
 local count = tonumber(ARGV[3])
@@ -14,6 +21,17 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 1
     or (count == 1 and redis.call('exists', KEYS[1]) == 0) then
   redis.call('hset', KEYS[1], ARGV[1], count)
   redis.call('pexpire', KEYS[1], ARGV[2])
+  redis.call('zrem', KEYS[2], ARGV[1])
   return {1, count}
 end
-return {0, redis.call('pttl', KEYS[1])}
+local pttl = redis.call('pttl', KEYS[1])
+local wait = tonumber(ARGV[4])
+if count == 1 and wait > 0 then
+  local t = redis.call('time')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('zremrangebyscore', KEYS[2], '-inf', now)
+  redis.call('zadd', KEYS[2], now + wait, ARGV[1])
+  local last = redis.call('zrange', KEYS[2], -1, -1, 'withscores')
+  redis.call('pexpire', KEYS[2], math.max(1, tonumber(last[2]) - now))
+end
+return {0, pttl}

@@ -1,26 +1,101 @@
 -- name: release
--- version: 2
--- Sets the owner's hold count to what is left after a release; at zero removes the
--- owner's hold, and when that frees the lock deletes the key and publishes a wake-up.
--- The count is absolute, not a decrement, so a repeated call cannot release twice.
+-- version: 3
+-- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
+-- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
+--
+-- When the lock becomes free here, the registered waiter whose registration ends first
+-- is taken off KEYS[2] and woken on its manager's home channel: the home prefix
+-- followed by the owner id less its last ':' part (an owner id is
+-- '<manager id>:<token>'), with the message '<release id>\n<owner id>\n<wake channel>'.
+-- A waiter whose manager hears nothing there (PUBLISH reached no subscriber: its process
+-- died, or its connection is being remade) is dropped and the next one is tried, so a
+-- dead waiter never swallows the wake-up. Registrations past their end are purged first.
+-- Clients of an earlier version wait on the lock's wake channel instead: the release id
+-- is published there too, but only while someone subscribes to it (PUBSUB NUMSUB).
+--
 -- KEYS[1]  the lock hash
--- ARGV[1]  owner id
--- ARGV[2]  hold count left after this release (0 frees the owner's hold)
--- ARGV[3]  wake-up channel
--- ARGV[4]  release id, published as the wake-up's payload (the same on every master,
---          so a subscriber can tell N masters' messages of one release apart from N releases)
--- Reply    1 still held with the new count; 0 the owner's hold is gone (freed here);
---          -1 the owner held nothing on this master
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
-  return -1
+-- KEYS[2]  zset of registered waiters: owner -> end of its registration (server ms)
+-- ARGV[1]  the operation; the rest depends on it:
+--   release  ARGV[2] owner, ARGV[3] hold count left (0 frees the owner's hold),
+--            ARGV[4] the lock's wake channel, ARGV[5] release id (the same on every
+--            master, so that a manager counts N masters' wake-ups of one release once),
+--            ARGV[6] home channel prefix, ARGV[7] '1' to end the owner's own
+--            registration too (a final release: a try that reached this master too
+--            late to count may have registered it), '0' to keep it (undoing a try that
+--            failed elsewhere, while still waiting). The count is absolute, not a
+--            decrement, so a repeated call cannot release twice.
+--            Reply {1, ''} still held with the new count; {0, woken} the owner's hold
+--            is gone (freed here); {-1, ''} the owner held nothing on this master
+--   abandon  ARGV[2] owner, ARGV[3] wake channel, ARGV[4] release id, ARGV[5] home
+--            prefix: a waiter gives up. Ends its registration and, if the lock is free
+--            here, wakes the next waiter (the one giving up may have been woken, and
+--            will not take the lock). Reply {0, woken}
+--   force    ARGV[2] wake channel, ARGV[3] release id, ARGV[4] home prefix: deletes the
+--            lock whoever holds it and wakes one waiter. Reply {1, woken} a lock was
+--            deleted, {0, ''} there was none; a WRONGTYPE error for a non-hash key
+-- woken: the owner id of the waiter that was woken, '' when none was.
+
+local op = ARGV[1]
+local hash, waiters = KEYS[1], KEYS[2]
+
+local function wake_next(channel, id, prefix)
+  if redis.call('pubsub', 'numsub', channel)[2] > 0 then
+    redis.call('publish', channel, id)
+  end
+  if redis.call('exists', waiters) == 0 then
+    return ''
+  end
+  local t = redis.call('time')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('zremrangebyscore', waiters, '-inf', now)
+  while true do
+    local first = redis.call('zpopmin', waiters)
+    if #first == 0 then
+      return ''
+    end
+    local owner = first[1]
+    local manager = string.match(owner, '^(.*):[^:]*$') or owner
+    if redis.call('publish', prefix .. manager, id .. '\n' .. owner .. '\n' .. channel) > 0 then
+      return owner
+    end
+  end
 end
-local count = tonumber(ARGV[2])
+
+if op == 'force' then
+  local kind = redis.call('type', hash)['ok']
+  if kind == 'none' then
+    return {0, ''}
+  end
+  if kind ~= 'hash' then
+    return redis.error_reply('WRONGTYPE lock key holds a ' .. kind)
+  end
+  redis.call('del', hash)
+  return {1, wake_next(ARGV[2], ARGV[3], ARGV[4])}
+end
+
+if op == 'abandon' then
+  redis.call('zrem', waiters, ARGV[2])
+  if redis.call('exists', hash) == 1 then
+    return {0, ''}
+  end
+  return {0, wake_next(ARGV[3], ARGV[4], ARGV[5])}
+end
+
+-- op == 'release'
+local owner = ARGV[2]
+if ARGV[7] == '1' then
+  redis.call('zrem', waiters, owner)
+end
+if redis.call('hexists', hash, owner) == 0 then
+  return {-1, ''}
+end
+local count = tonumber(ARGV[3])
 if count > 0 then
-  redis.call('hset', KEYS[1], ARGV[1], count)
-  return 1
+  redis.call('hset', hash, owner, count)
+  return {1, ''}
 end
-redis.call('hdel', KEYS[1], ARGV[1])
-if redis.call('exists', KEYS[1]) == 0 then
-  redis.call('publish', ARGV[3], ARGV[4])
+redis.call('hdel', hash, owner)
+if redis.call('exists', hash) == 1 then
+  return {0, ''}
 end
-return 0
+return {0, wake_next(ARGV[4], ARGV[5], ARGV[6])}

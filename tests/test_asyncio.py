@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import redreentrant
-from redreentrant._core.keys import PREFIX, lock_key, wake_channel
+from redreentrant._core.keys import PREFIX, lock_key, waiters_key
 from redreentrant.asyncio import (
     LockLostError,
     LockManager,
@@ -30,9 +30,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def subscribers(url: str, channel: str) -> int:
+def registered(url: str, name: str) -> int:
+    """How many waiters for the plain lock ``name`` a master has registered."""
     with redis.Redis.from_url(url) as r:
-        return int(r.pubsub_numsub(channel)[0][1])
+        return int(r.zcard(waiters_key(name)))
 
 
 def lock_keys(ensemble: LocalEnsemble) -> dict[str, list[str]]:
@@ -153,7 +154,7 @@ def test_a_release_hands_over_through_pub_sub(urls: list[str]) -> None:
                 return got
 
             waiter = asyncio.create_task(wait())
-            while not subscribers(urls[0], wake_channel("handoff")):  # it has subscribed
+            while not registered(urls[0], "handoff"):  # it waits
                 await asyncio.sleep(0.01)
             await one.lock("handoff").release()
             assert await waiter, "woken by the release, not by the 30 s lease"
@@ -426,12 +427,8 @@ def test_a_local_release_wakes_local_waiting_tasks_without_pubsub(
 ) -> None:
     # Every pub/sub connection is cut before the release: only the in-process wake-up
     # (and not the 60 s lease) can hand the lock to the waiting tasks.
-    def subscribed() -> int:
-        counts = []
-        for server in ensemble.servers:
-            with redis.Redis.from_url(server.url) as r:
-                counts.append(int(r.pubsub_numsub(wake_channel("local"))[0][1]))
-        return min(counts)
+    def waiting() -> int:
+        return min(registered(server.url, "local") for server in ensemble.servers)
 
     async def main() -> list[int]:
         order: list[int] = []
@@ -445,7 +442,7 @@ def test_a_local_release_wakes_local_waiting_tasks_without_pubsub(
                     await lock.release()
 
             tasks = [asyncio.create_task(wait(i)) for i in range(3)]
-            while subscribed() < 1:
+            while waiting() < 3:
                 await asyncio.sleep(0.01)
             for server in ensemble.servers:
                 with redis.Redis.from_url(server.url) as r:

@@ -15,10 +15,10 @@ from redreentrant._core.effects import Call, Reply, Steps
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
 from redreentrant._core.holds import Hold, Holds
-from redreentrant._core.keys import PREFIX, key_slot, lock_key
+from redreentrant._core.keys import PREFIX, key_slot, lock_key, waiters_key, wake_channel
 from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant._core.mock import FakeClock, MockTransport
-from redreentrant._core.quorum import Quorum
+from redreentrant._core.quorum import Quorum, lease_ms
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
 from redreentrant._core.watchdog import (
@@ -36,12 +36,29 @@ DRIFT = LEASE * 0.01 + 0.002
 
 class Master:
     """One master, answering the plain lock's scripts as the Lua does (TTLs on the
-    fake clock)."""
+    fake clock; ``listening`` says whose home channel a subscriber hears)."""
 
-    def __init__(self, clock: FakeClock) -> None:
+    def __init__(self, clock: FakeClock, listening: Callable[[str], bool]) -> None:
         self.clock = clock
+        self.listening = listening
         self.hashes: dict[str, dict[str, int]] = {}
         self.expires: dict[str, float] = {}
+        #: registered waiters per waiters key: owner -> end of its registration
+        self.waiters: dict[str, dict[str, float]] = {}
+
+    def registered(self, key: str) -> list[str]:
+        """The live registrations under ``key``, the one ending first first."""
+        now = self.clock()
+        live = {o: end for o, end in self.waiters.get(key, {}).items() if end > now}
+        self.waiters[key] = live
+        return sorted(live, key=lambda o: live[o])
+
+    def _wake_next(self, key: str) -> str:
+        for owner in self.registered(key):
+            del self.waiters[key][owner]
+            if self.listening(owner):
+                return owner
+        return ""
 
     def _hash(self, key: str) -> dict[str, int]:
         if key in self.expires and self.clock() >= self.expires[key]:
@@ -51,27 +68,45 @@ class Master:
     def run(self, call: Call) -> Reply:
         name, keys, args = call.script.name, call.keys, call.args
         if name == "acquire":
-            key, (owner, lease_ms, count) = keys[0], args
+            (key, waiters), (owner, lease_ms, count, wait_ms) = keys, args
             held = self._hash(key)
             if owner in held or (int(count) == 1 and not held):
                 self.hashes[key] = {**held, str(owner): int(count)}
                 self.expires[key] = self.clock() + int(lease_ms) / 1000
+                self.waiters.get(waiters, {}).pop(str(owner), None)
                 return [1, int(count)]
             ttl = int((self.expires[key] - self.clock()) * 1000) if held else -2
+            if int(count) == 1 and int(wait_ms) > 0:
+                registered = self.waiters.setdefault(waiters, {})
+                registered[str(owner)] = self.clock() + int(wait_ms) / 1000
             return [0, ttl]
+        if name == "release" and args[0] == "force":
+            (key, waiters) = keys
+            if not self._hash(key):
+                return [0, ""]
+            self.hashes.pop(key, None)
+            self.expires.pop(key, None)
+            return [1, self._wake_next(waiters)]
+        if name == "release" and args[0] == "abandon":
+            (key, waiters), owner = keys, str(args[1])
+            self.waiters.get(waiters, {}).pop(owner, None)
+            return [0, "" if self._hash(key) else self._wake_next(waiters)]
         if name == "release":
-            key, owner, left = keys[0], str(args[0]), int(args[1])
+            (key, waiters), owner, left, leave = keys, str(args[1]), int(args[2]), args[6]
+            if leave == "1":
+                self.waiters.get(waiters, {}).pop(owner, None)
             held = self._hash(key)
             if owner not in held:
-                return -1
+                return [-1, ""]
             if left > 0:
                 held[owner] = left
-                return 1
+                return [1, ""]
             del held[owner]
             if not held:
                 self.hashes.pop(key, None)
                 self.expires.pop(key, None)
-            return 0
+                return [0, self._wake_next(waiters)]
+            return [0, ""]
         if name == "renew":
             out = []
             for key, owner in zip(keys, args[1:], strict=True):
@@ -85,21 +120,40 @@ class Master:
 
 
 class Hub:
-    """Wake-ups on the fake clock: a wait lasts its whole time-out (nobody releases)."""
+    """Wake-ups on the fake clock: a wait lasts its whole time-out (nobody releases),
+    unless ``wakes`` says it ends with a wake-up (then it returns at once, or after its
+    whole time-out if ``slow``); every call is recorded."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.waits: list[float] = []
         self.pauses: list[float] = []
+        self.watches: list[tuple[str, str, bool, bool]] = []
+        self.notices: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+        self.relays: list[tuple[str, str]] = []
+        #: how many of the next waits end with a wake-up
+        self.wakes = 0
+        self.slow = False
+        #: called at the start of every wait
+        self.on_wait: Callable[[], None] = lambda: None
 
-    def watch(self, channel: str, broadcast: bool = False) -> int:
+    def watch(
+        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+    ) -> int:
+        self.watches.append((channel, owner, broadcast, targeted))
         return 0
 
-    def unwatch(self, channel: str) -> None:
+    def unwatch(self, channel: str, owner: str) -> None:
         pass
 
-    def wait(self, channel: str, generation: int, timeout: float) -> int:
+    def wait(self, channel: str, owner: str, generation: int, timeout: float) -> int:
+        self.on_wait()
         self.waits.append(timeout)
+        if self.wakes:
+            self.wakes -= 1
+            if self.slow:
+                self.clock.advance(timeout)
+            return generation + 1
         self.clock.advance(timeout)
         return generation
 
@@ -107,11 +161,11 @@ class Hub:
         self.pauses.append(seconds)
         self.clock.advance(seconds)
 
-    def notify(self, channels: Sequence[str], release_id: str) -> None:
-        pass
+    def notify(self, channels: Sequence[str], release_id: str, woken: Sequence[str] = ()) -> None:
+        self.notices.append((tuple(channels), tuple(woken)))
 
-    def relay(self, channel: str) -> None:
-        pass
+    def relay(self, channel: str, owner: str) -> None:
+        self.relays.append((channel, owner))
 
     def close(self) -> None:
         pass
@@ -122,12 +176,16 @@ class World:
 
     def __init__(self, size: int = 5, uniform: Callable[[float, float], float] | None = None):
         self.clock = FakeClock()
-        self.masters = [Master(self.clock) for _ in range(size)]
+        #: the managers whose home channel a subscriber hears
+        self.listening = {"m-other"}
+        self.masters = [Master(self.clock, self.is_listening) for _ in range(size)]
         #: per master: an exception to answer with instead (a failure, a time-out)
         self.failing: dict[int, BaseException] = {}
         #: seconds each round takes (the clock moves during the round)
         self.round_time = 0.01
         self.transport = MockTransport(self.answer)
+        #: called before a master answers a call
+        self.on_call: Callable[[int, Call], None] = lambda master, call: None
         self.hub = Hub(self.clock)
         self.uniforms: list[tuple[float, float]] = []
 
@@ -146,11 +204,15 @@ class World:
         )
         self.driver = SyncDriver(self.transport, self.hub, self.engine.check_open)
 
+    def is_listening(self, owner: str) -> bool:
+        return owner.rsplit(":", 1)[0] in self.listening
+
     def answer(self, master: int, call: Call) -> Reply:
         if master == 0:
             self.clock.advance(self.round_time)  # once per round: the round's duration
         if master in self.failing:
             return self.failing[master]
+        self.on_call(master, call)
         return self.masters[master].run(call)
 
     def run(self, steps: Steps[Any]) -> Any:
@@ -225,6 +287,92 @@ def test_a_refused_waiter_sleeps_no_longer_than_the_holders_ttl() -> None:
     w.take_elsewhere([0, 1, 2, 3, 4], ttl=1.5)
     assert w.acquire(blocking=True, timeout=10)  # granted once the holder's lease ended
     assert w.hub.waits and max(w.hub.waits) <= 1.5 + 0.002
+
+
+# -- waiters registered on the masters (the plain lock) ---------------------------------------
+
+
+def registered(w: World) -> list[list[str]]:
+    return [m.registered(waiters_key("x")) for m in w.masters]
+
+
+def test_a_refused_waiter_registers_on_the_masters_and_subscribes_no_lock_channel() -> None:
+    w = World()
+    owner = w.engine.owner_id()
+    w.take_elsewhere(range(5), ttl=1.5)
+    seen: list[list[list[str]]] = []
+    w.hub.on_wait = lambda: seen.append(registered(w))
+    assert w.acquire(blocking=True, timeout=10)
+    # One watch, targeted: its wake-ups come by name on the manager's home channel.
+    assert w.hub.watches == [(wake_channel("x"), owner, False, True)]
+    first = w.transport.rounds[0][0][0]
+    assert first.script.name == "acquire" and first.args[3] == lease_ms(LEASE)
+    assert seen and all(per == [[owner]] * 5 for per in seen)  # registered while it waits
+    assert registered(w) == [[]] * 5  # the grant ended the registration
+
+
+def test_a_waiter_that_gives_up_takes_its_registration_back() -> None:
+    w = World()
+    w.take_elsewhere(range(5), ttl=60.0)
+    assert not w.acquire(blocking=True, timeout=1.0)
+    last = w.transport.rounds[-1]
+    assert all(per[0].script.name == "release" and per[0].args[0] == "abandon" for per in last)
+    assert registered(w) == [[]] * 5
+    assert w.hub.relays == []  # it was never woken: nothing to pass on
+
+
+def test_a_try_that_cannot_wait_neither_registers_nor_takes_anything_back() -> None:
+    w = World()
+    w.take_elsewhere(range(5), ttl=60.0)
+    assert not w.acquire()
+    assert len(w.transport.rounds) == 1 and w.transport.rounds[0][0][0].args[3] == 0
+    assert w.hub.watches == [] and registered(w) == [[]] * 5
+
+
+def test_a_release_tells_the_hub_which_waiter_the_masters_woke() -> None:
+    w = World()
+    assert w.acquire()
+    for m in w.masters:
+        # A waiter whose manager hears nothing (it died) is skipped for the next one.
+        m.waiters[waiters_key("x")] = {"gone:t1": w.clock() + 5, "m-other:t7": w.clock() + 6}
+    w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
+    assert w.hub.notices == [((wake_channel("x"),), ("m-other:t7",))]
+    assert registered(w) == [[]] * 5
+
+
+def test_force_unlock_wakes_one_registered_waiter() -> None:
+    w = World()
+    w.take_elsewhere(range(5))
+    for m in w.masters:
+        m.waiters[waiters_key("x")] = {"m-other:t7": w.clock() + 5, "m-other:t8": w.clock() + 6}
+    assert w.run(w.engine.force_unlock((EXCLUSIVE,), "x")) is True
+    assert w.hub.notices == [((wake_channel("x"),), ("m-other:t7",))]
+    assert registered(w) == [["m-other:t8"]] * 5
+
+
+@pytest.mark.parametrize("lock_free_on_abandon", [False, True])
+def test_a_woken_waiter_that_gives_up_relays_here_only_if_the_masters_woke_nobody(
+    lock_free_on_abandon: bool,
+) -> None:
+    w = World()
+    owner = w.engine.owner_id()
+    w.take_elsewhere(range(5), ttl=60.0)
+    for m in w.masters:
+        m.waiters[waiters_key("x")] = {"m-other:t7": w.clock() + 30}
+    w.hub.wakes, w.hub.slow = 1, True  # woken as its time runs out
+
+    def on_call(master: int, call: Call) -> None:
+        if lock_free_on_abandon and call.args[0] == "abandon":
+            w.masters[master].hashes.clear()  # the holder's lease ran out meanwhile
+
+    w.on_call = on_call
+    assert not w.acquire(blocking=True, timeout=1.0)
+    if lock_free_on_abandon:
+        # The masters passed the wake-up on to the next registered waiter.
+        assert w.hub.relays == [] and registered(w) == [[]] * 5
+    else:
+        assert w.hub.relays == [(wake_channel("x"), owner)]
+        assert registered(w) == [["m-other:t7"]] * 5
 
 
 def test_too_many_failures_raise_quorum_unavailable_and_undo() -> None:
@@ -340,7 +488,7 @@ def message(kind: str, channel: str, data: str = "") -> dict[str, object]:
 def test_a_channel_watched_while_a_master_connects_is_sent_next() -> None:
     subs = Subscriptions(2, "home")
     assert subs.connected(0) == ["home"]  # the connect's SUBSCRIBE is under way...
-    subs.watch("c")  # ... when a waiter watches a channel
+    subs.watch("c", "o1")  # ... when a waiter watches a channel
     assert subs.changes(0) == (["c"], [])  # not skipped: sent next on that connection
     assert subs.changes(0) == ([], [])
     assert subs.changes(1) == ([], [])  # not connected yet: it gets all of it then
@@ -350,32 +498,48 @@ def test_a_channel_watched_while_a_master_connects_is_sent_next() -> None:
 def test_a_stale_unsubscribe_never_removes_a_fresh_subscription() -> None:
     subs = Subscriptions(1, "home")
     subs.connected(0)
-    subs.watch("c")
+    subs.watch("c", "o1")
     assert subs.changes(0) == (["c"], [])
-    subs.unwatch("c")
-    subs.watch("c")  # watched again before the unsubscribe was sent
+    subs.unwatch("c", "o1")
+    subs.watch("c", "o2")  # watched again before the unsubscribe was sent
     assert subs.changes(0) == ([], [])  # so none is sent
-    subs.unwatch("c")
+    subs.unwatch("c", "o2")
     assert subs.changes(0) == ([], ["c"])
     assert "c" not in subs.channels  # forgotten once no connection has it
 
 
 def test_a_release_counts_once_however_many_masters_announce_it() -> None:
     subs = Subscriptions(3, "home")
-    chan = subs.watch("c")
+    subs.watch("c", "o1")
+    chan = subs.channels["c"]
     for i in range(3):
         subs.connected(i)
-        assert subs.on_message(i, message("subscribe", "c")) == (None, True)
+        assert subs.on_message(i, message("subscribe", "c")) == ([], True)
     assert subs.settled(chan)
     woken = [subs.on_message(i, message("message", "c", "release-1"))[0] for i in range(3)]
-    assert woken == [chan, None, None] and chan.generation == 1
-    assert subs.released_here("c", "release-1") is None  # the local notice of the same
-    assert subs.released_here("c", "release-2") is chan and chan.generation == 2
+    assert [len(w) for w in woken] == [1, 0, 0]
+    assert subs.waiter("c", "o1").wakes == 1
+    assert subs.released_here("c", "release-1") == []  # the local notice of the same
+    assert subs.released_here("c", "release-2") == [subs.waiter("c", "o1")]
+    assert subs.waiter("c", "o1").wakes == 2
+
+
+def test_one_waiter_at_a_time_in_turn_or_all_of_a_broadcast_channel() -> None:
+    subs = Subscriptions(1, "home")
+    for owner in ("o1", "o2", "o3"):
+        subs.watch("w", owner)
+        subs.watch("r", owner, broadcast=True)
+    subs.connected(0)
+    turns = [subs.on_message(0, message("message", "w", f"r{n}"))[0] for n in range(4)]
+    assert [w.owner for ws in turns for w in ws] == ["o1", "o2", "o3", "o1"]
+    readers = subs.on_message(0, message("message", "r", "x"))[0]
+    assert sorted(w.owner for w in readers) == ["o1", "o2", "o3"]
 
 
 def test_a_lost_master_is_not_waited_for_and_rejoins_on_reconnect() -> None:
     subs = Subscriptions(2, "home")
-    chan = subs.watch("c")
+    subs.watch("c", "o1")
+    chan = subs.channels["c"]
     subs.connected(0)
     subs.connected(1)
     subs.on_message(0, message("subscribe", "c"))
@@ -385,6 +549,87 @@ def test_a_lost_master_is_not_waited_for_and_rejoins_on_reconnect() -> None:
     assert subs.changes(1) == ([], [])
     assert subs.connected(1) == ["home", "c"]
     assert not subs.settled(chan)  # back: its confirmation counts again
+
+
+def home_ready(size: int) -> Subscriptions:
+    """A state machine whose masters all confirmed the home channel."""
+    subs = Subscriptions(size, "home")
+    for i in range(size):
+        subs.connected(i)
+        assert subs.on_message(i, message("subscribe", "home")) == ([], True)
+    return subs
+
+
+def wake(release: str, owner: str, channel: str = "lock\nx") -> str:
+    return f"{release}\n{owner}\n{channel}"
+
+
+def test_a_targeted_channel_is_subscribed_nowhere_and_wakes_only_the_named_waiter() -> None:
+    subs = home_ready(3)
+    for owner in ("o1", "o2"):
+        assert subs.watch("lock\nx", owner, targeted=True) == 0
+    assert subs.settled(subs.channels["lock\nx"])
+    assert subs.wanted() == {"home"} and subs.changes(0) == ([], [])
+    assert subs.waiter("lock\nx", "o2").wakes == 0  # asleep: nothing was missed
+    woken = [subs.on_message(i, message("message", "home", wake("r1", "o2")))[0] for i in range(3)]
+    assert [[w.owner for w in ws] for ws in woken] == [["o2"], [], []]  # counted once
+    assert subs.waiter("lock\nx", "o1").wakes == 0
+    subs.unwatch("lock\nx", "o2")
+    # Late word of the same release from another master, the waiter gone: still once.
+    assert subs.on_message(2, message("message", "home", wake("r1", "o2"))) == ([], False)
+    subs.watch("lock\nx", "o2", targeted=True)
+    assert subs.waiter("lock\nx", "o2").wakes == 0
+    assert subs.on_message(0, message("message", "home", "no payload")) == ([], False)
+
+
+def test_a_targeted_wake_up_before_the_watch_is_kept_for_it() -> None:
+    subs = home_ready(1)
+    # The try registered the owner, and the release came before its watch.
+    assert subs.on_message(0, message("message", "home", wake("r1", "o1"))) == ([], False)
+    assert subs.watch("lock\nx", "o1", targeted=True) == 0
+    assert subs.waiter("lock\nx", "o1").wakes == 1  # the wait ends at once: try again
+    subs.unwatch("lock\nx", "o1")
+    subs.watch("lock\nx", "o1", targeted=True)
+    assert subs.waiter("lock\nx", "o1").wakes == 0  # used up
+
+
+def test_a_targeted_watch_before_the_home_channel_is_heard_counts_as_woken() -> None:
+    subs = Subscriptions(2, "home")
+    subs.watch("lock\nx", "o1", targeted=True)
+    assert subs.waiter("lock\nx", "o1").wakes == 1  # a wake-up may have been missed
+    assert not subs.settled(subs.channels["lock\nx"])
+    subs.connected(0)
+    subs.connected(1)
+    subs.on_message(0, message("subscribe", "home"))
+    subs.lost(1)
+    assert subs.settled(subs.channels["lock\nx"])
+    subs.watch("lock\nx", "o2", targeted=True)
+    assert subs.waiter("lock\nx", "o2").wakes == 0
+
+
+def test_targeted_waiters_try_again_when_a_masters_connection_comes_back() -> None:
+    subs = home_ready(2)
+    subs.watch("lock\nx", "o1", targeted=True)
+    subs.watch("c", "o2")
+    subs.lost(1)  # while it is down, that master's wake-ups reach nobody
+    assert subs.on_message(0, message("subscribe", "home")) == ([], True)
+    subs.connected(1)
+    woken, confirmed = subs.on_message(1, message("subscribe", "home"))
+    assert confirmed and [w.owner for w in woken] == ["o1"]
+    assert subs.waiter("lock\nx", "o1").wakes == 1 and subs.waiter("c", "o2").wakes == 0
+
+
+def test_a_local_release_wakes_the_waiter_the_masters_chose_if_it_waits_here() -> None:
+    subs = home_ready(1)
+    for owner in ("o1", "o2"):
+        subs.watch("lock\nx", owner, targeted=True)
+    assert [w.owner for w in subs.released_here("lock\nx", "r1", ("o2",))] == ["o2"]
+    assert subs.released_here("lock\nx", "r2", ("elsewhere",)) == []  # woken elsewhere
+    # The masters woke nobody (none registered, or none listened): one local waiter.
+    assert [w.owner for w in subs.released_here("lock\nx", "r3", ())] == ["o1"]
+    assert [w.owner for w in subs.relay("lock\nx", "o1")] == ["o2"]
+    # The masters' word on r1 comes after the local notice: not counted again.
+    assert subs.on_message(0, message("message", "home", wake("r1", "o2"))) == ([], False)
 
 
 def test_many_holds_are_renewed_in_chunks_each_with_its_own_validity() -> None:

@@ -38,7 +38,7 @@ from redreentrant import (
     parse_owner,
 )
 from redreentrant import errors as error_module
-from redreentrant._core.keys import PREFIX, lock_key, wake_channel
+from redreentrant._core.keys import PREFIX, lock_key, waiters_key
 from redreentrant.testing import LocalEnsemble, LocalServer
 
 T = TypeVar("T")
@@ -385,9 +385,10 @@ def test_an_acquire_in_a_task_of_its_own_fails_loudly_and_holds_nothing(
 # -- 6. close() while others wait ---------------------------------------------------------
 
 
-def _subscribers(ensemble: LocalEnsemble, channel: str) -> int:
+def _registered(ensemble: LocalEnsemble, name: str) -> int:
+    """How many waiters for the plain lock ``name`` the first master has registered."""
     with redis.Redis.from_url(ensemble[0].url) as r:
-        return int(r.pubsub_numsub(channel)[0][1])
+        return int(r.zcard(waiters_key(name)))
 
 
 def test_close_wakes_waiting_threads_which_fail_and_take_nothing(
@@ -405,7 +406,7 @@ def test_close_wakes_waiting_threads_which_fail_and_take_nothing(
 
         thread = threading.Thread(target=waiter)
         thread.start()
-        assert wait_for(lambda: _subscribers(ensemble, wake_channel("closing")) > 0)
+        assert wait_for(lambda: _registered(ensemble, "closing") > 0)
         mgr.close()
         thread.join(timeout=10)
         assert not thread.is_alive(), "the waiter still waits on a closed manager"

@@ -15,7 +15,7 @@ from redreentrant import (
     LockManager,
     LockNotOwnedError,
 )
-from redreentrant._core.keys import lock_key, wake_channel
+from redreentrant._core.keys import lock_key, waiters_key
 from redreentrant.testing import LocalEnsemble
 
 
@@ -108,12 +108,13 @@ def test_release_without_holding_raises_and_changes_nothing(
         assert manager.lock("free-me").locked()
 
 
-def subscribers(ensemble: LocalEnsemble, channel: str) -> int:
-    """How many pub/sub connections hear ``channel`` on every master (the fewest)."""
+def registered(ensemble: LocalEnsemble, name: str) -> int:
+    """How many waiters for the plain lock ``name`` every master has registered (the
+    fewest)."""
     counts = []
     for server in ensemble.servers:
         with redis.Redis.from_url(server.url) as r:
-            counts.append(int(r.pubsub_numsub(channel)[0][1]))
+            counts.append(int(r.zcard(waiters_key(name))))
     return min(counts)
 
 
@@ -127,7 +128,8 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 def test_a_blocked_acquirer_is_handed_the_lock_on_release_not_on_expiry(
     ensemble: LocalEnsemble,
 ) -> None:
-    # Two managers: the hand-off crosses Redis pub/sub, not an in-process shortcut.
+    # Two managers: the hand-off crosses Redis pub/sub (the waiter's home channel), not
+    # an in-process shortcut.
     urls = ensemble.urls
     with LockManager(urls, lease=60.0) as holder, LockManager(urls, lease=60.0) as waiter:
         holder.lock("handoff").acquire()
@@ -141,7 +143,7 @@ def test_a_blocked_acquirer_is_handed_the_lock_on_release_not_on_expiry(
 
         t = threading.Thread(target=wait)
         t.start()
-        wait_until(lambda: subscribers(ensemble, wake_channel("handoff")) == 1)
+        wait_until(lambda: registered(ensemble, "handoff") == 1)
         holder.lock("handoff").release()
         t.join(timeout=30)
         assert got == [True], "the waiter was not woken by the release"
@@ -163,7 +165,7 @@ def test_a_local_release_wakes_local_waiters_without_pubsub(ensemble: LocalEnsem
         threads = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
-        wait_until(lambda: subscribers(ensemble, wake_channel("local")) == 1)
+        wait_until(lambda: registered(ensemble, "local") == 3)
         for server in ensemble.servers:
             with redis.Redis.from_url(server.url) as r:
                 r.client_kill_filter(_type="pubsub")

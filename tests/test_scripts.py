@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import fakeredis
 import pytest
 
 from redreentrant._core import scripts
-from redreentrant._core.keys import lock_key, wake_channel
+from redreentrant._core.keys import HOME_PREFIX, home_channel, lock_key, waiters_key, wake_channel
 
 #: name -> (version, first 16 hex digits of the text's SHA-256). A script edit must bump
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
-    "acquire": (1, "2ea7dabf21c4d9dc"),
-    "release": (2, "53e03ce28597c8f9"),
+    "acquire": (2, "ddb93a1edfd96f9c"),
+    "release": (3, "7932cd83d743b91b"),
     "renew": (1, "25bd8edda58852a6"),
-    "force_unlock": (2, "cba81e2c4840f734"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (1, "6eca856f431d1e9f"),
     "fairlock": (3, "c55931264e875e51"),
@@ -56,78 +56,169 @@ def run(r: fakeredis.FakeRedis, script: scripts.Script, keys: list[str], *args: 
 
 
 KEY = lock_key("job")
+WAITERS = waiters_key("job")
 CHANNEL = wake_channel("job")
+KEYS = [KEY, WAITERS]
+
+
+def acquire(r: fakeredis.FakeRedis, owner: str, count: int = 1, wait: int = 0) -> object:
+    return run(r, scripts.ACQUIRE, KEYS, owner, 5000, count, wait)
+
+
+def release(r: fakeredis.FakeRedis, owner: str, left: int, rid: str, leave: str = "1") -> object:
+    return run(r, scripts.RELEASE, KEYS, "release", owner, left, CHANNEL, rid, HOME_PREFIX, leave)
+
+
+def home(r: fakeredis.FakeRedis, manager: str) -> Any:
+    """A pub/sub connection that hears ``manager``'s home channel."""
+    pubsub = r.pubsub()
+    pubsub.subscribe(home_channel(manager))
+    pubsub.get_message(timeout=0.1)
+    return pubsub
 
 
 def test_acquire_takes_a_free_lock_with_a_ttl(r: fakeredis.FakeRedis) -> None:
-    assert run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1) == [1, 1]
+    assert acquire(r, "a") == [1, 1]
     assert r.hgetall(KEY) == {b"a": b"1"}
     assert 0 < r.pttl(KEY) <= 5000
 
 
 def test_acquire_refuses_another_owner_with_the_holders_ttl(r: fakeredis.FakeRedis) -> None:
-    run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1)
-    status, ttl = run(r, scripts.ACQUIRE, [KEY], "b", 5000, 1)  # type: ignore[misc]
+    acquire(r, "a")
+    status, ttl = acquire(r, "b")  # type: ignore[misc]
     assert status == 0 and 0 < ttl <= 5000
     assert r.hgetall(KEY) == {b"a": b"1"}
+    assert not r.exists(WAITERS)  # not asked to register
+
+
+def test_a_refused_waiter_registers_until_its_wait_ends_and_a_grant_ends_it(
+    r: fakeredis.FakeRedis,
+) -> None:
+    acquire(r, "m:a")
+    assert acquire(r, "m:b", wait=3000)[0] == 0  # type: ignore[index]
+    assert acquire(r, "m:c", wait=1000)[0] == 0  # type: ignore[index]
+    assert r.zrange(WAITERS, 0, -1) == [b"m:c", b"m:b"]  # the registration ending first
+    assert 1000 < r.pttl(WAITERS) <= 3000  # the key lives as long as its last waiter
+    assert acquire(r, "m:a", count=2, wait=3000) == [1, 2]  # a re-entry never registers
+    r.delete(KEY)
+    assert acquire(r, "m:b", wait=3000) == [1, 1]
+    assert r.zrange(WAITERS, 0, -1) == [b"m:c"]
 
 
 def test_reentry_records_the_count_and_never_recreates_a_lost_hold(
     r: fakeredis.FakeRedis,
 ) -> None:
-    run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1)
-    assert run(r, scripts.ACQUIRE, [KEY], "a", 9000, 2) == [1, 2]
+    acquire(r, "a")
+    assert run(r, scripts.ACQUIRE, KEYS, "a", 9000, 2, 0) == [1, 2]
     assert r.hget(KEY, "a") == b"2" and r.pttl(KEY) > 5000
     r.delete(KEY)
-    assert run(r, scripts.ACQUIRE, [KEY], "a", 5000, 3) == [0, -2]
-    assert not r.exists(KEY)
+    assert acquire(r, "a", count=3, wait=5000) == [0, -2]
+    assert not r.exists(KEY) and not r.exists(WAITERS)
 
 
-def test_release_sets_the_count_and_frees_at_zero_with_a_wakeup(r: fakeredis.FakeRedis) -> None:
-    pubsub = r.pubsub()
-    pubsub.subscribe(CHANNEL)
-    pubsub.get_message(timeout=0.1)
-    run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1)
-    run(r, scripts.ACQUIRE, [KEY], "a", 5000, 2)
-    assert run(r, scripts.RELEASE, [KEY], "a", 1, CHANNEL, "r1") == 1
-    assert r.hget(KEY, "a") == b"1"
-    assert pubsub.get_message(timeout=0.05) is None  # not freed yet: no wake-up
-    assert run(r, scripts.RELEASE, [KEY], "a", 0, CHANNEL, "r2") == 0
+def test_release_sets_the_count_and_frees_at_zero_waking_one_waiter_by_name(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub1, hub2 = home(r, "m1"), home(r, "m2")
+    acquire(r, "m0:a")
+    acquire(r, "m0:a", count=2)
+    acquire(r, "m1:b", wait=3000)
+    acquire(r, "m2:c", wait=4000)
+    assert release(r, "m0:a", 1, "r1") == [1, b""]
+    assert r.hget(KEY, "m0:a") == b"1"
+    assert hub1.get_message(timeout=0.05) is None  # not freed yet: no wake-up
+    assert release(r, "m0:a", 0, "r2") == [0, b"m1:b"]
     assert not r.exists(KEY)
-    message = pubsub.get_message(timeout=1)
-    assert message is not None and message["channel"] == CHANNEL.encode()
-    assert message["data"] == b"r2"  # the release id: one release, however many masters
+    message = hub1.get_message(timeout=1)
+    assert message is not None and message["channel"] == home_channel("m1").encode()
+    # The release id (one release, however many masters), the waiter and its lock.
+    assert message["data"] == b"r2\nm1:b\n" + CHANNEL.encode()
+    assert hub2.get_message(timeout=0.05) is None  # one waiter woken, not every one
+    assert r.zrange(WAITERS, 0, -1) == [b"m2:c"]
+
+
+def test_a_waiter_whose_manager_hears_nothing_is_skipped(r: fakeredis.FakeRedis) -> None:
+    hub2 = home(r, "m2")
+    acquire(r, "m0:a")
+    acquire(r, "dead:b", wait=3000)  # nobody subscribes to its home channel
+    acquire(r, "m2:c", wait=4000)
+    assert release(r, "m0:a", 0, "r1") == [0, b"m2:c"]
+    message = hub2.get_message(timeout=1)
+    assert message is not None and message["data"].startswith(b"r1\nm2:c\n")
+    assert not r.exists(KEY) and not r.exists(WAITERS)  # nothing left behind
+
+
+def test_release_publishes_on_the_lock_channel_only_for_subscribers_of_it(
+    r: fakeredis.FakeRedis,
+) -> None:
+    acquire(r, "a")
+    release(r, "a", 0, "r1")  # nobody listens: nothing published (PUBSUB NUMSUB)
+    old = r.pubsub()  # a client of an earlier version waits on the lock's channel
+    old.subscribe(CHANNEL)
+    old.get_message(timeout=0.1)
+    acquire(r, "a")
+    release(r, "a", 0, "r2")
+    message = old.get_message(timeout=1)
+    assert message is not None and message["data"] == b"r2"
 
 
 def test_release_by_a_non_owner_changes_nothing(r: fakeredis.FakeRedis) -> None:
-    run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1)
-    assert run(r, scripts.RELEASE, [KEY], "b", 0, CHANNEL, "r3") == -1
-    assert r.hgetall(KEY) == {b"a": b"1"}
+    acquire(r, "a")
+    acquire(r, "m:b", wait=3000)
+    assert release(r, "m:b", 0, "r3", leave="0") == [-1, b""]  # an undo keeps its place
+    assert r.hgetall(KEY) == {b"a": b"1"} and r.zrange(WAITERS, 0, -1) == [b"m:b"]
+    assert release(r, "m:b", 0, "r4") == [-1, b""]  # a final release ends it
+    assert r.hgetall(KEY) == {b"a": b"1"} and not r.exists(WAITERS)
+
+
+def test_abandon_ends_a_wait_and_passes_a_wake_up_on_where_the_lock_is_free(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub2 = home(r, "m2")
+    acquire(r, "m0:a")
+    acquire(r, "m1:b", wait=3000)
+    acquire(r, "m2:c", wait=4000)
+    abandon = ("abandon", "m1:b", CHANNEL, "r5", HOME_PREFIX)
+    assert run(r, scripts.RELEASE, KEYS, *abandon) == [0, b""]  # held: nobody to wake
+    assert r.zrange(WAITERS, 0, -1) == [b"m2:c"]
+    acquire(r, "m1:b", wait=3000)
+    r.delete(KEY)  # the holder's lease ran out: nobody was told
+    assert run(r, scripts.RELEASE, KEYS, *abandon) == [0, b"m2:c"]
+    message = hub2.get_message(timeout=1)
+    assert message is not None and message["data"].startswith(b"r5\nm2:c\n")
+    assert not r.exists(WAITERS)
 
 
 def test_renew_resets_ttls_only_where_the_owner_holds(r: fakeredis.FakeRedis) -> None:
     other = lock_key("other")
-    run(r, scripts.ACQUIRE, [KEY], "a", 1000, 1)
-    run(r, scripts.ACQUIRE, [other], "b", 1000, 1)
+    run(r, scripts.ACQUIRE, [KEY, WAITERS], "a", 1000, 1, 0)
+    run(r, scripts.ACQUIRE, [other, waiters_key("other")], "b", 1000, 1, 0)
     r.set(lock_key("string"), "x")
     reply = run(r, scripts.RENEW, [KEY, other, lock_key("string")], 60000, "a", "a", "a")
     assert reply == [1, 0, 0]
     assert r.pttl(KEY) > 1000 and r.pttl(other) <= 1000
 
 
-def test_force_unlock_deletes_a_lock_but_refuses_other_data(r: fakeredis.FakeRedis) -> None:
-    run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1)
-    assert run(r, scripts.FORCE_UNLOCK, [KEY], CHANNEL, "f") == 1
-    assert run(r, scripts.FORCE_UNLOCK, [KEY], CHANNEL, "f") == 0
+def test_force_unlock_deletes_a_lock_wakes_a_waiter_but_refuses_other_data(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub1 = home(r, "m1")
+    force = ("force", CHANNEL, "f", HOME_PREFIX)
+    acquire(r, "a")
+    acquire(r, "m1:b", wait=3000)
+    assert run(r, scripts.RELEASE, KEYS, *force) == [1, b"m1:b"]
+    message = hub1.get_message(timeout=1)
+    assert message is not None and message["data"].startswith(b"f\nm1:b\n")
+    assert run(r, scripts.RELEASE, KEYS, *force) == [0, b""]
     r.set(KEY, "not a lock")
     with pytest.raises(Exception, match="WRONGTYPE"):
-        run(r, scripts.FORCE_UNLOCK, [KEY], CHANNEL, "f")
+        run(r, scripts.RELEASE, KEYS, *force)
     assert r.get(KEY) == b"not a lock"
 
 
 def test_probe_reads_without_changing(r: fakeredis.FakeRedis) -> None:
     assert run(r, scripts.PROBE, [KEY]) == [-2, []]
-    run(r, scripts.ACQUIRE, [KEY], "a", 5000, 1)
-    run(r, scripts.ACQUIRE, [KEY], "a", 5000, 3)
+    acquire(r, "a")
+    acquire(r, "a", count=3)
     ttl, fields = run(r, scripts.PROBE, [KEY])  # type: ignore[misc]
     assert 0 < ttl <= 5000 and fields == [b"a", b"3"]

@@ -40,7 +40,7 @@ class AsyncDriver:
     async def run(self, steps: Steps[T]) -> T:
         """Run ``steps`` to their end in the calling task."""
         self._check_open()
-        watched: list[str] = []
+        watched: list[tuple[str, str]] = []
         self._active.add(steps)
         try:
             effect = next(steps)
@@ -56,33 +56,37 @@ class AsyncDriver:
             return value
         finally:
             self._active.discard(steps)
-            for channel in watched:
-                self.hub.unwatch(channel)
+            for channel, owner in watched:
+                self.hub.unwatch(channel, owner)
 
     async def run_shielded(self, steps: Steps[T]) -> T:
         """Run ``steps`` to their end even if the caller is cancelled (releases)."""
         return await finish(asyncio.ensure_future(self.run(steps)))
 
-    async def _carry_out(self, effect: object, watched: list[str]) -> object:
+    async def _carry_out(self, effect: object, watched: list[tuple[str, str]]) -> object:
         if isinstance(effect, Fanout):
             # A cancellation mid-round leaves the round's connections behind (see the
             # transport): the undo that follows reaches each master after the round it
             # undoes, on the same connection. So no task or shield is made per round.
             return await self.transport.fanout(effect)
         if isinstance(effect, Wait):
-            return await self.hub.wait(effect.channel, effect.generation, effect.timeout)
+            return await self.hub.wait(
+                effect.channel, effect.owner, effect.generation, effect.timeout
+            )
         if isinstance(effect, Notify):
-            self.hub.notify(effect.channels, effect.release_id)
+            self.hub.notify(effect.channels, effect.release_id, effect.woken)
             return None
         if isinstance(effect, Pause):
             await self.hub.pause(effect.seconds)
             return None
         if isinstance(effect, Relay):
-            self.hub.relay(effect.channel)
+            self.hub.relay(effect.channel, effect.owner)
             return None
         if isinstance(effect, Watch):
-            generation = await self.hub.watch(effect.channel, effect.broadcast)
-            watched.append(effect.channel)
+            generation = await self.hub.watch(
+                effect.channel, effect.owner, effect.broadcast, effect.targeted
+            )
+            watched.append((effect.channel, effect.owner))
             return generation
         raise TypeError(f"unknown effect {effect!r}")
 

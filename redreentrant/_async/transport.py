@@ -92,11 +92,14 @@ class AsyncTransport:
                 if behind is not None and m.lagging(behind, now, self.timeout):
                     if not fanout.cleanup:
                         m.behind.append(behind)  # a suspect is sent no new acquire
-                    elif not m.queue(behind, fan.count(i)):
-                        await self._drop(i, behind.conn)  # owes too much: given up
-                    elif await self._send(i, behind.conn, _packed(fan, i, behind.conn)) is None:
-                        behind.owed += fan.count(i)
-                        m.behind.append(behind)
+                        self._suspect(fan, i, now)
+                        continue
+                    for b in m.all_behind(behind):  # on each: see MasterHealth.all_behind
+                        if not m.queue(b, fan.count(i)):
+                            await self._drop(i, b.conn)  # owes too much: given up
+                        elif await self._send(i, b.conn, _packed(fan, i, b.conn)) is None:
+                            b.owed += fan.count(i)
+                            m.behind.append(b)
                     self._suspect(fan, i, now)
                     continue
                 if behind is not None:

@@ -3,10 +3,11 @@ subscriptions and one that reads it, shared by all the manager's tasks.
 
 They carry out what the shared subscription state machine
 (:class:`~redreentrant._core.subscriptions.Subscriptions`) decides, as the sync hub's
-thread does. Only a master's keeper task sends on its connection, and it computes what
-to (un)subscribe at the moment it sends, so a watch during a (re)connect is never
-skipped and a stale unsubscribe never removes a fresh subscription. Waiting is on
-futures; no task is made per waiter.
+thread does: every connection always hears the manager's home channel, on which the
+masters wake registered waiters by name. Only a master's keeper task sends on its
+connection, and it computes what to (un)subscribe at the moment it sends, so a watch
+during a (re)connect is never skipped and a stale unsubscribe never removes a fresh
+subscription. A waiting task sleeps on a future of its own; no task is made per waiter.
 """
 
 from __future__ import annotations
@@ -17,24 +18,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._core.errors import ManagerClosedError
-from .._core.subscriptions import RECONNECT_DELAY, Channel, Subscriptions
+from .._core.subscriptions import RECONNECT_DELAY, Subscriptions, Waiter
 
 
-def _futures(chan: Channel) -> list[asyncio.Future[None]]:
-    if chan.waiters is None:
-        chan.waiters = []
-    waiters: list[asyncio.Future[None]] = chan.waiters
-    return waiters
-
-
-def _wake(chan: Channel, everyone: bool) -> None:
-    waiters = _futures(chan)
-    while waiters:
-        waiter = waiters.pop(0)
-        if not waiter.done():
-            waiter.set_result(None)
-            if not everyone:
-                return
+def _wake(waiters: Sequence[Waiter]) -> None:
+    """Wake the tasks the state machine counted a wake-up for."""
+    for waiter in waiters:
+        future = waiter.signal
+        if future is not None and not future.done():
+            future.set_result(None)
 
 
 class AsyncWakeupHub:
@@ -51,12 +43,18 @@ class AsyncWakeupHub:
 
     # -- waiter side ------------------------------------------------------------------
 
-    async def watch(self, channel: str, broadcast: bool = False) -> int:
-        """Register interest in ``channel``, have every master subscribe, and wait
-        (bounded) for their confirmations. Returns the channel's generation."""
+    async def watch(
+        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+    ) -> int:
+        """``owner`` waits on ``channel`` from now on; have the masters subscribe what
+        its wake-ups come through, and wait (bounded) for their confirmations. Returns
+        its generation. A ``targeted`` channel needs nothing but the home channel."""
         if self._closed:
             raise ManagerClosedError("the lock manager is closed")
-        chan = self._subs.watch(channel, broadcast)
+        generation = self._subs.watch(channel, owner, broadcast, targeted)
+        chan = self._subs.channels[channel]
+        if self._subs.settled(chan) and self._tasks:
+            return generation
         try:
             self._start()
             self._changed()
@@ -69,46 +67,43 @@ class AsyncWakeupHub:
                 event = self._confirmed = self._confirmed or asyncio.Event()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(event.wait(), left)
-            return chan.generation
+            return generation
         except BaseException:
-            self.unwatch(channel)  # interrupted: the caller will not unwatch it
+            self.unwatch(channel, owner)  # interrupted: the caller will not unwatch it
             raise
 
-    def unwatch(self, channel: str) -> None:
-        if self._subs.unwatch(channel) and not self._closed:
+    def unwatch(self, channel: str, owner: str) -> None:
+        if self._subs.unwatch(channel, owner) and not self._closed:
             self._changed()
 
-    async def wait(self, channel: str, generation: int, timeout: float) -> int:
-        """Sleep until ``channel`` moves past ``generation`` or ``timeout`` passes."""
-        chan = self._subs.channels[channel]
-        if chan.generation == generation and not self._closed:
-            waiter = asyncio.get_running_loop().create_future()
-            waiters = _futures(chan)
-            waiters.append(waiter)
+    async def wait(self, channel: str, owner: str, generation: int, timeout: float) -> int:
+        """Sleep until ``owner``'s wake-ups on ``channel`` move past ``generation`` or
+        ``timeout`` passes."""
+        waiter = self._subs.waiter(channel, owner)
+        if waiter.wakes == generation and not self._closed:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiter.signal = future
             try:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(waiter, timeout)
+                    await asyncio.wait_for(future, timeout)
             finally:
-                if waiter in waiters:
-                    waiters.remove(waiter)
-        return chan.generation
+                if waiter.signal is future:
+                    waiter.signal = None
+        return waiter.wakes
 
     async def pause(self, seconds: float) -> None:
         """Sleep ``seconds`` (a back-off); a cancellation ends it."""
         await asyncio.sleep(seconds)
 
-    def notify(self, channels: Sequence[str], release_id: str) -> None:
-        """A release made in this process freed a lock: wake its waiters here at once."""
+    def notify(self, channels: Sequence[str], release_id: str, woken: Sequence[str] = ()) -> None:
+        """A release made in this process freed a lock: wake its waiters here at once
+        (on a targeted channel, the one the masters woke, if it waits here)."""
         for channel in channels:
-            chan = self._subs.released_here(channel, release_id)
-            if chan is not None:
-                _wake(chan, everyone=chan.broadcast)
+            _wake(self._subs.released_here(channel, release_id, woken))
 
-    def relay(self, channel: str) -> None:
-        """A woken waiter gave up: wake another one in its place."""
-        chan = self._subs.waited_on(channel)
-        if chan is not None:
-            _wake(chan, everyone=False)
+    def relay(self, channel: str, owner: str) -> None:
+        """``owner`` was woken but gave up: wake another waiter here in its place."""
+        _wake(self._subs.relay(channel, owner))
 
     # -- the tasks of each master -------------------------------------------------------
 
@@ -133,7 +128,10 @@ class AsyncWakeupHub:
                     pubsub.subscribe(*self._subs.connected(i)), self._confirm_timeout
                 )
                 reader = loop.create_task(self._read(i, pubsub))
-                while True:
+                # Checked after every wake-up as well as cancelled: on 3.11,
+                # asyncio.wait_for can swallow a cancellation that comes as its
+                # awaitable finishes, and close() must not wait for this task forever.
+                while not self._closed:
                     self._dirty[i].clear()
                     add, drop = self._subs.changes(i)
                     if add:
@@ -163,9 +161,8 @@ class AsyncWakeupHub:
                 message = await pubsub.get_message(timeout=None)
                 if message is None:
                     continue
-                chan, confirmed = self._subs.on_message(i, message)
-                if chan is not None:
-                    _wake(chan, everyone=chan.broadcast)
+                woken, confirmed = self._subs.on_message(i, message)
+                _wake(woken)
                 if confirmed:
                     self._signal()
         finally:
@@ -184,11 +181,12 @@ class AsyncWakeupHub:
 
     async def close(self) -> None:
         self._closed = True
+        self._changed()  # a keeper that missed its cancellation sees the close
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
         for chan in self._subs.channels.values():
-            _wake(chan, everyone=True)
+            _wake(list(chan.waiters.values()))
         self._signal()

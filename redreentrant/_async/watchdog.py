@@ -43,7 +43,9 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
 
     async def _renewer(self) -> None:
         next_tick = time.monotonic() + self.interval
-        while True:
+        # ``_stopping`` is checked as well as the cancellation: on 3.11, wait_for can
+        # swallow a cancellation that comes as its awaitable finishes.
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._sweep.wait(), max(0.0, next_tick - time.monotonic()))
             except asyncio.TimeoutError:
@@ -52,10 +54,11 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
                 next_tick = max(next_tick + self.interval, time.monotonic())
             else:
                 self._sweep.clear()
-                await self.tick(renew=False)
+                if not self._stopping:
+                    await self.tick(renew=False)
 
     async def _deadlines(self) -> None:
-        while True:
+        while not self._stopping:
             self._clock.clear()
             lost, wait = self._overdue()
             for hold in lost:
@@ -113,6 +116,8 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
 
     async def stop(self) -> None:
         self._stopping = True
+        self._sweep.set()
+        self._clock.set()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -74,24 +74,30 @@ class Fanout:
 
 @dataclass(frozen=True)
 class Watch:
-    """Effect: subscribe to wake-ups on ``channel`` (confirmed); result: its generation.
+    """Effect: ``owner`` begins to wait for wake-ups on ``channel``; result: its
+    generation (0 for a fresh watch; a wake-up may already be counted against it).
 
-    A ``broadcast`` channel wakes all its local waiters on a release (readers); any
-    other wakes one at a time (the woken one takes the lock or relays the wake-up).
+    A plain channel is subscribed on every master (confirmed before the result): a
+    ``broadcast`` one wakes all its local waiters on a release (readers), any other one
+    at a time (the woken one takes the lock, or relays the wake-up). A ``targeted``
+    channel is not subscribed at all: the masters wake one registered waiter by name,
+    on its manager's home channel, and the channel only names the lock locally.
     """
 
     channel: str
+    owner: str
     broadcast: bool = False
+    targeted: bool = False
 
 
 @dataclass(frozen=True)
 class Wait:
-    """Effect: wait until ``channel`` moves past ``generation``, or ``timeout`` seconds.
-
-    Result: the channel's generation when the wait ended.
+    """Effect: ``owner`` waits until its wake-ups on ``channel`` move past
+    ``generation``, or ``timeout`` seconds. Result: its generation when the wait ended.
     """
 
     channel: str
+    owner: str
     generation: int
     timeout: float
 
@@ -101,11 +107,15 @@ class Notify:
     """Effect: a release made here freed a lock: wake local waiters on ``channels`` now.
 
     ``release_id`` is the release's wake-up payload: the pub/sub messages of the same
-    release (one per master) are then recognised and not counted again.
+    release (one per master) are then recognised and not counted again. ``woken``
+    names the waiters the masters chose (targeted channels): one of them is woken here
+    if it waits here, and nobody else; when the masters chose nobody (``()``), one
+    local waiter is.
     """
 
     channels: tuple[str, ...]
     release_id: str
+    woken: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,9 +127,11 @@ class Pause:
 
 @dataclass(frozen=True)
 class Relay:
-    """Effect: a waiter that was woken gives up: pass the wake-up on to another waiter."""
+    """Effect: ``owner``, a waiter that was woken, gives up: pass the wake-up on to
+    another local waiter."""
 
     channel: str
+    owner: str
 
 
 Effect = Fanout | Watch | Wait | Notify | Relay | Pause

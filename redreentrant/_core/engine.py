@@ -21,7 +21,7 @@ from typing import Any
 from .effects import Steps
 from .errors import LockLostError, LockNotOwnedError, LockUpgradeError, ManagerClosedError
 from .holds import Hold, Holds
-from .keys import PREFIX
+from .keys import home_channel
 from .kinds import LockKind
 from .masters import connect, master_name
 from .owner import new_manager_id
@@ -96,8 +96,9 @@ class Engine:
 
     @property
     def home_channel(self) -> str:
-        """The channel this manager's pub/sub connections always hear."""
-        return f"{PREFIX}hub:{self.id}"
+        """The channel this manager's pub/sub connections always hear: registered
+        waiters of its owners are woken there (see :func:`.keys.home_channel`)."""
+        return home_channel(self.id)
 
     def owner_id(self) -> str:
         """The calling owner's id under this manager."""

@@ -19,8 +19,9 @@ Rounds never wait for what they do not need:
   (a late grant is undone by the undo sent after it).
 - A master whose reply did not come within the master timeout is *suspect*. Rounds do
   not wait for a suspect: it fails at once. It is sent no new acquire, but clean-ups
-  (undo, release: ``Fanout.cleanup``) are still sent, queued in order on its connection
-  behind the calls they clean up after, while that connection owes at most
+  (undo, release: ``Fanout.cleanup``) are still sent, queued in order on its connections
+  behind the calls they clean up after (on each of them: see
+  :meth:`MasterHealth.all_behind`), while a connection owes at most
   :data:`MAX_OWED` replies (then the connection is given up and later calls are not
   sent). A suspect rejoins as soon
   as it answers: when its owed replies have come in (checked without waiting at the
@@ -190,6 +191,18 @@ class MasterHealth:
         if now - behind.since >= timeout:
             self.timed_out(now)
         return self.suspect
+
+    def all_behind(self, first: Behind) -> list[Behind]:
+        """``first`` and every other connection behind, taken off the list: a clean-up
+        for a suspect goes on each of them, so that it runs after whichever carried the
+        call it cleans up after (it may run more than once: releases and undos set
+        absolute hold counts, so a repeat changes nothing)."""
+        out = [first]
+        while True:
+            try:
+                out.append(self.behind.pop())
+            except IndexError:
+                return out
 
     def queue(self, behind: Behind, count: int) -> bool:
         """Whether ``count`` more clean-up calls may be queued on a suspect's

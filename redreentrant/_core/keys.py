@@ -16,6 +16,8 @@ from __future__ import annotations
 
 SCHEMA = "v1"
 PREFIX = f"redreentrant:{SCHEMA}:"
+#: the start of every manager's home channel (see :func:`home_channel`)
+HOME_PREFIX = f"{PREFIX}hub:"
 
 
 def validate_name(name: object) -> str:
@@ -52,9 +54,22 @@ def aux_key(name: str, part: str) -> str:
     return f"{tag(name)}:{part}"
 
 
+def waiters_key(name: str) -> str:
+    """The zset of the plain lock's registered waiters: owner -> end of registration."""
+    return aux_key(name, "waiters")
+
+
 def wake_channel(name: str) -> str:
-    """The pub/sub channel on which a release of ``name`` is announced."""
+    """The plain lock's wake channel: the name of its local wake-ups, on which the
+    masters also announce a release to clients of earlier versions."""
     return f"{tag(name)}:wake"
+
+
+def home_channel(manager_id: str) -> str:
+    """The channel a manager's pub/sub connections always hear: a release wakes a
+    registered waiter there. Its owner id is ``<manager id>:<token>``, so the scripts
+    find the channel from the owner id alone."""
+    return f"{HOME_PREFIX}{manager_id}"
 
 
 def name_of(key: str) -> str:

@@ -19,7 +19,12 @@ from .views import LockView, pairs, text, ttl_of
 
 
 class LockKind:
-    """An exclusive, reentrant lock: a hash ``owner -> hold count`` under one key."""
+    """An exclusive, reentrant lock: a hash ``owner -> hold count`` under one key.
+
+    Its waiters register on the masters (a zset under the name's hash tag), and a
+    release wakes one of them by name on its manager's home channel (see
+    ``lua/release.lua``): nothing is subscribed per lock.
+    """
 
     #: tells holds of different kinds apart (manager registry, renewal batches)
     label = "lock"
@@ -29,6 +34,9 @@ class LockKind:
     broadcast = False
     #: waiters hold a place in Redis that they must refresh while they wait
     queued = False
+    #: refused waiters register on the masters, which wake one of them by name on its
+    #: manager's home channel; the wake channel is then not subscribed
+    targeted = True
 
     @property
     def upgrade_from(self) -> LockKind | None:
@@ -39,6 +47,9 @@ class LockKind:
         """The key that holds the lock (named in errors)."""
         return keys.lock_key(name)
 
+    def _keys(self, name: str) -> tuple[str, ...]:
+        return keys.lock_key(name), keys.waiters_key(name)
+
     def wake_channel(self, name: str, owner: str) -> str:
         """Where ``owner`` waits for a release of ``name``."""
         return keys.wake_channel(name)
@@ -48,27 +59,33 @@ class LockKind:
         return (keys.wake_channel(name),)
 
     def acquire(self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int) -> Call:
-        """Take (count 1) or re-enter (count > 1); replies ``{1, n}`` or ``{0, ms}``."""
-        return Call(scripts.ACQUIRE, (keys.lock_key(name),), (owner, lease_ms, count))
+        """Take (count 1) or re-enter (count > 1); replies ``{1, n}`` or ``{0, ms}``.
+
+        A refused take registers the owner as a waiter for ``wait_ms`` (0: not at all)."""
+        return Call(scripts.ACQUIRE, self._keys(name), (owner, lease_ms, count, wait_ms))
 
     def release(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
-        """Set the owner's count to ``count_left`` (0 frees); replies 1, 0, or -1.
+        """Set the owner's count to ``count_left`` (0 frees); replies ``{1, ''}``,
+        ``{0, woken}`` or ``{-1, ''}``, where ``woken`` is the waiter the masters woke.
 
-        ``release_id`` is the payload of the wake-up published when the lock is freed."""
-        return Call(
-            scripts.RELEASE,
-            (keys.lock_key(name),),
-            (owner, count_left, keys.wake_channel(name), release_id),
-        )
+        ``release_id`` is the payload of the wake-up sent when the lock is freed."""
+        return self._release(name, owner, count_left, release_id, "1")
 
     def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
         """Take back a try that failed to reach a quorum, keeping any place the owner
         holds as a waiter (it is still waiting)."""
-        return self.release(name, owner, count_left, release_id)
+        return self._release(name, owner, count_left, release_id, "0")
+
+    def _release(self, name: str, owner: str, left: int, rid: str, leave: str) -> Call:
+        args = ("release", owner, left, keys.wake_channel(name), rid, keys.HOME_PREFIX, leave)
+        return Call(scripts.RELEASE, self._keys(name), args)
 
     def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
-        """Remove a waiter's place when its acquire gives up (nothing to do here)."""
-        return None
+        """Remove a waiter's place when its acquire gives up (and, where the lock is
+        free, hand a wake-up it may have had on to the next waiter); None if the kind
+        keeps no place for waiters."""
+        args = ("abandon", owner, keys.wake_channel(name), release_id, keys.HOME_PREFIX)
+        return Call(scripts.RELEASE, self._keys(name), args)
 
     def settle(
         self, name: str, owner: str, replies: Sequence[Sequence[object]], release_id: str
@@ -86,9 +103,8 @@ class LockKind:
         )
 
     def force_unlock(self, name: str, release_id: str) -> Call:
-        return Call(
-            scripts.FORCE_UNLOCK, (keys.lock_key(name),), (keys.wake_channel(name), release_id)
-        )
+        args = ("force", keys.wake_channel(name), release_id, keys.HOME_PREFIX)
+        return Call(scripts.RELEASE, self._keys(name), args)
 
     def probe(self, name: str) -> Call:
         return Call(scripts.PROBE, (keys.lock_key(name),), ())
@@ -113,6 +129,7 @@ class _ReadWriteKind(LockKind):
 
     family = "rw"
     side = ""
+    targeted = False
 
     def _keys(self, name: str) -> tuple[str, str, str]:
         return (
@@ -146,6 +163,9 @@ class _ReadWriteKind(LockKind):
 
     def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
         return self._release(name, owner, count_left, release_id, "0")
+
+    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+        return None  # readers keep no place as waiters
 
     def _release(self, name: str, owner: str, left: int, rid: str, stop_waiting: str) -> Call:
         channels = self._channels(name)
@@ -215,6 +235,7 @@ class FairKind(LockKind):
     label = "fair"
     family = "fair"
     queued = True
+    targeted = False
 
     def _keys(self, name: str) -> tuple[str, str, str]:
         return (

@@ -92,8 +92,9 @@ def is_grant(reply: Reply) -> bool:
 
 
 def is_hold(reply: Reply) -> bool:
-    """A release's ``1``/``0``: the owner held the lock there."""
-    return isinstance(reply, int) and reply >= 0
+    """A release's ``1``/``0`` (or ``{status, woken}``): the owner held the lock there."""
+    status = status_of(reply)
+    return status is not None and status >= 0
 
 
 def is_wrong_type(reply: Reply) -> bool:
@@ -135,17 +136,39 @@ def tally_grants(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tal
 
 
 def tally_holds(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tally:
-    """Judge release-style replies: ``-1`` (held nothing) is a refusal, ``0``/``1`` grants."""
+    """Judge release-style replies: ``-1`` (held nothing) is a refusal, ``0``/``1`` grants
+    (a reply may also be ``{status, woken}``, see :func:`status_of`)."""
     t = Tally()
     for i, per_master in enumerate(replies):
         reply = per_master[0]
+        status = status_of(reply)
         if reply is UNREAD:
             t.unread.append(i)
-        elif isinstance(reply, int):
-            (t.granted if reply >= 0 else t.refused).append(i)
+        elif status is not None:
+            (t.granted if status >= 0 else t.refused).append(i)
         else:
-            note_failure(q, t, i, key, reply)
+            note_failure(q, t, i, key, per_master[0])
     return t
+
+
+def status_of(reply: Reply) -> int | None:
+    """The status of a reply that is an integer or ``{status, woken}``; None for an
+    error or an odd reply."""
+    if isinstance(reply, list) and reply and isinstance(reply[0], int):
+        return reply[0]
+    return reply if isinstance(reply, int) else None
+
+
+def woken_by(replies: Sequence[Sequence[Reply]], call: int = 0) -> tuple[str, ...]:
+    """The waiters the masters woke, from the ``{status, woken}`` replies to each
+    master's call number ``call`` (each waiter once, in the masters' order)."""
+    out: dict[str, None] = {}
+    for per_master in replies:
+        reply = per_master[call] if len(per_master) > call else None
+        if isinstance(reply, list) and len(reply) >= 2 and reply[1]:
+            woken = reply[1]
+            out[woken.decode() if isinstance(woken, bytes) else str(woken)] = None
+    return tuple(out)
 
 
 def note_failure(q: Quorum, t: Tally, i: int, key: str, reply: Reply) -> None:

@@ -17,7 +17,16 @@ from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .holds import Hold
 from .keys import key_slot
 from .kinds import LockKind
-from .quorum import NO_WAIT, Quorum, is_wrong_type, lease_ms, tally_grants, tally_holds
+from .quorum import (
+    NO_WAIT,
+    Quorum,
+    is_wrong_type,
+    lease_ms,
+    status_of,
+    tally_grants,
+    tally_holds,
+    woken_by,
+)
 from .views import MasterView
 
 _release_ids = itertools.count(1)
@@ -64,18 +73,23 @@ def acquire_steps(
     # Whether the last wait ended with a wake-up (which only one waiter gets): a waiter
     # that gives up after one must pass it on, or the other waiters would sleep on.
     woken = False
+    # Whether a try may have left the owner's place as a waiter on a master: a waiter
+    # that gives up then takes it back.
+    registered = False
     splits = 0
     try:
         while True:
             if closed():
                 raise ManagerClosedError("the lock manager was closed while waiting")
             started = q.clock()
-            # How long a queued waiter's place lasts unless refreshed by its next try.
+            # How long a waiter's place on the masters lasts unless its next try renews it.
             wait_s = 0.0
             if blocking and count == 1:
                 wait_s = lease if deadline is None else min(lease, deadline - started)
+            wait_ms = lease_ms(wait_s) if wait_s > 0 else 0
+            registered = registered or wait_ms > 0
             acquire = q.everywhere(
-                kind.acquire(name, owner, ms, count, lease_ms(wait_s)), early=q.until_granted
+                kind.acquire(name, owner, ms, count, wait_ms), early=q.until_granted
             )
             try:
                 replies = yield acquire
@@ -105,12 +119,17 @@ def acquire_steps(
                 raise LockLostError(f"lock {name!r} was lost: re-entry found no hold on a quorum")
             remaining = float("inf") if deadline is None else deadline - now
             if not blocking or remaining <= 0:
-                yield from _give_up(q, kind, name, owner, channel, woken)
+                yield from _give_up(q, kind, name, owner, channel, woken, registered)
                 return None
             if generation is None:
-                # Subscribe, then try again at once: a release may have come before.
-                generation = yield Watch(channel, kind.broadcast)
-                continue
+                generation = yield Watch(channel, owner, kind.broadcast, kind.targeted)
+                if not kind.targeted:
+                    # Subscribed just now: a release may have come before. Try again.
+                    continue
+                # Targeted: this try registered the owner, and a release wakes it by
+                # name on the manager's home channel. A wake-up that came before the
+                # watch, or that may have been missed because that channel was not yet
+                # heard everywhere, is already counted: the wait below ends at once.
             if tally.granted and not kind.queued:
                 # A split vote: back off for a random, growing (bounded) time that no
                 # release cuts short. The undos of the split publish wake-ups, ours
@@ -129,24 +148,35 @@ def acquire_steps(
                 pause = tally.holder_ttl + 0.001
             if kind.queued:
                 pause = min(pause, wait_s / 3)  # refresh our place before it lapses
+            elif kind.targeted:
+                pause = min(pause, wait_s)  # renew the registration as it ends
             before = generation
-            generation = yield Wait(channel, generation, min(remaining, pause))
+            generation = yield Wait(channel, owner, generation, min(remaining, pause))
             woken = generation != before
     except GeneratorExit:
         raise
     except BaseException:
-        yield from _give_up(q, kind, name, owner, channel, woken)
+        yield from _give_up(q, kind, name, owner, channel, woken, registered)
         raise
 
 
 def _give_up(
-    q: Quorum, kind: LockKind, name: str, owner: str, channel: str, woken: bool
+    q: Quorum,
+    kind: LockKind,
+    name: str,
+    owner: str,
+    channel: str,
+    woken: bool,
+    registered: bool,
 ) -> Steps[None]:
-    call = kind.abandon(name, owner, release_id(owner))
+    call = kind.abandon(name, owner, release_id(owner)) if registered else None
+    passed_on = False
     if call is not None:
-        yield q.everywhere(call, early=NO_WAIT, cleanup=True)
-    if woken:
-        yield Relay(channel)
+        replies = yield q.everywhere(call, cleanup=True)
+        # Where the lock is free, the masters woke the next registered waiter already.
+        passed_on = bool(woken_by(replies))
+    if woken and not passed_on:
+        yield Relay(channel, owner)
 
 
 def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: int) -> Steps[None]:
@@ -160,7 +190,7 @@ def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: 
     replies = yield q.everywhere(release, early=q.until_held, cleanup=True)
     tally = tally_holds(q, kind.key(name), replies)
     if count_left == 0 and kind.notify_channels(name):
-        yield Notify(kind.notify_channels(name), rid)
+        yield Notify(kind.notify_channels(name), rid, woken_by(replies))
     if len(tally.granted) >= q.needed:
         return
     if tally.wrong_type is not None:
@@ -183,13 +213,14 @@ def force_unlock_steps(q: Quorum, kinds: Sequence[LockKind], name: str) -> Steps
                 raise LockKeyTypeError(kind.key(name), q.masters[i], str(reply))
             if isinstance(reply, BaseException):
                 failed[i] = reply
-            elif reply == 1:
+            elif status_of(reply) == 1:
                 deleted = True
     if len(failed) > q.tolerated:
         raise q.unavailable(f"force-unlock {name!r}", failed)
     channels = tuple(c for k in kinds for c in k.notify_channels(name))
     if channels:
-        yield Notify(channels, rid)
+        woken = tuple(w for i, k in enumerate(kinds) if k.targeted for w in woken_by(replies, i))
+        yield Notify(channels, rid, woken)
     return deleted
 
 

@@ -48,7 +48,6 @@ def load(name: str) -> Script:
 ACQUIRE = load("acquire")
 RELEASE = load("release")
 RENEW = load("renew")
-FORCE_UNLOCK = load("force_unlock")
 PROBE = load("probe")
 RWLOCK = load("rwlock")
 FAIRLOCK = load("fairlock")

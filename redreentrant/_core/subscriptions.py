@@ -1,12 +1,23 @@
-"""Wake-up subscriptions as a state machine (no I/O), driven by both flavours' hubs.
+"""Wake-ups as a state machine (no I/O), driven by both flavours' hubs.
 
-A manager keeps one pub/sub connection per master. This module decides which channels
-each of them must hear (the channels local waiters watch, reference-counted, plus the
-manager's own "home" channel that keeps a connection from ever having none), what to
-(un)subscribe after every change, which masters confirmed a channel, and which release
-messages are new: each release is announced once per master under one release id, and
-counts once. The sync hub (a thread with a selector) and the asyncio hub (a task per
-master) only carry out what it decides, so the two cannot disagree.
+A manager keeps one pub/sub connection per master, always subscribed to the manager's
+own "home" channel. A local waiter (an owner) waits on a *channel* that names the lock
+it waits for, in one of two ways:
+
+- a **subscribed** channel is subscribed on every master too (while someone here waits
+  on it): a release message on it wakes one local waiter, or every one of them on a
+  ``broadcast`` channel (readers);
+- a **targeted** channel is subscribed nowhere: its waiters are registered on the
+  masters, and a release wakes one of them by name, with a message on that waiter's
+  home channel (``<release id>\\n<owner>\\n<channel>``). No (un)subscribe per lock.
+
+This module decides which channels each master must hear, what to (un)subscribe after
+every change, which masters confirmed a channel (or the home channel), which release
+messages are new (a release is announced once per master under one release id, and
+counts once), and which local waiters a message, a local release or a relay wakes:
+each waiter counts its own wake-ups, and sleeps until that count moves. The sync hub (a
+thread with a selector) and the asyncio hub (tasks) only carry out what it decides, so
+the two cannot disagree.
 
 The rules that keep the subscriptions right whatever the interleaving:
 
@@ -15,20 +26,43 @@ The rules that keep the subscriptions right whatever the interleaving:
   unsubscribe can never remove a fresh subscription;
 - a master that (re)connects subscribes to everything wanted *then*, and any channel
   watched during the connect is sent by the next :meth:`Subscriptions.changes`;
-- a channel nobody watches any more is kept until no connected master still has it.
+- a channel nobody watches any more is kept until no connected master still has it;
+- a targeted wake-up that comes before its waiter watches (its try registered it a
+  moment before) is kept for it, and a watch made while some master did not yet confirm
+  the home channel counts as woken (a wake-up may have been missed): either way the
+  waiter tries again at once instead of sleeping;
+- when a master's connection comes back, every targeted waiter counts as woken: while
+  it was down, that master passed wake-ups over them (nobody heard), taking their
+  registrations, so they try again, and register again.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 #: how long a master whose pub/sub connection failed is left alone before a retry
 RECONNECT_DELAY = 0.5
 
-#: how many recent release ids a channel remembers to drop duplicate wake-ups
-RECENT_RELEASES = 32
+#: how many recent (channel, release id) pairs are remembered to drop duplicate wake-ups
+RECENT_RELEASES = 256
+
+#: how many targeted wake-ups for owners not (yet) watching are kept for them
+UNCLAIMED = 32
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One local waiter (an owner) on one channel."""
+
+    owner: str
+    #: wake-ups given to this waiter since it began to watch: it sleeps until this moves
+    wakes: int = 0
+    refs: int = 0
+    #: the flavour's means of waking it while it sleeps (a condition, or a future)
+    signal: Any = None
 
 
 @dataclass(eq=False)
@@ -37,22 +71,12 @@ class Channel:
 
     #: a release wakes every local waiter (readers), rather than one
     broadcast: bool = False
-    refs: int = 0
-    #: moves on with every new release: a waiter sleeps until it changes
-    generation: int = 0
+    #: subscribed nowhere: the masters wake its waiters by name on the home channel
+    targeted: bool = False
+    #: the local waiters by owner, the next one to wake first
+    waiters: dict[str, Waiter] = field(default_factory=dict)
+    #: masters that confirmed the subscription (subscribed channels)
     confirmed: set[int] = field(default_factory=set)
-    recent: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_RELEASES))
-    #: the flavour's waiters (a condition, or futures), kept with the channel
-    waiters: Any = None
-
-    def accept(self, release_id: str) -> bool:
-        """Count a release once, however many masters announce it; True if it is new
-        (the generation moved on, and waiters should be woken)."""
-        if release_id in self.recent:
-            return False
-        self.recent.append(release_id)
-        self.generation += 1
-        return True
 
 
 def decode_message(message: dict[str, Any]) -> tuple[str, str, str]:
@@ -64,8 +88,16 @@ def decode_message(message: dict[str, Any]) -> tuple[str, str, str]:
     return out[0], out[1], out[2]
 
 
+def parse_wake(data: str) -> tuple[str, str, str] | None:
+    """A targeted wake-up's payload as (release id, owner, channel); None if malformed.
+    The channel comes last: a lock name may hold a newline, ids do not."""
+    parts = data.split("\n", 2)
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+
 class Subscriptions:
-    """Which channels each of ``size`` masters must hear, and what they said."""
+    """Which channels each of ``size`` masters must hear, what they said, and whom it
+    wakes."""
 
     def __init__(self, size: int, home: str) -> None:
         self.size = size
@@ -75,39 +107,95 @@ class Subscriptions:
         self._sent: list[set[str] | None] = [None] * size
         #: masters whose connection failed (a waiter does not wait for their word)
         self.failed: set[int] = set()
+        #: masters whose connection confirmed the home channel
+        self.home_confirmed: set[int] = set()
+        # Masters whose connection confirmed the home channel, then failed.
+        self._rejoining: set[int] = set()
+        self._recent: deque[tuple[str, str]] = deque()
+        self._recent_set: set[tuple[str, str]] = set()
+        self._unclaimed: OrderedDict[tuple[str, str], bool] = OrderedDict()
 
     # -- the waiters' side --------------------------------------------------------------
 
-    def watch(self, channel: str, broadcast: bool = False) -> Channel:
-        """One more waiter wants ``channel``."""
+    def watch(
+        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+    ) -> int:
+        """``owner`` begins to wait on ``channel``; returns its generation (0 for a
+        fresh watch, whose count of wake-ups may already be 1, see the module's rules)."""
         chan = self.channels.get(channel)
         if chan is None:
-            chan = self.channels[channel] = Channel(broadcast=broadcast)
-        chan.refs += 1
-        return chan
+            chan = self.channels[channel] = Channel(broadcast=broadcast, targeted=targeted)
+        waiter = chan.waiters.get(owner)
+        if waiter is None:
+            waiter = chan.waiters[owner] = Waiter(owner)
+            if chan.targeted and (
+                self._unclaimed.pop((channel, owner), False) or not self.settled(chan)
+            ):
+                waiter.wakes = 1
+            start = 0
+        else:
+            start = waiter.wakes
+        waiter.refs += 1
+        return start
 
-    def unwatch(self, channel: str) -> bool:
-        """One waiter less; True when nobody wants ``channel`` any more."""
+    def unwatch(self, channel: str, owner: str) -> bool:
+        """One wait less; True when a subscription nobody wants may be dropped."""
         chan = self.channels.get(channel)
         if chan is None:
             return False
-        chan.refs -= 1
+        waiter = chan.waiters.get(owner)
+        if waiter is not None:
+            waiter.refs -= 1
+            if waiter.refs <= 0:
+                del chan.waiters[owner]
         self._prune()
-        return chan.refs <= 0
+        return not chan.targeted and not chan.waiters
+
+    def waiter(self, channel: str, owner: str) -> Waiter:
+        """A watching owner's waiter (KeyError if it does not watch ``channel``)."""
+        return self.channels[channel].waiters[owner]
 
     def settled(self, chan: Channel) -> bool:
-        """Whether every master confirmed ``chan`` or is known to have failed."""
-        return all(i in chan.confirmed or i in self.failed for i in range(self.size))
+        """Whether every master confirmed what ``chan``'s wake-ups come through (the
+        channel, or for a targeted one the home channel), or is known to have failed."""
+        confirmed = self.home_confirmed if chan.targeted else chan.confirmed
+        return all(i in confirmed or i in self.failed for i in range(self.size))
 
     def waited_on(self, channel: str) -> Channel | None:
         """The channel, if a local waiter watches it."""
         chan = self.channels.get(channel)
-        return chan if chan is not None and chan.refs > 0 else None
+        return chan if chan is not None and chan.waiters else None
+
+    def released_here(
+        self, channel: str, release_id: str, woken: Sequence[str] = ()
+    ) -> list[Waiter]:
+        """A release made in this process freed a lock: the local waiters to wake now.
+
+        On a targeted channel that is the first of ``woken`` (the waiters the masters
+        chose) that waits here, and nobody if they all wait elsewhere; when the masters
+        chose nobody, one local waiter, as on a subscribed channel."""
+        chan = self.waited_on(channel)
+        if chan is None or not self._accept(channel, release_id):
+            return []
+        if chan.targeted and woken:
+            for owner in woken:
+                if owner in chan.waiters:
+                    return self._wake(chan, [owner])
+            return []
+        return self._wake(chan, self._next(chan))
+
+    def relay(self, channel: str, owner: str) -> list[Waiter]:
+        """``owner`` was woken but gives up: the other local waiter to wake instead."""
+        chan = self.waited_on(channel)
+        if chan is None:
+            return []
+        return self._wake(chan, [o for o in chan.waiters if o != owner][:1])
 
     # -- the subscriber's side ------------------------------------------------------------
 
     def wanted(self) -> set[str]:
-        return {self.home} | {c for c, chan in self.channels.items() if chan.refs > 0}
+        subscribed = {c for c, chan in self.channels.items() if chan.waiters and not chan.targeted}
+        return {self.home} | subscribed
 
     def connected(self, i: int) -> list[str]:
         """Master ``i`` has a new connection: the channels to subscribe it to (home
@@ -143,32 +231,88 @@ class Subscriptions:
         """Master ``i``'s connection failed: nothing it said counts any more."""
         self._sent[i] = None
         self.failed.add(i)
+        if i in self.home_confirmed:
+            self._rejoining.add(i)
+        self.home_confirmed.discard(i)
         for chan in self.channels.values():
             chan.confirmed.discard(i)
         self._prune()
 
-    def on_message(self, i: int, message: dict[str, Any]) -> tuple[Channel | None, bool]:
-        """A message from master ``i``: (the channel whose waiters to wake, if a new
-        release; whether a subscription was confirmed)."""
+    def on_message(self, i: int, message: dict[str, Any]) -> tuple[list[Waiter], bool]:
+        """A message from master ``i``: (the waiters it wakes; whether a subscription
+        was confirmed)."""
         kind, channel, data = decode_message(message)
+        if kind == "subscribe":
+            chan = self.channels.get(channel)
+            if channel == self.home:
+                self.home_confirmed.add(i)
+                self.failed.discard(i)
+                if i in self._rejoining:
+                    self._rejoining.discard(i)
+                    targeted = [c for c in self.channels.values() if c.targeted]
+                    return [w for c in targeted for w in self._wake(c, list(c.waiters))], True
+                return [], True
+            if chan is not None:
+                chan.confirmed.add(i)
+            else:
+                return [], False
+            self.failed.discard(i)
+            return [], True
+        if kind != "message":
+            return [], False
+        if channel == self.home:
+            return self._targeted(data), False
         chan = self.channels.get(channel)
-        if kind == "subscribe" and chan is not None:
-            chan.confirmed.add(i)
-            self.failed.discard(i)
-            return None, True
-        if kind == "subscribe" and channel == self.home:
-            self.failed.discard(i)
-            return None, True
-        if kind == "message" and chan is not None and chan.refs > 0 and chan.accept(data):
-            return chan, False
-        return None, False
+        if chan is None or chan.targeted or not chan.waiters or not self._accept(channel, data):
+            return [], False
+        return self._wake(chan, self._next(chan)), False
 
-    def released_here(self, channel: str, release_id: str) -> Channel | None:
-        """A release made in this process: the channel to wake now, if it is new."""
-        chan = self.waited_on(channel)
-        return chan if chan is not None and chan.accept(release_id) else None
+    # -- inside ------------------------------------------------------------------------
+
+    def _targeted(self, data: str) -> list[Waiter]:
+        wake = parse_wake(data)
+        if wake is None:
+            return []
+        release_id, owner, channel = wake
+        if not self._accept(channel, release_id):
+            return []  # another master's word on a release already counted
+        chan = self.channels.get(channel)
+        if chan is None or owner not in chan.waiters:
+            # Registered by a try whose watch is still to come: keep it for the watch.
+            self._unclaimed[(channel, owner)] = True
+            while len(self._unclaimed) > UNCLAIMED:
+                self._unclaimed.popitem(last=False)
+            return []
+        return self._wake(chan, [owner])
+
+    @staticmethod
+    def _next(chan: Channel) -> list[str]:
+        """Who a release wakes: every waiter of a broadcast channel, else the next one."""
+        owners = list(chan.waiters)
+        return owners if chan.broadcast else owners[:1]
+
+    def _wake(self, chan: Channel, owners: list[str]) -> list[Waiter]:
+        """Count a wake-up for each of ``owners``; they go last in the order to wake."""
+        woken = []
+        for owner in owners:
+            waiter = chan.waiters.pop(owner)
+            waiter.wakes += 1
+            chan.waiters[owner] = waiter
+            woken.append(waiter)
+        return woken
+
+    def _accept(self, channel: str, release_id: str) -> bool:
+        """Count a release once, however many masters announce it; True if it is new."""
+        key = (channel, release_id)
+        if key in self._recent_set:
+            return False
+        self._recent.append(key)
+        self._recent_set.add(key)
+        if len(self._recent) > RECENT_RELEASES:
+            self._recent_set.discard(self._recent.popleft())
+        return True
 
     def _prune(self) -> None:
-        for name in [c for c, chan in self.channels.items() if chan.refs <= 0]:
+        for name in [c for c, chan in self.channels.items() if not chan.waiters]:
             if not any(sent is not None and name in sent for sent in self._sent):
                 del self.channels[name]

@@ -25,7 +25,7 @@ class SyncDriver:
     def run(self, steps: Steps[T]) -> T:
         """Run ``steps`` to their end in the calling thread."""
         self._check_open()
-        watched: list[str] = []
+        watched: list[tuple[str, str]] = []
         self._active.add(steps)
         try:
             effect = next(steps)
@@ -41,26 +41,28 @@ class SyncDriver:
             return value
         finally:
             self._active.discard(steps)
-            for channel in watched:
-                self.hub.unwatch(channel)
+            for channel, owner in watched:
+                self.hub.unwatch(channel, owner)
 
-    def _carry_out(self, effect: object, watched: list[str]) -> object:
+    def _carry_out(self, effect: object, watched: list[tuple[str, str]]) -> object:
         if isinstance(effect, Fanout):
             return self.transport.fanout(effect)
         if isinstance(effect, Wait):
-            return self.hub.wait(effect.channel, effect.generation, effect.timeout)
+            return self.hub.wait(effect.channel, effect.owner, effect.generation, effect.timeout)
         if isinstance(effect, Notify):
-            self.hub.notify(effect.channels, effect.release_id)
+            self.hub.notify(effect.channels, effect.release_id, effect.woken)
             return None
         if isinstance(effect, Pause):
             self.hub.pause(effect.seconds)
             return None
         if isinstance(effect, Relay):
-            self.hub.relay(effect.channel)
+            self.hub.relay(effect.channel, effect.owner)
             return None
         if isinstance(effect, Watch):
-            generation = self.hub.watch(effect.channel, effect.broadcast)
-            watched.append(effect.channel)
+            generation = self.hub.watch(
+                effect.channel, effect.owner, effect.broadcast, effect.targeted
+            )
+            watched.append((effect.channel, effect.owner))
             return generation
         raise TypeError(f"unknown effect {effect!r}")
 

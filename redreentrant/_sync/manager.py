@@ -133,4 +133,4 @@ class LockManager(ManagerCore[Lock]):
     def _after_fork_in_child(self) -> None:
         super()._after_fork_in_child()
         self._watchdog.after_fork()
-        self._hub.after_fork()
+        self._hub.after_fork(self._engine.home_channel)

@@ -124,11 +124,14 @@ class SyncTransport:
                 # owed replies (they reach the master in order), not waited for.
                 if not fanout.cleanup:
                     m.behind.append(behind)
-                elif not m.queue(behind, fan.count(i)):
-                    self._drop(i, behind.conn)  # owes too much: given up
-                elif self._send(i, behind.conn, _packed(fan, i, behind.conn)) is None:
-                    behind.owed += fan.count(i)
-                    m.behind.append(behind)
+                    self._suspect(fan, i, now)
+                    continue
+                for b in m.all_behind(behind):
+                    if not m.queue(b, fan.count(i)):
+                        self._drop(i, b.conn)  # owes too much: given up
+                    elif self._send(i, b.conn, _packed(fan, i, b.conn)) is None:
+                        b.owed += fan.count(i)
+                        m.behind.append(b)
                 self._suspect(fan, i, now)
                 continue
             if behind is not None:

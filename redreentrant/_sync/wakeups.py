@@ -1,11 +1,12 @@
 """Sync wake-ups for blocked acquirers: one subscriber thread per manager.
 
-The thread holds one pub/sub connection per master and carries out what the shared
-subscription state machine (:class:`~redreentrant._core.subscriptions.Subscriptions`)
-decides: which channels each master must hear, and which release messages are new.
-Waiting threads sleep on a condition per channel until its generation moves on. No
-connection or thread is made per waiter, and nobody polls: a waiter sleeps until a
-release is announced, or until the holder's TTL runs out (expiry announces nothing).
+The thread holds one pub/sub connection per master, always subscribed to the manager's
+home channel, and carries out what the shared subscription state machine
+(:class:`~redreentrant._core.subscriptions.Subscriptions`) decides: which channels each
+master must hear, which release messages are new, and which waiters they wake. Each
+waiting thread sleeps on a condition of its own until its count of wake-ups moves on.
+No connection or thread is made per waiter, and nobody polls: a waiter sleeps until a
+release wakes it, or until the holder's TTL runs out (expiry announces nothing).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import redis
 
 from .._core.errors import ManagerClosedError
-from .._core.subscriptions import RECONNECT_DELAY, Channel, Subscriptions
+from .._core.subscriptions import RECONNECT_DELAY, Subscriptions, Waiter
 
 
 class WakeupHub:
@@ -55,24 +56,26 @@ class WakeupHub:
         self._pubsubs: list[Any] = [None] * n
         self._retry_at = [0.0] * n
 
-    def _cond(self, chan: Channel) -> threading.Condition:
-        if chan.waiters is None:
-            chan.waiters = threading.Condition(self._lock)
-        cond: threading.Condition = chan.waiters
-        return cond
-
     # -- waiter side ------------------------------------------------------------------
 
-    def watch(self, channel: str, broadcast: bool = False) -> int:
-        """Register interest in ``channel`` and wait (bounded) until the subscription is
-        confirmed by the reachable masters. Returns the channel's generation.
+    def watch(
+        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+    ) -> int:
+        """``owner`` waits on ``channel`` from now on; wait (bounded) until the reachable
+        masters confirmed what its wake-ups come through. Returns its generation.
 
-        On a ``broadcast`` channel a release wakes every waiter, else one."""
+        On a ``broadcast`` channel a release wakes every waiter, else one. A
+        ``targeted`` channel is subscribed nowhere: its waiters are woken by name on the
+        home channel, so once that is confirmed a watch costs no round trip."""
         with self._lock:
             if self._closed:
                 raise ManagerClosedError("the lock manager is closed")
-            chan = self._subs.watch(channel, broadcast)
+            generation = self._subs.watch(channel, owner, broadcast, targeted)
+            chan = self._subs.channels[channel]
+            settled = self._subs.settled(chan)
             self._ensure_thread()
+        if settled:
+            return generation
         self._poke()
         end = time.monotonic() + self._confirm_timeout
         try:
@@ -82,26 +85,27 @@ class WakeupHub:
                     if left <= 0:
                         break
                     self._confirmations.wait(left)
-                return chan.generation
+                return generation
         except BaseException:
-            self.unwatch(channel)  # interrupted: the caller will not unwatch it
+            self.unwatch(channel, owner)  # interrupted: the caller will not unwatch it
             raise
 
-    def unwatch(self, channel: str) -> None:
+    def unwatch(self, channel: str, owner: str) -> None:
         with self._lock:
-            unused = self._subs.unwatch(channel)
+            unused = self._subs.unwatch(channel, owner)
         if unused:
             self._poke()
 
-    def wait(self, channel: str, generation: int, timeout: float) -> int:
-        """Sleep until ``channel`` moves past ``generation`` or ``timeout`` passes."""
+    def wait(self, channel: str, owner: str, generation: int, timeout: float) -> int:
+        """Sleep until ``owner``'s wake-ups on ``channel`` move past ``generation`` or
+        ``timeout`` passes."""
         with self._lock:
-            chan = self._subs.channels[channel]
-            if chan.generation == generation and not self._closed:
-                self._cond(chan).wait_for(
-                    lambda: chan.generation != generation or self._closed, timeout
-                )
-            return chan.generation
+            waiter = self._subs.waiter(channel, owner)
+            if waiter.wakes == generation and not self._closed:
+                if waiter.signal is None:
+                    waiter.signal = threading.Condition(self._lock)
+                waiter.signal.wait_for(lambda: waiter.wakes != generation or self._closed, timeout)
+            return waiter.wakes
 
     def pause(self, seconds: float) -> None:
         """Sleep ``seconds`` (a back-off), cut short only by closing the manager."""
@@ -109,31 +113,26 @@ class WakeupHub:
             if not self._closed:
                 self._confirmations.wait_for(lambda: self._closed, seconds)
 
-    def notify(self, channels: Sequence[str], release_id: str) -> None:
-        """A release made in this process freed a lock: wake its waiters here at once."""
+    def notify(self, channels: Sequence[str], release_id: str, woken: Sequence[str] = ()) -> None:
+        """A release made in this process freed a lock: wake its waiters here at once
+        (on a targeted channel, the one the masters woke, if it waits here)."""
         if not any(c in self._subs.channels for c in channels):
             return  # nobody here waits: skip the lock on the release path
         with self._lock:
             for channel in channels:
-                chan = self._subs.released_here(channel, release_id)
-                if chan is not None:
-                    self._wake(chan)
+                self._wake(self._subs.released_here(channel, release_id, woken))
 
-    def relay(self, channel: str) -> None:
-        """A woken waiter gave up: wake another one in its place."""
+    def relay(self, channel: str, owner: str) -> None:
+        """``owner`` was woken but gave up: wake another waiter here in its place."""
         with self._lock:
-            chan = self._subs.waited_on(channel)
-            if chan is not None:
-                self._cond(chan).notify(1)
+            self._wake(self._subs.relay(channel, owner))
 
-    def _wake(self, chan: Channel) -> None:
-        """A new release: wake one waiter (it takes the lock, or relays the wake-up when
-        it gives up), or every waiter of a broadcast channel."""
-        cond = self._cond(chan)
-        if chan.broadcast:
-            cond.notify_all()
-        else:
-            cond.notify(1)
+    @staticmethod
+    def _wake(waiters: Sequence[Waiter]) -> None:
+        """Wake the threads the state machine counted a wake-up for (with the lock)."""
+        for waiter in waiters:
+            if waiter.signal is not None:
+                waiter.signal.notify()
 
     # -- subscriber thread ------------------------------------------------------------
 
@@ -221,9 +220,8 @@ class WakeupHub:
                 if message is None:
                     return
                 with self._lock:
-                    chan, confirmed = self._subs.on_message(i, message)
-                    if chan is not None:
-                        self._wake(chan)
+                    woken, confirmed = self._subs.on_message(i, message)
+                    self._wake(woken)
                     if confirmed:
                         self._confirmations.notify_all()
         except Exception:
@@ -243,9 +241,11 @@ class WakeupHub:
 
     # -- life cycle -------------------------------------------------------------------
 
-    def after_fork(self) -> None:
+    def after_fork(self, home_channel: str) -> None:
         """In a forked child: the parent's thread, locks and sockets are not ours to use
-        (closing the sockets would shut them for the parent too), so start afresh."""
+        (closing the sockets would shut them for the parent too), so start afresh, on
+        the child's own home channel (its manager has a new id)."""
+        self._home = home_channel
         self._setup()
 
     def close(self) -> None:
@@ -254,7 +254,7 @@ class WakeupHub:
                 return
             self._closed = True
             for chan in self._subs.channels.values():
-                self._cond(chan).notify_all()
+                self._wake(list(chan.waiters.values()))
             self._confirmations.notify_all()
             thread = self._thread
         self._poke()

@@ -1,0 +1,258 @@
+"""Hand-offs across processes: a release wakes one waiter, not one per process.
+
+Eight processes (``multiprocessing``, spawn) contend for one plain lock with a
+non-atomic counter; the masters' own command statistics tell how many script calls
+and (un)subscriptions that took. Then the waiters that a wake-up went to in vain: one
+whose process died, one that gave up, one that no longer waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from workers import contend
+
+from redreentrant import LockManager
+from redreentrant._core.keys import PREFIX, home_channel, lock_key, waiters_key, wake_channel
+from redreentrant.asyncio import LockManager as AsyncLockManager
+from redreentrant.testing import LocalEnsemble
+
+PROCESSES = 8
+TIMES = 25
+WORKERS = Path(__file__).with_name("workers.py")
+
+
+def command_calls(url: str) -> dict[str, int]:
+    """``INFO commandstats``: calls per command (lower case)."""
+    with redis.Redis.from_url(url) as r:
+        stats: dict[str, Any] = r.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def delta(before: dict[str, int], after: dict[str, int], *names: str) -> int:
+    return sum(after.get(n, 0) - before.get(n, 0) for n in names)
+
+
+def contend_in_processes(urls: list[str], name: str, flavour: str) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(PROCESSES)
+    counter = f"test:{name}:counter"
+    procs = [
+        ctx.Process(target=contend, args=(urls, name, counter, TIMES, flavour, start))
+        for _ in range(PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=100)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+
+
+@pytest.mark.parametrize("masters", [1, 3])
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_release_wakes_one_waiter_across_processes(
+    ensemble: LocalEnsemble, flavour: str, masters: int
+) -> None:
+    urls = ensemble.urls[:masters]
+    name = f"herd-{flavour}-{masters}"
+    before = [command_calls(url) for url in urls]
+    contend_in_processes(urls, name, flavour)
+    after = [command_calls(url) for url in urls]
+    with redis.Redis.from_url(urls[0]) as r:
+        assert int(r.get(f"test:{name}:counter") or 0) == PROCESSES * TIMES  # exact
+        r.delete(f"test:{name}:counter")
+    increments = PROCESSES * TIMES
+    for i, url in enumerate(urls):
+        # Every increment is one release and some acquires on each master (renewals are
+        # a handful at most): when a release woke a waiter in every process, that was
+        # about 5 to 7 acquires per increment with 8 processes.
+        acquires = delta(before[i], after[i], "evalsha", "eval") - increments
+        assert acquires <= 4 * increments, f"{url}: {acquires / increments:.2f} acquires"
+        # Waiters are woken on their manager's own channel: one SUBSCRIBE per manager
+        # (a few more if a connection is remade), none per contended acquire.
+        subscriptions = delta(before[i], after[i], "subscribe", "unsubscribe")
+        assert subscriptions <= PROCESSES + PROCESSES // 2, f"{url}: {subscriptions}"
+    # Nothing is left on the masters: no lock, no registration of a waiter.
+    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+
+
+# -- wake-ups that went nowhere ------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Wait for an observable condition (never a fixed sleep)."""
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "the condition never held"
+        time.sleep(0.01)
+
+
+def registered(ensemble: LocalEnsemble, name: str) -> list[list[str]]:
+    """The waiters every master has registered for the plain lock ``name``, in the order
+    a release wakes them."""
+    out = []
+    for url in ensemble.urls:
+        with redis.Redis.from_url(url, decode_responses=True) as r:
+            out.append(list(r.zrange(waiters_key(name), 0, -1)))
+    return out
+
+
+def heard(ensemble: LocalEnsemble, channel: str) -> int:
+    """How many connections hear ``channel`` on all masters together."""
+    total = 0
+    for url in ensemble.urls:
+        with redis.Redis.from_url(url) as r:
+            total += int(r.pubsub_numsub(channel)[0][1])
+    return total
+
+
+class Waiting(threading.Thread):
+    """A thread that acquires ``lock`` (blocking, no time limit), then releases it."""
+
+    def __init__(self, lock: Any) -> None:
+        super().__init__(daemon=True)
+        self.lock = lock
+        self.outcome: list[object] = []
+
+    def run(self) -> None:
+        try:
+            self.outcome.append(self.lock.acquire())
+            self.lock.release()
+        except BaseException as error:
+            self.outcome.append(error)
+
+
+def test_a_waiter_behind_a_dead_process_is_woken_by_the_release(
+    ensemble: LocalEnsemble,
+) -> None:
+    urls = ensemble.urls
+    with LockManager(urls, lease=60.0) as holder, LockManager(urls, lease=60.0) as mgr:
+        holder.lock("dead").acquire()
+        dead = subprocess.Popen(
+            [sys.executable, str(WORKERS), "wait", ",".join(urls), "dead"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert dead.stdout is not None
+            dead_id = dead.stdout.readline().strip()
+            wait_until(lambda: all(r == [f"{dead_id}:t1"] for r in registered(ensemble, "dead")))
+            waiter = Waiting(mgr.lock("dead"))
+            waiter.start()  # registered behind the other process's waiter
+            wait_until(lambda: all(len(r) == 2 for r in registered(ensemble, "dead")))
+        finally:
+            dead.kill()
+            dead.wait(timeout=30)
+        wait_until(lambda: heard(ensemble, home_channel(dead_id)) == 0)
+        holder.lock("dead").release()
+        # The masters skip the dead process's waiter, whose manager hears nothing, and
+        # wake ours: long before the holder's 60 s lease would have ended.
+        waiter.join(timeout=30)
+        assert waiter.outcome == [True]
+    assert ensemble.keys(PREFIX + "*") == {u: [] for u in urls}
+
+
+def test_a_waiter_that_gives_up_passes_the_wake_up_on(ensemble: LocalEnsemble) -> None:
+    urls = ensemble.urls
+    with LockManager(urls, lease=60.0) as holder, LockManager(urls, lease=60.0) as mgr:
+        holder.lock("quit").acquire()
+        quitter = LockManager(urls, lease=60.0)
+        first = Waiting(quitter.lock("quit"))
+        first.start()
+        wait_until(lambda: all(len(r) == 1 for r in registered(ensemble, "quit")))
+        waiter = Waiting(mgr.lock("quit"))
+        waiter.start()  # registered behind the first
+        wait_until(lambda: all(len(r) == 2 for r in registered(ensemble, "quit")))
+        # The holder's key goes without a word (as when its lease ends): the lock is
+        # free, and both waiters sleep on, until the holder's TTL (60 s) at the latest.
+        for url in urls:
+            with redis.Redis.from_url(url) as r:
+                r.delete(lock_key("quit"))
+        quitter.close()  # the first waiter gives up: ManagerClosedError
+        first.join(timeout=30)
+        assert [type(e).__name__ for e in first.outcome] == ["ManagerClosedError"]
+        # Giving up where the lock is free woke the next waiter: long before 60 s.
+        waiter.join(timeout=30)
+        assert waiter.outcome == [True]
+    assert ensemble.keys(PREFIX + "*") == {u: [] for u in urls}
+
+
+def test_a_wake_up_that_no_waiter_uses_leaves_the_holders_ttl_as_the_bound(
+    ensemble: LocalEnsemble,
+) -> None:
+    urls = ensemble.urls
+    with LockManager(urls) as holder, LockManager(urls) as mgr:
+        assert holder.lock("stale").acquire(lease=2.0)  # a fixed lease
+        waiter = Waiting(mgr.lock("stale"))
+        waiter.start()
+        wait_until(lambda: all(len(r) == 1 for r in registered(ensemble, "stale")))
+        # A registration that no waiter stands behind, of a manager that still listens
+        # (one whose owner stopped waiting without a word): it is woken first, in vain.
+        listeners = [redis.Redis.from_url(url).pubsub() for url in urls]
+        try:
+            for url, pubsub in zip(urls, listeners, strict=True):
+                pubsub.subscribe(home_channel("alive"))
+                with redis.Redis.from_url(url) as r:
+                    r.zadd(waiters_key("stale"), {"alive:t1": 1})  # it ends first
+            wait_until(lambda: heard(ensemble, home_channel("alive")) == len(urls))
+            holder.lock("stale").release()
+            # The waiter still gets the lock: by the holder's TTL it had been told.
+            waiter.join(timeout=30)
+            assert waiter.outcome == [True]
+        finally:
+            for pubsub in listeners:
+                pubsub.close()
+
+
+def test_force_unlock_wakes_a_registered_waiter(ensemble: LocalEnsemble) -> None:
+    urls = ensemble.urls
+    with LockManager(urls, lease=60.0) as holder, LockManager(urls, lease=60.0) as mgr:
+        holder.lock("forced").acquire()
+        waiter = Waiting(mgr.lock("forced"))
+        waiter.start()
+        wait_until(lambda: all(len(r) == 1 for r in registered(ensemble, "forced")))
+        assert holder.force_unlock("forced")
+        waiter.join(timeout=30)  # woken at once: the holder's lease was 60 s
+        assert waiter.outcome == [True]
+    assert ensemble.keys(PREFIX + "*") == {u: [] for u in urls}
+
+
+def test_asyncio_waiters_take_turns_across_managers_without_subscribing(
+    ensemble: LocalEnsemble,
+) -> None:
+    urls = ensemble.urls
+
+    async def main() -> None:
+        async with AsyncLockManager(urls, lease=60.0) as holder:
+            await holder.lock("turns").acquire()
+            managers = [AsyncLockManager(urls, lease=60.0) for _ in range(3)]
+            try:
+                order: list[int] = []
+
+                async def wait(i: int) -> None:
+                    async with managers[i].lock("turns"):
+                        order.append(i)
+
+                tasks = [asyncio.create_task(wait(i)) for i in range(3)]
+                while not all(len(r) == 3 for r in registered(ensemble, "turns")):
+                    await asyncio.sleep(0.01)
+                assert heard(ensemble, wake_channel("turns")) == 0  # nothing per lock
+                await holder.lock("turns").release()
+                await asyncio.wait_for(asyncio.gather(*tasks), 30)  # not the 60 s lease
+                assert sorted(order) == [0, 1, 2]
+            finally:
+                for m in managers:
+                    await m.close()
+
+    asyncio.run(main())
+    assert ensemble.keys(PREFIX + "*") == {u: [] for u in urls}
