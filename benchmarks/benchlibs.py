@@ -253,19 +253,19 @@ def open_async(spec: LibSpec, urls: Sequence[str]) -> AsyncBackend:
 
 
 def raw_calls(name: str) -> tuple[tuple[object, ...], Callable[[int], tuple[object, ...]]]:
-    """KEYS and ARGV of redreentrant's acquire and release of lock ``name`` by one owner,
-    as ``lua/acquire.lua`` and ``lua/release.lua`` document them: the acquire's
-    ``(numkeys, key, owner, lease_ms, 1)`` and, per release number, the release's
-    ``(numkeys, key, owner, 0, wake channel, release id)``."""
-    from redreentrant._core import keys
+    """``numkeys, KEYS..., ARGV...`` of redreentrant's acquire and release of lock
+    ``name`` by one owner, exactly as its lock kind builds them (an uncontended,
+    non-blocking acquire, then the final release with release number ``n``)."""
+    from redreentrant._core.kinds import EXCLUSIVE
     from redreentrant._core.owner import new_manager_id
 
     owner = f"{new_manager_id()}:t1"  # <host>:<pid>:<uuid>:<thread token>
-    key = keys.lock_key(name)
-    acquire = (1, key, owner, int(LEASE_S * 1000), 1)
+    take = EXCLUSIVE.acquire(name, owner, int(LEASE_S * 1000), 1, 0)
+    acquire = (len(take.keys), *take.keys, *take.args)
 
     def release(n: int) -> tuple[object, ...]:
-        return (1, key, owner, 0, keys.wake_channel(name), f"{owner}:{n}")
+        call = EXCLUSIVE.release(name, owner, 0, f"{owner}:{n}")
+        return (len(call.keys), *call.keys, *call.args)
 
     return acquire, release
 
@@ -318,7 +318,7 @@ class RawFloor:
             for reply in acquired:
                 _check("acquire", reply, [1, 1])
             for reply in released:
-                _check("release", reply, 0)
+                _check("release", reply[0] if isinstance(reply, list) else reply, 0)
 
     def close(self) -> None:
         for conn in self.conns:
@@ -362,7 +362,7 @@ class AsyncRawFloor:
             for reply in acquired:
                 _check("acquire", reply, [1, 1])
             for reply in released:
-                _check("release", reply, 0)
+                _check("release", reply[0] if isinstance(reply, list) else reply, 0)
 
     async def close(self) -> None:
         for conn in self.conns:

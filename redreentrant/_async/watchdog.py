@@ -33,7 +33,8 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
         self._clock = asyncio.Event()
 
     def ensure_started(self) -> None:
-        self._clock.set()
+        if self.clock_idle:
+            self._clock.set()
         if self._stopping or (self._tasks and not any(t.done() for t in self._tasks)):
             return
         for task in self._tasks:

@@ -143,6 +143,10 @@ class WatchdogBase(Generic[R]):
         self.interval = engine.settings.lease / 3
         self.times = RoundTimes()
         self._sweep_pending = False
+        # Whether the deadline clock sleeps with no deadline (no managed hold): only
+        # then does a new hold need to wake it. Every managed hold has the same lease,
+        # so a new one never ends before the ones the clock already waits for.
+        self.clock_idle = True
         # masters found to be Redis Cluster nodes: renewals are split by hash slot there
         self.cluster: set[int] = set()
         self._stopping = False
@@ -180,9 +184,12 @@ class WatchdogBase(Generic[R]):
     def _overdue(self) -> tuple[list[Hold], float | None]:
         """The deadline clock's step: the holds found overdue now (marked lost), and
         when to look again (None: when a new hold comes)."""
+        # Idle first, then look: a hold added after the look finds the clock idle.
+        self.clock_idle = True
         now = self._engine.clock()
         lost = self._holds.overdue(now, self.margin)
         due = self._holds.next_deadline(self.margin)
+        self.clock_idle = due is None
         return lost, None if due is None else max(0.0, due - now)
 
     def _failed(self) -> None:

@@ -40,6 +40,10 @@ from .._core.fanout import (
 )
 from .._core.masters import master_name
 
+#: how far past the round's deadline (a share of the master timeout) a read may wait
+#: when it waits on the socket's own time-out
+SLACK = 0.1
+
 #: a connection that is behind and still waits: (master, connection, replies to drop
 #: first, when its oldest unread command went out)
 _Pending = tuple[int, Any, int, float]
@@ -190,6 +194,8 @@ class SyncTransport:
         replies that have come allow (without waiting); None when there is none, or it
         caught up (its connection is then idle again) or broke."""
         m = self._masters[i]
+        if not m.behind:
+            return None  # the usual case, checked cheaply
         try:
             behind = m.behind.pop()
         except IndexError:
@@ -265,16 +271,28 @@ class SyncTransport:
         The connection is then idle again, or behind (late), or dropped (broken)."""
         out: list[Reply] = []
         m = self._masters[i]
+        # The socket's own time-out serves as the deadline when it ends about then (the
+        # connections made from URLs have the master timeout): one blocking read, with
+        # no poll before it. Else, or late in the round, a poll bounded by the deadline.
+        own = conn.socket_timeout
+        slack = SLACK * self.timeout
         while len(out) < count:
             try:
-                if not conn.can_read(timeout=max(0.0, deadline - time.monotonic())):
-                    m.timed_out(time.monotonic())
-                    m.behind.append(Behind(conn, skip + count - len(out), since))
-                    error = redis.TimeoutError(f"no reply within {self.timeout:.3f}s")
-                    return read_failed(out, count, error)
-                reply: Reply = conn.read_response()
+                left = deadline - time.monotonic()
+                if own is not None and own <= left + slack:
+                    reply: Reply = conn.read_response(disconnect_on_error=False)
+                elif conn.can_read(timeout=max(0.0, left)):
+                    reply = conn.read_response()
+                else:
+                    raise redis.TimeoutError(f"no reply within {self.timeout:.3f}s")
             except ResponseError as error:
                 reply = error
+            except redis.TimeoutError as error:
+                # Late, not broken: the connection stays, behind (its replies are
+                # still owed).
+                m.timed_out(time.monotonic())
+                m.behind.append(Behind(conn, skip + count - len(out), since))
+                return read_failed(out, count, error)
             except Exception as error:
                 # The stream is out of step now: drop the connection, fail the rest.
                 self._drop(i, conn)

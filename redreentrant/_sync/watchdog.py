@@ -34,7 +34,8 @@ class Watchdog(WatchdogBase[list[Hold]]):
         self._threads: list[threading.Thread] = []
 
     def ensure_started(self) -> None:
-        self._clock.set()
+        if self.clock_idle:
+            self._clock.set()
         if self._threads:
             return
         with self._guard:
