@@ -4,7 +4,8 @@
 -- The key is created only by a first hold (count 1): a re-entry whose hold is gone
 -- is refused, so a lost lease is never silently taken again under an old count.
 -- A refused first hold may register its owner as a waiter in KEYS[2], for ARGV[4] ms
--- (server time): a release then wakes the registered waiters one at a time (see
+-- (server time), keeping its place when already registered: a release then wakes the
+-- registered waiters one at a time, in the order their registrations end (see
 -- release.lua). A grant ends the owner's registration. KEYS[2] lives exactly as long as
 -- its last registration, and is gone once it holds none.
 -- KEYS[1]  the lock hash
@@ -30,7 +31,9 @@ if count == 1 and wait > 0 then
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('zremrangebyscore', KEYS[2], '-inf', now)
-  redis.call('zadd', KEYS[2], now + wait, ARGV[1])
+  -- NX: a waiter that tries again keeps its place (and its registration's end); once
+  -- that end passed it was purged above, and registers anew at the back.
+  redis.call('zadd', KEYS[2], 'NX', now + wait, ARGV[1])
   local last = redis.call('zrange', KEYS[2], -1, -1, 'withscores')
   redis.call('pexpire', KEYS[2], math.max(1, tonumber(last[2]) - now))
 end

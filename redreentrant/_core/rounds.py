@@ -32,8 +32,8 @@ from .views import MasterView
 _release_ids = itertools.count(1)
 
 #: how many times a split vote's back-off bound doubles (then it stays):
-#: ``retry_jitter * 2 ** 3``, 0.4 s with the default jitter
-SPLIT_BACKOFF_DOUBLINGS = 3
+#: ``retry_jitter * 2``, 0.1 s with the default jitter
+SPLIT_BACKOFF_DOUBLINGS = 1
 
 
 def release_id(owner: str) -> str:
@@ -131,10 +131,11 @@ def acquire_steps(
                 # watch, or that may have been missed because that channel was not yet
                 # heard everywhere, is already counted: the wait below ends at once.
             if tally.granted and not kind.queued:
-                # A split vote: back off for a random, growing (bounded) time that no
-                # release cuts short. The undos of the split publish wake-ups, ours
-                # included: a wait on the channel would end at once, and every
-                # contender would retry in step, splitting again.
+                # A split vote: back off for a random time that no release cuts short
+                # (the split's own undos announce releases: a wait for one would end at
+                # once, and every contender would retry in step and split again). Its
+                # bound doubles once for a second split: a longer growth leaves the
+                # contenders that split most asleep while others take turns (starved).
                 splits += 1
                 bound = q.retry_jitter * 2 ** min(splits - 1, SPLIT_BACKOFF_DOUBLINGS)
                 yield Pause(min(remaining, q.uniform(0.0, bound)))
