@@ -1,5 +1,5 @@
 -- name: acquire
--- version: 2
+-- version: 3
 -- Takes a free exclusive lock, or re-enters it, as a hash owner -> hold count.
 -- The key is created only by a first hold (count 1): a re-entry whose hold is gone
 -- is refused, so a lost lease is never silently taken again under an old count.

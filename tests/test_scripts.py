@@ -14,7 +14,7 @@ from redreentrant._core.keys import HOME_PREFIX, home_channel, lock_key, waiters
 #: name -> (version, first 16 hex digits of the text's SHA-256). A script edit must bump
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
-    "acquire": (2, "ddb93a1edfd96f9c"),
+    "acquire": (3, "a1c12996cd89ca07"),
     "release": (3, "7932cd83d743b91b"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -11,18 +10,6 @@ from .._core.effects import Fanout, Notify, Pause, Relay, Steps, Wait, Watch
 from .._core.seams import AsyncHub, AsyncTransport
 
 T = TypeVar("T")
-
-
-async def finish(task: asyncio.Future[T]) -> T:
-    """Await ``task``; if the caller is cancelled meanwhile, let the task run to its end
-    first (it is bounded by the master timeout), then pass the cancellation on."""
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        while not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({task})
-        raise
 
 
 class AsyncDriver:
@@ -37,31 +24,46 @@ class AsyncDriver:
         # The runs under way: close() lets them finish their clean-up on the transport.
         self._active: set[object] = set()
 
-    async def run(self, steps: Steps[T]) -> T:
-        """Run ``steps`` to their end in the calling task."""
+    async def run(self, steps: Steps[T], shielded: bool = False) -> T:
+        """Run ``steps`` to their end in the calling task.
+
+        ``shielded`` (releases): a cancellation does not stop the steps; it is passed on
+        once they ended. The effect it interrupted is carried out again: a round it
+        broke off left its connections behind (see the transport), and the calls of a
+        release set absolute hold counts, so sending them twice changes nothing. No
+        task is made for this."""
         self._check_open()
         watched: list[tuple[str, str]] = []
+        held_back: asyncio.CancelledError | None = None
         self._active.add(steps)
         try:
             effect = next(steps)
             while True:
                 try:
                     result = await self._carry_out(effect, watched)
-                except BaseException as error:  # cancellation too: the steps clean up
+                except asyncio.CancelledError as error:
+                    if not shielded:
+                        effect = steps.throw(error)  # the steps clean up
+                        continue
+                    held_back = error
+                    continue
+                except BaseException as error:
                     effect = steps.throw(error)
                     continue
                 effect = steps.send(result)
         except StopIteration as stop:
             value: T = stop.value
-            return value
         finally:
             self._active.discard(steps)
             for channel, owner in watched:
                 self.hub.unwatch(channel, owner)
+        if held_back is not None:
+            raise held_back
+        return value
 
     async def run_shielded(self, steps: Steps[T]) -> T:
         """Run ``steps`` to their end even if the caller is cancelled (releases)."""
-        return await finish(asyncio.ensure_future(self.run(steps)))
+        return await self.run(steps, shielded=True)
 
     async def _carry_out(self, effect: object, watched: list[tuple[str, str]]) -> object:
         if isinstance(effect, Fanout):

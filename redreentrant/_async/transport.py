@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,8 +33,14 @@ from .._core.fanout import (
     connection_getter,
     read_failed,
     suspect_error_text,
+    wire_packer,
 )
 from .._core.masters import master_name
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout_at
+else:  # redis-py depends on async-timeout there
+    from async_timeout import timeout_at
 
 #: see the sync transport
 _Pending = tuple[int, Any, int, float]
@@ -40,10 +48,11 @@ _Pending = tuple[int, Any, int, float]
 
 def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
     """Master ``i``'s commands, packed once per round for every master with the same
-    calls and the same connection class and encoding."""
+    calls and the same connection class and encoding (in C where it can be)."""
     enc = conn.encoder
     how = (type(conn), enc.encoding, enc.encoding_errors)
-    return fan.packed(i, how, conn.pack_commands)
+    pack = wire_packer(enc.encoding, enc.encoding_errors) or conn.pack_commands
+    return fan.packed(i, how, pack)
 
 
 class AsyncTransport:
@@ -127,14 +136,35 @@ class AsyncTransport:
                         await self._start(fan, i, conn, pending, loop.time())
             pending += late
             late = []
+            # One time-out for the whole read, not one per read (each costs a timer).
             deadline = loop.time() + self.timeout
-            while pending:
-                i, conn, skip, since = pending.pop(0)
-                if fan.decided:
-                    fan.unread(i)
-                    self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
-                else:
-                    fan.answered(i, await self._read(i, conn, skip, fan.count(i), since, deadline))
+            reading = -1
+            try:
+                async with timeout_at(deadline):
+                    while pending:
+                        i, conn, skip, since = pending.pop(0)
+                        if fan.decided:
+                            fan.unread(i)
+                            self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
+                            continue
+                        reading = i
+                        count = fan.count(i)
+                        replies = await self._read(i, conn, skip, count, since, None, fan)
+                        fan.answered(i, replies)
+            except asyncio.TimeoutError:
+                if reading >= 0:
+                    self._masters[reading].timed_out(loop.time())
+                # The deadline passed while one master was read: what the others sent
+                # meanwhile is read without waiting.
+                while pending:
+                    i, conn, skip, since = pending.pop(0)
+                    if fan.decided:
+                        fan.unread(i)
+                        self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
+                    else:
+                        count = fan.count(i)
+                        replies = await self._read(i, conn, skip, count, since, loop.time())
+                        fan.answered(i, replies)
             # A redo is a round trip of its own, with a time-out of its own.
             redo_deadline = loop.time() + self.timeout
             for i in fan.targets:
@@ -236,9 +266,18 @@ class AsyncTransport:
         return await self._read(i, conn, 0, len(commands), now, deadline)
 
     async def _read(
-        self, i: int, conn: Any, skip: int, count: int, since: float, deadline: float
+        self,
+        i: int,
+        conn: Any,
+        skip: int,
+        count: int,
+        since: float,
+        deadline: float | None,
+        fan: FanoutRound | None = None,
     ) -> list[Reply]:
-        """Read ``skip`` owed replies (dropped), then ``count`` replies, by ``deadline``.
+        """Read ``skip`` owed replies (dropped), then ``count`` replies, by ``deadline``
+        (None: under the caller's time-out, which cancels the read; what was read by
+        then is recorded in ``fan``).
 
         The connection is then idle again, or behind (late), or dropped (broken)."""
         out: list[Reply] = []
@@ -246,12 +285,16 @@ class AsyncTransport:
         loop = asyncio.get_running_loop()
         while len(out) < count:
             try:
-                left = max(deadline - loop.time(), 0.0)
+                # ``math.inf``: no time-out of redis-py's own for this read.
+                left = math.inf if deadline is None else max(deadline - loop.time(), 0.0)
                 try:
                     reply = await conn.read_response(timeout=left, disconnect_on_error=False)
                 except asyncio.CancelledError:
                     # A cancelled read consumed nothing: the replies are still owed.
                     m.behind.append(Behind(conn, skip + count - len(out), since))
+                    if fan is not None:
+                        error = RedisTimeoutError(f"no reply within {self.timeout:.3f}s")
+                        fan.answered(i, read_failed(out, count, error))
                     raise
                 if reply is None:
                     # A time-out (see the module docstring): the replies are still owed.
