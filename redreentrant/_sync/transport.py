@@ -37,6 +37,7 @@ from .._core.fanout import (
     connection_getter,
     read_failed,
     suspect_error_text,
+    wire_packer,
 )
 from .._core.masters import master_name
 
@@ -57,10 +58,12 @@ def _pack(conn: Any, commands: list[tuple[object, ...]]) -> list[bytes]:
 
 def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
     """Master ``i``'s commands, packed once per round for every master with the same
-    calls and the same connection class and encoding."""
+    calls and the same connection class and encoding (by hiredis directly where it
+    can be: redis-py's own wrapper around it costs more than the packing)."""
     enc = conn.encoder
     how = (type(conn), enc.encoding, enc.encoding_errors)
-    return fan.packed(i, how, lambda commands: _pack(conn, commands))
+    pack = wire_packer(enc.encoding, enc.encoding_errors)
+    return fan.packed(i, how, pack or (lambda commands: _pack(conn, commands)))
 
 
 class SyncTransport:
