@@ -766,3 +766,37 @@ def test_a_master_health_record_turns_suspect_is_probed_at_intervals_and_rejoins
 def test_the_probe_interval_is_a_third_of_the_lease_at_most_one_second() -> None:
     assert Settings.check(30.0, 0.01, None, 0.05, None).probe_interval == 1.0
     assert Settings.check(1.5, 0.01, None, 0.05, None).probe_interval == pytest.approx(0.5)
+
+
+def test_the_deadline_clock_follows_renewals_and_releases_without_scanning() -> None:
+    w = World()
+    w.round_time = 0.0
+    owner = w.engine.owner_id()
+    for n in range(3):
+        assert w.run(w.engine.acquire(EXCLUSIVE, f"x{n}", owner, False, -1, None))
+        w.clock.advance(0.1)
+    holds = w.engine.holds
+    first, second, third = (holds.get(EXCLUSIVE, f"x{n}", owner) for n in range(3))
+    assert first is not None and second is not None and third is not None
+    margin = verdict_margin(LEASE / 3)
+    assert holds.next_deadline(margin) == pytest.approx(first.valid_until - margin)
+    # A renewal moves the first hold's deadline behind the others.
+    holds.renewed(first, first.valid_until + 1.0)
+    assert holds.next_deadline(margin) == pytest.approx(second.valid_until - margin)
+    # A released hold no longer counts.
+    w.run(w.engine.release(EXCLUSIVE, "x1", owner, False))
+    assert holds.next_deadline(margin) == pytest.approx(third.valid_until - margin)
+    assert holds.overdue(third.valid_until - margin, margin) == [third]
+    assert holds.next_deadline(margin) == pytest.approx(first.valid_until - margin)
+
+
+def test_the_c_packer_packs_a_round_as_redis_py_would() -> None:
+    from redreentrant._core.fanout import evalsha_args, wire_packer
+
+    pack = wire_packer("utf-8", "strict")
+    assert pack is not None  # hiredis is installed with the dev extra
+    assert wire_packer("latin-1", "strict") is None  # the client's own packer then
+    call = EXCLUSIVE.acquire("n\u00e9e}x", "host:1:uuid:t", 30000, 1, 0)
+    commands = [evalsha_args(call), ("SCRIPT", "LOAD", "return 1")]
+    conn = redis.Connection()  # packs without connecting
+    assert b"".join(pack(commands)) == b"".join(conn.pack_commands(commands))

@@ -64,7 +64,7 @@ def wire_packer(
 
     def pack(commands: list[tuple[object, ...]]) -> list[bytes]:
         # Our commands hold only str and int arguments, which hiredis packs as is.
-        return [b"".join(pack_command(c) for c in commands)]  # type: ignore[arg-type]
+        return [b"".join(pack_command(c) for c in commands)]  # type: ignore[arg-type,unused-ignore]
 
     return pack
 
