@@ -3,8 +3,8 @@
 An :class:`Engine` holds one manager's settings, quorum, table of holds and owner
 identity, and makes the steps (generators of effects) of every lock operation:
 re-entry, ownership, loss, leases. The sync and asyncio lock objects only drive these
-steps with their flavour's driver; the owner is passed in explicitly so that a release
-can finish in a shielded task that is not the owner itself.
+steps with their flavour's driver; the owner is passed in explicitly, so the steps never
+depend on which thread or task happens to run them.
 """
 
 from __future__ import annotations
