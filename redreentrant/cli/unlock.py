@@ -42,7 +42,7 @@ def cmd_unlock(args: argparse.Namespace) -> int:
     with open_manager(require_masters(args)) as mgr:
         deleted = mgr.force_unlock(name)
     if deleted:
-        print(f"unlocked {name!r}: its keys were deleted and its waiters woken")
+        print(f"unlocked {name!r}: its keys were deleted; its waiters are woken in turn")
     else:
         print(f"{name!r} was not locked: nothing was deleted")
     return EXIT_OK
