@@ -755,7 +755,16 @@ def test_a_master_health_record_turns_suspect_is_probed_at_intervals_and_rejoins
     behind = Behind(conn=object(), owed=2, since=10.0)
     assert not m.lagging(behind, 10.1, timeout=0.2)  # late, not overdue: still waited for
     assert m.lagging(behind, 10.25, timeout=0.2) and m.suspect  # overdue: suspect
-    assert m.queue(behind, MAX_OWED - 2) and not m.queue(behind, MAX_OWED - 1)
+    # A suspect is sent no new acquire: the connection goes back, nothing is sent.
+    assert m.queue_for_suspect(behind, 1, cleanup=False) == ([], []) and m.behind == [behind]
+    # A clean-up goes on every connection behind; one that would owe too much is closed.
+    full = Behind(conn=object(), owed=MAX_OWED, since=10.0)
+    m.behind.append(full)
+    taken = m.behind.pop(0)
+    assert m.queue_for_suspect(taken, 1, cleanup=True) == ([behind], [full]) and not m.behind
+    m.queued(behind, 1)
+    assert behind.owed == 3 and m.behind == [behind]
+    m.behind.clear()
     assert not m.start_probe(10.3)  # not before the probe interval
     assert m.start_probe(10.8) and not m.start_probe(10.9)  # one at a time
     m.behind.append(behind)

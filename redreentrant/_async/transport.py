@@ -99,16 +99,13 @@ class AsyncTransport:
                 m = self._masters[i]
                 behind = await self._take_behind(i)
                 if behind is not None and m.lagging(behind, now, self.timeout):
-                    if not fanout.cleanup:
-                        m.behind.append(behind)  # a suspect is sent no new acquire
-                        self._suspect(fan, i, now)
-                        continue
-                    for b in m.all_behind(behind):  # on each: see MasterHealth.all_behind
-                        if not m.queue(b, fan.count(i)):
-                            await self._drop(i, b.conn)  # owes too much: given up
-                        elif await self._send(i, b.conn, _packed(fan, i, b.conn)) is None:
-                            b.owed += fan.count(i)
-                            m.behind.append(b)
+                    # As the sync transport: clean-ups only, queued, not waited for.
+                    send, close = m.queue_for_suspect(behind, fan.count(i), fanout.cleanup)
+                    for b in close:
+                        await self._drop(i, b.conn)
+                    for b in send:
+                        if await self._send(i, b.conn, _packed(fan, i, b.conn)) is None:
+                            m.queued(b, fan.count(i))
                     self._suspect(fan, i, now)
                     continue
                 if behind is not None:

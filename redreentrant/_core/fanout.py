@@ -21,7 +21,7 @@ Rounds never wait for what they do not need:
   not wait for a suspect: it fails at once. It is sent no new acquire, but clean-ups
   (undo, release: ``Fanout.cleanup``) are still sent, queued in order on its connections
   behind the calls they clean up after (on each of them: see
-  :meth:`MasterHealth.all_behind`), while a connection owes at most
+  :meth:`MasterHealth.queue_for_suspect`), while a connection owes at most
   :data:`MAX_OWED` replies (then the connection is given up and later calls are not
   sent). A suspect rejoins as soon
   as it answers: when its owed replies have come in (checked without waiting at the
@@ -216,22 +216,34 @@ class MasterHealth:
             self.timed_out(now)
         return self.suspect
 
-    def all_behind(self, first: Behind) -> list[Behind]:
-        """``first`` and every other connection behind, taken off the list: a clean-up
-        for a suspect goes on each of them, so that it runs after whichever carried the
-        call it cleans up after (it may run more than once: releases and undos set
-        absolute hold counts, so a repeat changes nothing)."""
-        out = [first]
+    def queue_for_suspect(
+        self, first: Behind, count: int, cleanup: bool
+    ) -> tuple[list[Behind], list[Behind]]:
+        """Where a round's ``count`` calls go on a suspect, given ``first``, the
+        connection it took (not caught up): ``(send on these, close these)``.
+
+        A suspect is sent no new acquire: unless the calls are a ``cleanup``, ``first``
+        goes back behind and nothing is sent. A clean-up goes on *every* connection
+        behind, so that it runs after whichever carried the call it cleans up after (it
+        may run more than once: releases and undos set absolute hold counts, so a repeat
+        changes nothing); a connection that would then owe more than :data:`MAX_OWED`
+        replies is given up instead. Call :meth:`queued` for each one sent."""
+        if not cleanup:
+            self.behind.append(first)
+            return [], []
+        every = [first]
         while True:
             try:
-                out.append(self.behind.pop())
+                every.append(self.behind.pop())
             except IndexError:
-                return out
+                break
+        send = [b for b in every if b.owed + count <= MAX_OWED]
+        return send, [b for b in every if b.owed + count > MAX_OWED]
 
-    def queue(self, behind: Behind, count: int) -> bool:
-        """Whether ``count`` more clean-up calls may be queued on a suspect's
-        connection."""
-        return behind.owed + count <= MAX_OWED
+    def queued(self, behind: Behind, count: int) -> None:
+        """``count`` more calls went out on ``behind``: it owes their replies too."""
+        behind.owed += count
+        self.behind.append(behind)
 
     def start_probe(self, now: float) -> bool:
         """Whether to start a probe of this suspect now (at most one under way)."""

@@ -127,18 +127,14 @@ class SyncTransport:
             m = self._masters[i]
             behind = self._take_behind(i)
             if behind is not None and m.lagging(behind, now, self.timeout):
-                # A suspect is sent no new acquire; clean-ups are queued behind the
-                # owed replies (they reach the master in order), not waited for.
-                if not fanout.cleanup:
-                    m.behind.append(behind)
-                    self._suspect(fan, i, now)
-                    continue
-                for b in m.all_behind(behind):
-                    if not m.queue(b, fan.count(i)):
-                        self._drop(i, b.conn)  # owes too much: given up
-                    elif self._send(i, b.conn, _packed(fan, i, b.conn)) is None:
-                        b.owed += fan.count(i)
-                        m.behind.append(b)
+                # Clean-ups are queued behind the owed replies (they reach the master
+                # in order), not waited for; nothing else is sent to a suspect.
+                send, close = m.queue_for_suspect(behind, fan.count(i), fanout.cleanup)
+                for b in close:
+                    self._drop(i, b.conn)
+                for b in send:
+                    if self._send(i, b.conn, _packed(fan, i, b.conn)) is None:
+                        m.queued(b, fan.count(i))
                 self._suspect(fan, i, now)
                 continue
             if behind is not None:
