@@ -65,6 +65,7 @@ from benchlibs import (
     REDLOCK_PY,
     RR,
     RR_ASYNC,
+    RR_FENCED,
     AsyncRawFloor,
     LibSpec,
     NotRunnable,
@@ -278,6 +279,13 @@ def uncontended_plan(urls: Sequence[str]) -> list[tuple[int, str, Callable[..., 
         plan += [
             (n, RAW_SYNC, lambda m, nm, d: measure_raw(m, nm, d, False)),
             (n, RR, lambda m, nm, d: measure_sync_lib(LibSpec(RR, RR), m, nm, d)),
+            (
+                n,
+                RR_FENCED,
+                lambda m, nm, d: measure_sync_lib(
+                    LibSpec(RR, RR_FENCED, {"fencing": True}), m, nm, d
+                ),
+            ),
             (n, RAW_ASYNC, lambda m, nm, d: measure_raw_async(m, nm, d, False)),
             (
                 n,

@@ -26,6 +26,7 @@ LUA_DIR = Path(__file__).resolve().parents[1] / "lua"
 # Library keys (also the labels' first word in the tables).
 RR = "redreentrant"
 RR_ASYNC = "redreentrant.asyncio"
+RR_FENCED = "redreentrant fencing=True"
 REDIS_PY = "redis-py Lock"
 REDIS_PY_ASYNC = "redis-py asyncio Lock"
 PRL = "python-redis-lock"

@@ -10,6 +10,7 @@ in :mod:`redreentrant.asyncio`.
 """
 
 from ._core.errors import (
+    FencingError,
     LockError,
     LockKeyTypeError,
     LockLostError,
@@ -23,6 +24,7 @@ from ._core.errors import (
 from ._core.locking import ReadWriteLock
 from ._core.owner import OwnerInfo, parse_owner
 from ._core.views import LockView, MasterView
+from ._sync.fenced import FencedStore
 from ._sync.lock import FairLock, Lock, ReadLock, WriteLock
 from ._sync.manager import LockManager
 
@@ -30,6 +32,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FairLock",
+    "FencedStore",
+    "FencingError",
     "Lock",
     "LockError",
     "LockKeyTypeError",

@@ -9,6 +9,7 @@ Hierarchy::
     ├── LockUpgradeError            a reader asked for the write lock (would self-deadlock)
     ├── LockKeyTypeError            a lock key holds data that is not a lock
     ├── LockOwnerError              an asyncio acquire ran in a task of its own
+    ├── FencingError                a fencing token could not be proven larger
     ├── ManagerClosedError          the manager was closed (also a RuntimeError)
     └── QuorumUnavailableError      too many masters failed to answer for a quorum
 
@@ -20,6 +21,7 @@ master's error that does not pickle travels as a ``RuntimeError`` with its text.
 """
 
 from ._core.errors import (
+    FencingError,
     LockError,
     LockKeyTypeError,
     LockLostError,
@@ -32,6 +34,7 @@ from ._core.errors import (
 )
 
 __all__ = [
+    "FencingError",
     "LockError",
     "LockKeyTypeError",
     "LockLostError",

@@ -593,6 +593,19 @@ def test_unlock_without_force_is_refused(manager: LockManager, urls: list[str]) 
         assert lock.is_owned() and lock.locked()
 
 
+def test_fence_raises_the_counters_so_the_next_token_is_larger(
+    ensemble: LocalEnsemble, urls: list[str]
+) -> None:
+    result = run_cli("fence", "fenced", "--at-least", "5000", "--kind", "fair", masters=urls)
+    assert result.returncode == 0, result.stderr
+    assert "to at least 5000 on 5 of 5 masters" in result.stdout
+    with LockManager(urls, fencing=True) as mgr, mgr.fair_lock("fenced") as lock:
+        assert lock.token == 5001
+    refused = assert_one_error_line(run_cli("fence", "fenced", "--at-least", "-1", masters=urls), 2)
+    assert "--at-least" in refused
+    ensemble.flushall()  # the counters outlive locks on purpose
+
+
 # -- errors -------------------------------------------------------------------------
 
 

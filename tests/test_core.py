@@ -732,10 +732,10 @@ def test_unread_replies_are_neither_grants_refusals_nor_failures() -> None:
 def test_the_fanout_round_is_decided_by_votes_and_a_no_wait_round_at_once() -> None:
     from redreentrant._core.effects import UNREAD, Early
     from redreentrant._core.fanout import FanoutRound
-    from redreentrant._core.quorum import NO_WAIT, is_grant
+    from redreentrant._core.quorum import NO_WAIT, first_granted
 
     call = Call(EXCLUSIVE.acquire("x", "o", 1000, 1, 0).script, ("k",), ())
-    fan = FanoutRound([(call,)] * 5, Early(3, is_grant))
+    fan = FanoutRound([(call,)] * 5, Early(3, first_granted))
     for i, reply in enumerate([[1, 1], [0, 5], [1, 1]]):
         assert not fan.decided
         fan.answered(i, [reply])

@@ -14,7 +14,7 @@ from redreentrant._core.effects import Fanout
 from redreentrant._core.errors import QuorumUnavailableError
 from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant._core.quorum import Quorum
-from redreentrant._core.rounds import acquire_steps
+from redreentrant._core.rounds import Grant, acquire_steps
 
 GRANT, REFUSE, FAIL = "grant", "refuse", "fail"
 
@@ -49,7 +49,7 @@ def test_one_non_blocking_round_is_judged_by_quorum(answers: list[str]) -> None:
     except QuorumUnavailableError as error:
         outcome = error
     if grants >= q.needed:
-        assert isinstance(outcome, float)  # granted: the end of the validity
+        assert isinstance(outcome, Grant) and outcome.token is None  # granted, unfenced
         assert sent == []  # nothing to undo
         return
     # Not granted: whatever any master may have granted is undone on every master.

@@ -20,6 +20,8 @@ PINS: dict[str, tuple[int, str]] = {
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (1, "6eca856f431d1e9f"),
     "fairlock": (3, "c55931264e875e51"),
+    "fence": (1, "db8b915cdd9413a6"),
+    "fenced_write": (1, "100c94a669e2151e"),
 }
 
 

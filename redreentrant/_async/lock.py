@@ -39,8 +39,10 @@ class Lock(LockCore):
     even if the task awaiting it is cancelled.
     """
 
-    def __init__(self, engine: Engine, driver: AsyncDriver, name: str) -> None:
-        super().__init__(engine, name)
+    def __init__(
+        self, engine: Engine, driver: AsyncDriver, name: str, fencing: bool | None = None
+    ) -> None:
+        super().__init__(engine, name, fencing)
         self._driver = driver
 
     async def acquire(
@@ -54,7 +56,9 @@ class Lock(LockCore):
         ``asyncio.wait_for``)."""
         refuse_a_task_of_its_own(inspect.currentframe(), "lock.acquire()")
         engine = self._engine
-        steps = engine.acquire(self.kind, self.name, engine.owner_id(), blocking, timeout, lease)
+        steps = engine.acquire(
+            self.kind, self.name, engine.owner_id(), blocking, timeout, lease, self.fencing
+        )
         return await self._driver.run(steps)
 
     async def release(self) -> None:
@@ -89,6 +93,11 @@ class Lock(LockCore):
     async def force_unlock(self) -> bool:
         """Delete the lock on every master, whoever holds it, and wake its waiters."""
         return await self._driver.run(self._engine.force_unlock((self.kind,), self.name))
+
+    async def raise_fence(self, at_least: int) -> int:
+        """See :meth:`redreentrant.Lock.raise_fence`."""
+        steps = self._engine.raise_fence(self.kind, self.name, at_least)
+        return await self._driver.run(steps)
 
 
 class ReadLock(Lock):

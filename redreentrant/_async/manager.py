@@ -59,8 +59,11 @@ class LockManager(ManagerCore[Lock]):
         master_timeout: float | None = None,
         retry_jitter: float = 0.05,
         on_lost: Callable[[Any], object] | None = None,
+        fencing: bool = False,
     ) -> None:
-        settings = Settings.check(lease, drift_factor, master_timeout, retry_jitter, on_lost)
+        settings = Settings.check(
+            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing
+        )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.
         engine, clients, self._own_clients = Engine.connect(
@@ -75,8 +78,8 @@ class LockManager(ManagerCore[Lock]):
         engine.on_managed_hold = self._watchdog.ensure_started
         super().__init__(engine, self._make)
 
-    def _make(self, kind: LockKind, name: str) -> Lock:
-        return LOCK_CLASSES[kind.label](self._engine, self._driver, name)
+    def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
+        return LOCK_CLASSES[kind.label](self._engine, self._driver, name, fencing)
 
     async def inspect(self, name: str) -> list[MasterView]:
         """Every master's view of the locks named ``name`` (see the sync manager)."""

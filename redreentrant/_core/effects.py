@@ -45,12 +45,12 @@ UNREAD = Unread()
 
 @dataclass(frozen=True)
 class Early:
-    """When a round may stop reading: once ``needed`` masters' first replies pass
-    ``vote``. ``needed == 0``: do not wait for any reply (an undo, whose outcome
-    nobody reads)."""
+    """When a round may stop reading: once ``needed`` masters' replies (the list of a
+    master's replies, one per call) pass ``vote``. ``needed == 0``: do not wait for any
+    reply (an undo, whose outcome nobody reads)."""
 
     needed: int
-    vote: Callable[[Reply], bool]
+    vote: Callable[[list[Reply]], bool]
 
 
 @dataclass(frozen=True)

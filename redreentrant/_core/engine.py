@@ -19,14 +19,27 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .effects import Steps
-from .errors import LockLostError, LockNotOwnedError, LockUpgradeError, ManagerClosedError
+from .errors import (
+    FencingError,
+    LockLostError,
+    LockNotOwnedError,
+    LockUpgradeError,
+    ManagerClosedError,
+)
+from .fencing import FENCE_TTL_MS
 from .holds import Hold, Holds
 from .keys import home_channel
 from .kinds import LockKind
 from .masters import connect, master_name
 from .owner import new_manager_id
 from .quorum import Clock, Quorum, Uniform
-from .rounds import acquire_steps, force_unlock_steps, held_by_quorum, probe_steps, release_steps
+from .rounds import (
+    acquire_steps,
+    force_unlock_steps,
+    held_by_quorum,
+    probe_steps,
+    release_steps,
+)
 from .settings import Settings, check_acquire_args
 from .views import MasterView
 
@@ -138,8 +151,10 @@ class Engine:
         blocking: bool,
         timeout: float,
         lease: float | None,
+        fencing: bool = False,
     ) -> Steps[bool]:
-        """Take or re-enter ``name`` for ``owner`` (see ``Lock.acquire``)."""
+        """Take or re-enter ``name`` for ``owner`` (see ``Lock.acquire``); a first hold
+        with ``fencing`` gets a fencing token (see :mod:`.fencing`)."""
         check_acquire_args(blocking, timeout)
         q = self.quorum
         lease_s = self.settings.acquire_lease(lease)
@@ -154,16 +169,28 @@ class Engine:
             )
         site = call_site()
         deadline = None if timeout == -1 or not blocking else self.clock() + timeout
-        steps = acquire_steps(q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed)
-        valid_until = yield from steps
-        if valid_until is None:
+        steps = acquire_steps(
+            q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed, fencing
+        )
+        grant = yield from steps
+        if grant is None:
             return False
         if self.closed:
             # Granted while the manager was closing: nothing would renew or report it.
             with contextlib.suppress(Exception):
                 yield from release_steps(q, kind, name, owner, 0)
             raise ManagerClosedError("the lock manager was closed during the acquire")
-        hold = Hold(kind, name, owner, 1, lease_s, lease is None, valid_until, site=site)
+        hold = Hold(
+            kind,
+            name,
+            owner,
+            1,
+            lease_s,
+            lease is None,
+            grant.valid_until,
+            site=site,
+            fencing_token=grant.token,
+        )
         self.holds.add(hold)
         if hold.managed:
             self.on_managed_hold()
@@ -186,15 +213,48 @@ class Engine:
             self.quorum, hold.kind, hold.name, hold.owner, count, renewed, True, None
         )
         try:
-            valid_until = yield from steps
+            grant = yield from steps
         except LockLostError as error:
             hold.lost = str(error)
             raise
-        assert valid_until is not None  # a re-entry succeeds or raises
+        assert grant is not None  # a re-entry succeeds or raises
         hold.count = count
         hold.lease = renewed
-        hold.valid_until = valid_until
+        hold.valid_until = grant.valid_until
         return True
+
+    def token(self, kind: LockKind, name: str, owner: str) -> int:
+        """The fencing token of ``owner``'s hold on ``name`` (see ``Lock.token``)."""
+        hold = self.holds.get(kind, name, owner)
+        if hold is None:
+            raise LockNotOwnedError(f"lock {name!r} is not held by this owner: it has no token")
+        if hold.fencing_token is None:
+            why = (
+                "the read side of a read/write lock has none (readers share)"
+                if not kind.fenced
+                else "it was acquired without fencing (pass fencing=True to the manager"
+                " or to the lock)"
+            )
+            raise FencingError(f"lock {name!r} has no fencing token: {why}")
+        return hold.fencing_token
+
+    def raise_fence(self, kind: LockKind, name: str, at_least: int) -> Steps[int]:
+        """Raise ``name``'s fencing counters to at least ``at_least`` on every master
+        (see ``Lock.raise_fence``); returns how many masters acknowledged."""
+        if not kind.fenced:
+            raise ValueError("the read side of a read/write lock has no fencing counter")
+        if isinstance(at_least, bool) or not isinstance(at_least, int) or at_least < 0:
+            raise ValueError(f"at_least must be an int >= 0, not {at_least!r}")
+        q = self.quorum
+        replies = yield q.everywhere(kind.fence_raise(name, at_least, FENCE_TTL_MS))
+        failed = {
+            i: r[0] if isinstance(r[0], BaseException) else RuntimeError(f"odd reply {r[0]!r}")
+            for i, r in enumerate(replies)
+            if not isinstance(r[0], int)
+        }
+        if len(failed) > q.tolerated:
+            raise q.unavailable(f"raise the fencing counter of {name!r}", failed)
+        return q.size - len(failed)
 
     def release(self, kind: LockKind, name: str, owner: str, quiet_if_lost: bool) -> Steps[None]:
         """Release one of ``owner``'s hold levels on ``name``."""

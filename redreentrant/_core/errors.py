@@ -48,6 +48,13 @@ class LockOwnerError(LockError):
     anything is held; the message says what to write instead."""
 
 
+class FencingError(LockError):
+    """A fencing token could not be proven larger than every earlier one: the lock's
+    fencing counter was lost (a restart without persistence) on more masters than a
+    quorum tolerates. Raised by an acquire with fencing on; nothing is held. The
+    message says what an operator can do (see ``raise_fence``)."""
+
+
 class ManagerClosedError(LockError, RuntimeError):
     """The lock manager was closed: waiters woken by ``close()`` and every later call
     fail with it, and no new hold is taken."""

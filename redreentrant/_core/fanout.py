@@ -140,7 +140,7 @@ class FanoutRound:
 
     def answered(self, i: int, replies: list[Reply]) -> None:
         self.results[i] = replies
-        if self._early is not None and replies and self._early.vote(replies[0]):
+        if self._early is not None and replies and self._early.vote(replies):
             self._yes += 1
 
     def reload(self, i: int) -> list[tuple[object, ...]] | None:

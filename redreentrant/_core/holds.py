@@ -30,6 +30,8 @@ class Hold:
     lost: str | None = None
     #: where the first acquire was called (``file:line in function``), for warnings
     site: str = "?"
+    #: the fencing token of the first grant (None: taken without fencing)
+    fencing_token: int | None = None
 
     @property
     def ident(self) -> tuple[str, str, str]:

@@ -38,6 +38,9 @@ class LockKind:
     #: manager's home channel; the wake channel is then not subscribed
     targeted = True
 
+    #: grants of this kind may carry a fencing token (``lua/fence.lua``)
+    fenced = True
+
     @property
     def upgrade_from(self) -> LockKind | None:
         """A kind whose holder may not take this one (it would wait for itself)."""
@@ -93,6 +96,25 @@ class LockKind:
         """After a split vote (granted by some masters, not a quorum): a call that makes
         the next round likelier to agree (nothing to do here: jitter suffices)."""
         return None
+
+    def fence_key(self, name: str) -> str:
+        """The key of the lock's fencing counter."""
+        return keys.aux_key(name, "fence")
+
+    def holder_field(self, owner: str) -> str:
+        """The field of :meth:`key`'s hash that is present while ``owner`` holds it."""
+        return owner
+
+    def fence_next(self, name: str, owner: str, ttl_ms: int) -> Call:
+        """Step the fencing counter where ``owner`` holds the lock (``fence.lua``
+        ``next``); replies ``{held, value, fresh}``."""
+        args = ("next", self.holder_field(owner), ttl_ms)
+        return Call(scripts.FENCE, (self.key(name), self.fence_key(name)), args)
+
+    def fence_raise(self, name: str, token: int, ttl_ms: int) -> Call:
+        """Raise the fencing counter to at least ``token`` (``fence.lua`` ``raise``)."""
+        args = ("raise", token, ttl_ms)
+        return Call(scripts.FENCE, (self.key(name), self.fence_key(name)), args)
 
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
         """Renew many ``(name, owner)`` holds of this kind in one call."""
@@ -211,6 +233,7 @@ class ReadKind(_ReadWriteKind):
     label = "rw:read"
     side = "r"
     broadcast = True
+    fenced = False  # readers share: a token orders exclusive holds only
 
 
 class WriteKind(_ReadWriteKind):
@@ -223,6 +246,12 @@ class WriteKind(_ReadWriteKind):
     @property
     def upgrade_from(self) -> LockKind | None:
         return READ
+
+    def fence_key(self, name: str) -> str:
+        return keys.aux_key(name, "rw:fence")
+
+    def holder_field(self, owner: str) -> str:
+        return f"w:{owner}"
 
     def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
         readers, _ = self._channels(name)
@@ -249,6 +278,9 @@ class FairKind(LockKind):
 
     def key(self, name: str) -> str:
         return keys.aux_key(name, "fair")
+
+    def fence_key(self, name: str) -> str:
+        return keys.aux_key(name, "fair:fence")
 
     def wake_channel(self, name: str, owner: str) -> str:
         return self._prefix(name) + owner

@@ -12,6 +12,7 @@ from .engine import Engine
 from .holds import Hold
 from .keys import validate_name
 from .kinds import EXCLUSIVE, LockKind
+from .settings import check_fencing
 
 L = TypeVar("L")
 
@@ -21,9 +22,11 @@ class LockCore:
 
     kind: LockKind = EXCLUSIVE
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: Engine, name: str, fencing: bool | None = None) -> None:
         self._engine = engine
         self.name = validate_name(name)
+        #: whether a first hold of this lock gets a fencing token (see :attr:`token`)
+        self.fencing = engine.settings.fencing if fencing is None else check_fencing(fencing)
 
     def __repr__(self) -> str:
         try:
@@ -45,6 +48,18 @@ class LockCore:
         """Whether the calling owner holds the lock, with validity left and no loss
         detected. Local knowledge only: no round trip."""
         return self._engine.remaining(self._hold()) > 0
+
+    @property
+    def token(self) -> int:
+        """The fencing token of the calling owner's hold: an ``int`` that grows with
+        every grant of this lock's name (of this kind) across all clients. Local: no
+        round trip. Pass it to the protected resource, which rejects writes carrying a
+        token smaller than one it already accepted (see the fencing docs).
+
+        Raises :class:`LockNotOwnedError` when the caller does not hold the lock, and
+        :class:`FencingError` when its hold has no token (taken without fencing, or
+        the read side of a read/write lock). Re-entries keep the first hold's token."""
+        return self._engine.token(self.kind, self.name, self._engine.owner_id())
 
     def remaining(self) -> float:
         """Seconds of validity left on the calling owner's hold (0.0 if not owned).

@@ -27,7 +27,9 @@ L = TypeVar("L")  # the flavour's lock class
 class ManagerCore(Generic[L]):
     """Settings, masters and lock objects of a lock manager (see ``LockManager``)."""
 
-    def __init__(self, engine: Engine, make_lock: Callable[[LockKind, str], L]) -> None:
+    def __init__(
+        self, engine: Engine, make_lock: Callable[[LockKind, str, bool | None], L]
+    ) -> None:
         self._engine = engine
         self._make_lock = make_lock
         _after_fork.add(self._after_fork_in_child)
@@ -62,6 +64,11 @@ class ManagerCore(Generic[L]):
         return self._engine.settings.on_lost
 
     @property
+    def fencing(self) -> bool:
+        """Whether locks hand out fencing tokens unless made with ``fencing=False``."""
+        return self._engine.settings.fencing
+
+    @property
     def masters(self) -> tuple[str, ...]:
         """The masters' addresses, in order."""
         return self._engine.quorum.masters
@@ -83,22 +90,30 @@ class ManagerCore(Generic[L]):
 
     # -- lock objects --------------------------------------------------------------------
 
-    def lock(self, name: str) -> L:
-        """A reentrant lock named ``name``, owned by whoever acquires it."""
-        self._engine.check_open()
-        return self._make_lock(EXCLUSIVE, name)
+    def lock(self, name: str, *, fencing: bool | None = None) -> L:
+        """A reentrant lock named ``name``, owned by whoever acquires it.
 
-    def rw_lock(self, name: str) -> ReadWriteLock[L]:
-        """A read/write lock named ``name``: ``.read`` (shared) and ``.write`` (exclusive)."""
+        ``fencing`` (default: the manager's) gives each first hold a fencing token
+        (``lock.token``), at the cost of one more round per acquire."""
+        self._engine.check_open()
+        return self._make_lock(EXCLUSIVE, name, fencing)
+
+    def rw_lock(self, name: str, *, fencing: bool | None = None) -> ReadWriteLock[L]:
+        """A read/write lock named ``name``: ``.read`` (shared) and ``.write`` (exclusive).
+
+        ``fencing`` applies to the write side (readers share, and get no token)."""
         self._engine.check_open()
         return ReadWriteLock(
-            validate_name(name), self._make_lock(READ, name), self._make_lock(WRITE, name)
+            validate_name(name),
+            self._make_lock(READ, name, fencing),
+            self._make_lock(WRITE, name, fencing),
         )
 
-    def fair_lock(self, name: str) -> L:
-        """A reentrant lock named ``name`` that is granted in order of arrival."""
+    def fair_lock(self, name: str, *, fencing: bool | None = None) -> L:
+        """A reentrant lock named ``name`` that is granted in order of arrival;
+        ``fencing`` as for :meth:`lock`."""
         self._engine.check_open()
-        return self._make_lock(FAIR, name)
+        return self._make_lock(FAIR, name, fencing)
 
     # -- reports -------------------------------------------------------------------------
 
@@ -116,7 +131,7 @@ class ManagerCore(Generic[L]):
         if on_lost is None:
             return None
         try:
-            return on_lost(self._make_lock(hold.kind, hold.name))
+            return on_lost(self._make_lock(hold.kind, hold.name, None))
         except Exception:
             log.exception("redreentrant: on_lost hook raised")
             return None

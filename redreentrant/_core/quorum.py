@@ -57,12 +57,12 @@ class Quorum:
     @property
     def until_granted(self) -> Early:
         """A round that ends once a quorum granted (:func:`is_grant`)."""
-        return Early(self.needed, is_grant)
+        return Early(self.needed, first_granted)
 
     @property
     def until_held(self) -> Early:
         """A round that ends once a quorum confirmed a hold (:func:`is_hold`)."""
-        return Early(self.needed, is_hold)
+        return Early(self.needed, first_held)
 
     def unavailable(
         self, action: str, failed: Mapping[int, BaseException]
@@ -83,7 +83,7 @@ def lease_ms(lease: float) -> int:
 
 
 #: a round whose replies nobody reads (an undo): it waits for none of them
-NO_WAIT = Early(0, lambda reply: False)
+NO_WAIT = Early(0, lambda replies: False)
 
 
 def is_grant(reply: Reply) -> bool:
@@ -95,6 +95,16 @@ def is_hold(reply: Reply) -> bool:
     """A release's ``1``/``0`` (or ``{status, woken}``): the owner held the lock there."""
     status = status_of(reply)
     return status is not None and status >= 0
+
+
+def first_granted(replies: Sequence[Reply]) -> bool:
+    """A master's first reply (its acquire) granted."""
+    return is_grant(replies[0])
+
+
+def first_held(replies: Sequence[Reply]) -> bool:
+    """A master's first reply (its release) confirmed a hold."""
+    return is_hold(replies[0])
 
 
 def is_wrong_type(reply: Reply) -> bool:

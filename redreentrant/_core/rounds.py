@@ -12,8 +12,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .effects import Call, Fanout, Notify, Pause, Relay, Reply, Steps, Wait, Watch
+from .effects import Call, Early, Fanout, Notify, Pause, Relay, Reply, Steps, Wait, Watch
 from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
+from .fencing import FENCE_TTL_MS, kept_counter, token_of
 from .holds import Hold
 from .keys import key_slot
 from .kinds import LockKind
@@ -36,6 +37,15 @@ _release_ids = itertools.count(1)
 SPLIT_BACKOFF_DOUBLINGS = 1
 
 
+@dataclass(frozen=True)
+class Grant:
+    """What an acquire won: the end of its validity (monotonic clock) and, with
+    fencing, its token."""
+
+    valid_until: float
+    token: int | None = None
+
+
 def release_id(owner: str) -> str:
     """A payload naming one release uniquely (per owner, per process)."""
     return f"{owner}:{next(_release_ids)}"
@@ -51,15 +61,25 @@ def acquire_steps(
     blocking: bool,
     deadline: float | None,
     closed: Callable[[], bool] = lambda: False,
-) -> Steps[float | None]:
+    fencing: bool = False,
+) -> Steps[Grant | None]:
     """Take (``count == 1``) or re-enter (``count > 1``) a lock.
 
-    Returns the end of the validity (monotonic clock) when granted, ``None`` when the
-    lock was not free in time. Re-entry never waits: it succeeds, or raises
-    :class:`LockLostError` because the owner's hold is gone. A waiter whose manager was
-    closed (``closed()``) gives up with :class:`ManagerClosedError` before its next try.
+    Returns the :class:`Grant` when granted, ``None`` when the lock was not free in
+    time. Re-entry never waits: it succeeds, or raises :class:`LockLostError` because
+    the owner's hold is gone. A waiter whose manager was closed (``closed()``) gives up
+    with :class:`ManagerClosedError` before its next try.
+
+    With ``fencing`` (a first hold of a kind that supports it), each try also steps the
+    lock's fencing counters (see :mod:`.fencing`), and a grant is returned only once
+    its token was written back to a quorum within the validity; otherwise the grant is
+    undone and the acquire tries again like a contended one. Raises
+    :class:`FencingError` (nothing held) when the counters were lost on too many masters.
     """
     ms = lease_ms(lease)
+    fenced = fencing and count == 1 and kind.fenced
+    # A fenced round may end once a quorum granted with counters that were kept.
+    early = Early(q.needed, kept_counter) if fenced else q.until_granted
 
     def undo() -> Fanout:  # made only when needed: the usual grant never undoes
         # Nobody reads an undo's replies: the round does not wait for them (they are
@@ -88,9 +108,10 @@ def acquire_steps(
                 wait_s = lease if deadline is None else min(lease, deadline - started)
             wait_ms = lease_ms(wait_s) if wait_s > 0 else 0
             registered = registered or wait_ms > 0
-            acquire = q.everywhere(
-                kind.acquire(name, owner, ms, count, wait_ms), early=q.until_granted
-            )
+            calls = [kind.acquire(name, owner, ms, count, wait_ms)]
+            if fenced:
+                calls.append(kind.fence_next(name, owner, FENCE_TTL_MS))
+            acquire = q.everywhere(*calls, early=early)
             try:
                 replies = yield acquire
             except BaseException:
@@ -101,7 +122,18 @@ def acquire_steps(
             valid_until = started + lease - q.drift(lease)
             now = q.clock()
             if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
-                return valid_until
+                if not fenced:
+                    return Grant(valid_until)
+                try:
+                    token = token_of(q, name, tally.granted, replies)
+                    proven = token is not None and (yield from _write_back(q, kind, name, token))
+                except BaseException:  # FencingError, or interrupted: held nowhere after
+                    yield undo()
+                    raise
+                now = q.clock()
+                if proven and valid_until > now:
+                    return Grant(valid_until, token)
+                # Not proven in time: undone below, and tried again.
             if tally.granted or tally.failed or tally.unread:
                 # Undo everywhere, also where the reply was lost or not read: such a
                 # master may have granted.
@@ -159,6 +191,17 @@ def acquire_steps(
     except BaseException:
         yield from _give_up(q, kind, name, owner, channel, woken, registered)
         raise
+
+
+def _write_back(q: Quorum, kind: LockKind, name: str, token: int) -> Steps[bool]:
+    """Raise the counters to ``token`` everywhere; True once a quorum acknowledged."""
+
+    def acked(replies: Sequence[Reply]) -> bool:
+        return isinstance(replies[0], int) and replies[0] >= token
+
+    raise_call = kind.fence_raise(name, token, FENCE_TTL_MS)
+    replies = yield q.everywhere(raise_call, early=Early(q.needed, acked))
+    return sum(1 for per_master in replies if acked(per_master)) >= q.needed
 
 
 def _give_up(

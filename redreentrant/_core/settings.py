@@ -56,6 +56,8 @@ class Settings:
     master_timeout: float
     retry_jitter: float
     on_lost: Callable[[Any], object] | None
+    #: locks hand out fencing tokens unless a lock says otherwise
+    fencing: bool = False
 
     @property
     def probe_interval(self) -> float:
@@ -70,6 +72,7 @@ class Settings:
         master_timeout: object,
         retry_jitter: object,
         on_lost: object,
+        fencing: object = False,
     ) -> Settings:
         """The settings, or a ValueError/TypeError naming the first bad one."""
         lease_s = check_lease("lease", lease)
@@ -92,7 +95,7 @@ class Settings:
             )
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be callable")
-        return cls(lease_s, drift, timeout_s, jitter, on_lost)
+        return cls(lease_s, drift, timeout_s, jitter, on_lost, check_fencing(fencing))
 
     def acquire_lease(self, lease: object) -> float:
         """The lease of an acquire: the manager's for ``None``, else checked like the
@@ -106,6 +109,13 @@ class Settings:
                 f" plus the master timeout ({self.master_timeout}s)"
             )
         return lease_s
+
+
+def check_fencing(fencing: object) -> bool:
+    """``fencing=`` of a manager or a lock: a bool."""
+    if not isinstance(fencing, bool):
+        raise TypeError(f"fencing must be True or False, not {fencing!r}")
+    return fencing
 
 
 def check_acquire_args(blocking: bool, timeout: float) -> None:

@@ -22,8 +22,10 @@ class Lock(LockCore):
     Get one from :meth:`LockManager.lock`.
     """
 
-    def __init__(self, engine: Engine, driver: SyncDriver, name: str) -> None:
-        super().__init__(engine, name)
+    def __init__(
+        self, engine: Engine, driver: SyncDriver, name: str, fencing: bool | None = None
+    ) -> None:
+        super().__init__(engine, name, fencing)
         self._driver = driver
 
     def acquire(
@@ -52,7 +54,9 @@ class Lock(LockCore):
         watchdog, with a warning and an ``on_lost`` report.
         """
         engine = self._engine
-        steps = engine.acquire(self.kind, self.name, engine.owner_id(), blocking, timeout, lease)
+        steps = engine.acquire(
+            self.kind, self.name, engine.owner_id(), blocking, timeout, lease, self.fencing
+        )
         return self._driver.run(steps)
 
     def release(self) -> None:
@@ -92,6 +96,17 @@ class Lock(LockCore):
         any master had the lock.
         """
         return self._driver.run(self._engine.force_unlock((self.kind,), self.name))
+
+    def raise_fence(self, at_least: int) -> int:
+        """Raise this lock's fencing counters to at least ``at_least`` on every master;
+        returns how many masters acknowledged (a quorum at least, else
+        :class:`QuorumUnavailableError`).
+
+        For operators, after an acquire raised :class:`FencingError` (counters lost on
+        too many masters): pass the largest token the protected resource accepted, and
+        the next tokens are larger than it. Never lowers a counter.
+        """
+        return self._driver.run(self._engine.raise_fence(self.kind, self.name, at_least))
 
 
 class ReadLock(Lock):

@@ -52,7 +52,9 @@ class LockManager(ManagerCore[Lock]):
     upper bound (seconds) of the random pause after a first split vote (doubling with
     each further split, up to 8 times). ``on_lost(lock)`` is
     called, in a thread of its own, when a held lock's lease is lost or its owner thread
-    ended while holding it; always before the lease's validity ends. Bad settings raise
+    ended while holding it; always before the lease's validity ends. ``fencing=True``
+    gives every first hold a fencing token (``lock.token``, one more round per acquire;
+    each lock may say otherwise: ``mgr.lock(name, fencing=...)``). Bad settings raise
     ``ValueError``/``TypeError`` naming the argument.
 
     Use it as a context manager, or call :meth:`close`.
@@ -67,8 +69,11 @@ class LockManager(ManagerCore[Lock]):
         master_timeout: float | None = None,
         retry_jitter: float = 0.05,
         on_lost: Callable[[Any], object] | None = None,
+        fencing: bool = False,
     ) -> None:
-        settings = Settings.check(lease, drift_factor, master_timeout, retry_jitter, on_lost)
+        settings = Settings.check(
+            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing
+        )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.
         engine, clients, self._own_clients = Engine.connect(
@@ -83,8 +88,8 @@ class LockManager(ManagerCore[Lock]):
         engine.on_managed_hold = self._watchdog.ensure_started
         super().__init__(engine, self._make)
 
-    def _make(self, kind: LockKind, name: str) -> Lock:
-        return LOCK_CLASSES[kind.label](self._engine, self._driver, name)
+    def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
+        return LOCK_CLASSES[kind.label](self._engine, self._driver, name, fencing)
 
     def inspect(self, name: str) -> list[MasterView]:
         """Every master's view of the locks (of all kinds) named ``name``: holders, hold

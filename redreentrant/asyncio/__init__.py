@@ -7,9 +7,11 @@
 ...             ...
 """
 
+from .._async.fenced import FencedStore
 from .._async.lock import FairLock, Lock, ReadLock, WriteLock
 from .._async.manager import LockManager
 from .._core.errors import (
+    FencingError,
     LockError,
     LockKeyTypeError,
     LockLostError,
@@ -25,6 +27,8 @@ from .._core.views import LockView, MasterView
 
 __all__ = [
     "FairLock",
+    "FencedStore",
+    "FencingError",
     "Lock",
     "LockError",
     "LockKeyTypeError",

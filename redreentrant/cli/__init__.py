@@ -6,6 +6,7 @@ Commands, one module each::
     redreentrant run NAME [options] -- CMD ARGS...    a distributed flock(1)
     redreentrant inspect NAME [--json]                what every master holds for NAME
     redreentrant unlock --force NAME                  delete NAME's lock, whoever holds it
+    redreentrant fence NAME --at-least TOKEN          raise NAME's fencing counters
     redreentrant ensemble up|down|status              local masters for development
 
 Masters come from ``--masters URL,URL,...`` (accepted before or after the command) or
@@ -26,7 +27,8 @@ it is killed with SIGKILL (Linux: ``PR_SET_PDEATHSIG``; local masters: the reape
 The modules: :mod:`~redreentrant.cli.app` (the parser, the dispatch, exit statuses,
 logging), :mod:`~redreentrant.cli.common` (errors, masters, names, signals), and one
 per command: :mod:`~redreentrant.cli.run`, :mod:`~redreentrant.cli.inspect`,
-:mod:`~redreentrant.cli.unlock`, :mod:`~redreentrant.cli.ensemble`,
+:mod:`~redreentrant.cli.unlock`, :mod:`~redreentrant.cli.fence`,
+:mod:`~redreentrant.cli.ensemble`,
 :mod:`~redreentrant.cli.demo`. The CLI uses the library through its public names
 (:mod:`redreentrant`, :mod:`redreentrant.testing`) and a few pieces of its core (the
 masters' parser, lock-name checks); nothing in the library imports the CLI.

@@ -1,0 +1,97 @@
+"""Fencing tokens: which token a grant's counter replies prove (no I/O).
+
+Each master keeps a counter per lock (``lua/fence.lua``). A grant steps the counter on
+every master where it was granted, in the same round as the acquire; the token is the
+largest of those counters, written back (``counter = max(counter, token)``) to every
+master, and handed out only once a quorum acknowledged the write-back within the
+lease's validity. A later grant's quorum meets that write-back quorum in at least one
+master, whose counter then steps past the token: tokens grow.
+
+A master that restarted without persistence has forgotten its counter (it is *fresh*).
+A fresh counter proves nothing, so it never counts toward the maximum, and a token is
+handed out only when a quorum of the granting masters kept theirs (any such quorum
+meets every earlier write-back quorum in a master that kept its counter); the
+write-back then seeds the fresh ones. When no master knows a counter at all (a name
+never fenced before, or idle past :data:`FENCE_TTL` everywhere), the token starts from
+the granting masters' clocks in microseconds, so it still exceeds the tokens of an
+earlier, forgotten history as long as the masters' clocks do not go back. When more
+counters were lost than a quorum tolerates while others kept theirs, no token can be
+proven larger than the last: the acquire is refused with :class:`FencingError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .effects import Reply
+from .errors import FencingError
+from .quorum import Quorum
+
+#: how long a lock's fencing counters outlive its last grant (seconds): long, so that
+#: counters do not pile up for every name ever locked, yet outlive any pause
+FENCE_TTL = 30 * 24 * 3600.0
+FENCE_TTL_MS = int(FENCE_TTL * 1000)
+
+
+@dataclass(frozen=True)
+class Counter:
+    """One master's reply to ``fence.lua next``."""
+
+    #: the caller holds the lock on this master (so the counter was stepped)
+    held: bool
+    #: the counter, or (fresh) the master's clock in microseconds
+    value: int
+    #: the counter was absent: it proves nothing about earlier tokens
+    fresh: bool
+
+
+def counter_of(reply: Reply) -> Counter | None:
+    """Read a ``{held, value, fresh}`` reply; None for an error or an odd reply."""
+    if isinstance(reply, list) and len(reply) == 3 and all(isinstance(x, int) for x in reply):
+        return Counter(reply[0] == 1, int(reply[1]), reply[2] == 1)
+    return None
+
+
+def kept_counter(replies: Sequence[Reply]) -> bool:
+    """A master's replies (acquire, then ``fence next``) granted with a kept counter:
+    the vote of a fenced acquire round, which may end once a quorum gave one."""
+    if len(replies) < 2 or not (isinstance(replies[0], list) and replies[0][:1] == [1]):
+        return False
+    counter = counter_of(replies[1])
+    return counter is not None and counter.held and not counter.fresh
+
+
+def token_of(
+    q: Quorum, name: str, granted: Sequence[int], replies: Sequence[Sequence[Reply]]
+) -> int | None:
+    """The token a fenced grant on the masters ``granted`` proves, from each master's
+    ``fence next`` reply (its second call); None when this round cannot tell (too few
+    granting masters kept their counters, but no more were lost than a quorum
+    tolerates: another round may). Raises :class:`FencingError` when the counters were
+    lost on too many masters to prove any token."""
+    counters = [
+        counter_of(per_master[1]) if len(per_master) > 1 else None for per_master in replies
+    ]
+    kept = [c.value for i in granted if (c := counters[i]) is not None and c.held and not c.fresh]
+    if len(kept) >= q.needed:
+        return max(kept)
+    known = [c for c in counters if c is not None]
+    if known and not any(c.fresh is False for c in known):
+        # No master knows a counter: a first start. Only granting masters' clocks.
+        clocks = [c.value for i in granted if (c := counters[i]) is not None and c.held]
+        return max(clocks) if len(clocks) >= q.needed else None
+    lost = [q.masters[i] for i, c in enumerate(counters) if c is not None and c.fresh]
+    silent = [q.masters[i] for i, c in enumerate(counters) if c is None]
+    if lost and len(lost) + len(silent) > q.tolerated:
+        # No quorum of kept counters can answer, this round or the next.
+        also = f", and {len(silent)} did not answer ({', '.join(silent)})" if silent else ""
+        raise FencingError(
+            f"lock {name!r}: its fencing counter was lost on {len(lost)} of {q.size}"
+            f" masters ({', '.join(lost)}){also}, while others kept theirs: fewer than a"
+            f" quorum ({q.needed}) can prove a token larger than the last one handed"
+            " out, so none is (nothing is held). To resume, raise the counters above the"
+            " largest token the protected resource accepted: lock.raise_fence(TOKEN),"
+            " or `redreentrant fence NAME --at-least TOKEN`."
+        )
+    return None

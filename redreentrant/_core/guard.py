@@ -1,0 +1,33 @@
+"""A store guarded by fencing tokens, the resource's side of fencing (no I/O).
+
+What a write sends and how its reply is judged; :class:`redreentrant.FencedStore` and
+its asyncio twin carry it out on a Redis client of the caller's.
+"""
+
+from __future__ import annotations
+
+from .effects import Reply
+from .scripts import FENCED_WRITE, Script
+
+#: the script of a fenced write (``lua/fenced_write.lua``)
+SCRIPT: Script = FENCED_WRITE
+
+
+def token_key(key: str) -> str:
+    """Where the largest accepted token of the value ``key`` is kept, by default. It
+    shares ``key``'s hash tag when ``key`` has one (a Redis Cluster needs both keys in
+    one slot: give ``key`` a tag, e.g. ``{orders}:total``)."""
+    return f"{key}:fencing-token"
+
+
+def check_token(token: object) -> int:
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise ValueError(f"a fencing token is an int >= 0, not {token!r}")
+    return token
+
+
+def accepted(reply: Reply) -> bool:
+    """Judge a ``{1, token}`` / ``{0, largest}`` reply: True if the write was made."""
+    if isinstance(reply, list) and len(reply) == 2 and reply[0] in (0, 1):
+        return bool(reply[0] == 1)
+    raise RuntimeError(f"odd reply from the fenced write script: {reply!r}")
