@@ -296,11 +296,14 @@ def test_asyncio_tokens_and_store(fenced_urls: list[str]) -> None:
                 first = lock.token
             async with lock:
                 assert lock.token == first + 1
+            assert await lock.raise_fence(first + 100) == 5
+            async with lock:
+                assert lock.token == first + 101
             client = aredis.Redis.from_url(fenced_urls[0])
             store = aio.FencedStore(client, "{ares}:v")
-            assert await store.write(first + 1, "x")
+            assert await store.write(first + 101, "x")
             assert not await store.write(first, "y")
-            assert await store.read() == b"x" and await store.largest_token() == first + 1
+            assert await store.read() == b"x" and await store.largest_token() == first + 101
             await client.delete("{ares}:v", "{ares}:v:fencing-token")
             await client.aclose()
 

@@ -1,0 +1,817 @@
+"""The fault suite: client processes contend for locks on five real masters while the
+test kills, freezes, restarts, slows or cuts off masters and holders; every client
+records a history (``history.py``) and the checker judges it afterwards.
+
+Each scenario asserts what docs/safety.md promises for it: no violation where the
+assumptions hold, and the documented violation where they do not (so the docs stay
+true). Each one appends a row to the outcome table; with ``REDREENTRANT_FAULT_REPORT``
+set to a path, the rows are written there as JSON, and ``tests/fault_table.py`` turns
+them into the table of docs/safety.md::
+
+    REDREENTRANT_FAULT_REPORT=faults.json python -m pytest -m faults tests/test_fault_suite.py
+    python tests/fault_table.py faults.json --update docs/safety.md
+
+Every scenario is bounded in time (a few seconds); the workers die with the test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from history import Event, Report, check, load
+
+from redreentrant import LockManager
+from redreentrant.testing import LocalEnsemble, LocalServer
+from redreentrant.testing.deathsig import die_with_parent
+from redreentrant.testing.proxy import TcpProxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+WORKER = Path(__file__).with_name("fault_worker.py")
+REPORT_ENV = "REDREENTRANT_FAULT_REPORT"
+#: the manager lease of the workers: short, so that expiry happens within a scenario
+LEASE = 1.5
+MS = 1_000_000  # ns
+
+
+# -- the outcome table ------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """One row of the outcome table in docs/safety.md."""
+
+    scenario: str
+    fault: str
+    expected: str
+    observed: str = ""
+    violations: dict[str, int] = field(default_factory=dict)
+    #: from the fault to the holder's loss report, in ms (None: no loss to detect)
+    detect_ms: float | None = None
+    #: the holder's validity left when the loss was reported, in ms
+    margin_ms: float | None = None
+    grants: int = 0
+    seconds: float = 0.0
+
+
+OUTCOMES: list[Outcome] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report() -> Iterator[None]:
+    yield
+    path = os.environ.get(REPORT_ENV)
+    if path and OUTCOMES:
+        rows = [asdict(o) for o in OUTCOMES]
+        Path(path).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+class Worker:
+    """A client process (``fault_worker.py``): its stdout lines arrive on a queue."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER), json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent(),  # it dies with the test, SIGKILL included
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.strip())
+        self.lines.put("<eof>")
+
+    def expect(self, prefix: str, timeout: float = 15.0) -> str:
+        """The next line starting with ``prefix`` (failing after ``timeout``)."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"worker {self.spec['client']} did not say {prefix!r}")
+            if line.startswith(prefix):
+                return line
+            if line == "<eof>":
+                pytest.fail(f"worker {self.spec['client']} ended before saying {prefix!r}")
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def finish(self, timeout: float = 20.0) -> None:
+        self.expect("done", timeout)
+        self.process.wait(timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+        self.process.wait()
+
+
+class Run:
+    """One scenario's workers, history files, and the times of its faults."""
+
+    def __init__(self, tmp: Path, urls: list[str], resource: str, lock: str) -> None:
+        self.tmp = tmp
+        self.urls = urls
+        self.resource = resource
+        self.lock = lock
+        self.workers: list[Worker] = []
+        self.faults: dict[str, int] = {}
+        self.started = time.monotonic()
+
+    def worker(self, client: str, **spec: Any) -> Worker:
+        full = {
+            "urls": self.urls,
+            "resource": self.resource,
+            "lock": self.lock,
+            "client": client,
+            "history": str(self.tmp / f"{client}.jsonl"),
+            "manager_lease": LEASE,
+            **spec,
+        }
+        w = Worker(full)
+        self.workers.append(w)
+        return w
+
+    def mark(self, fault: str) -> None:
+        """Note when a fault was injected (monotonic ns, the histories' clock)."""
+        self.faults[fault] = time.monotonic_ns()
+
+    def events(self) -> list[Event]:
+        return load(sorted(self.tmp.glob("*.jsonl")))
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+
+@pytest.fixture(scope="module")
+def resource() -> Iterator[LocalServer]:
+    """The protected resource: a Redis server of its own, never a lock master."""
+    with LocalServer() as server:
+        yield server
+
+
+@pytest.fixture
+def masters(_ensemble5: LocalEnsemble) -> Iterator[LocalEnsemble]:
+    """Five masters, healed before and after; what a scenario leaves must expire."""
+    heal(_ensemble5)
+    _ensemble5.flushall()
+    yield _ensemble5
+    heal(_ensemble5)
+    for server in _ensemble5.servers:
+        client = redis.Redis(host=server.host, port=server.port)
+        for key in client.scan_iter("redreentrant:*"):
+            # Lock keys may outlive a killed holder, never their lease; fencing
+            # counters outlive locks on purpose (with a long TTL).
+            assert client.pttl(key) > 0, f"{key!r} has no TTL"
+        client.close()
+    _ensemble5.flushall()
+
+
+def heal(ensemble: LocalEnsemble) -> None:
+    for server in ensemble.servers:
+        if server.paused:
+            server.resume()
+        if not server.running:
+            server.start()
+
+
+@pytest.fixture
+def run(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    masters: LocalEnsemble,
+    resource: LocalServer,
+) -> Iterator[Run]:
+    name = request.node.name.removeprefix("test_")
+    r = Run(tmp_path, masters.urls, resource.url, name)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def counter_of(run: Run) -> int:
+    client = redis.Redis.from_url(run.resource)
+    try:
+        return int(client.get(f"{{{run.lock}}}:counter") or 0)
+    finally:
+        client.close()
+
+
+def judge(run: Run, *, late_writes: bool = False, **options: Any) -> Report:
+    """The checker's report on the run's history. Fencing tokens never go backwards,
+    in any scenario (also where exclusion is expected to break): asserted here."""
+    events = run.events()
+    assert tokens_increase(events), "a fencing token was not larger than an earlier one"
+    return check(
+        events,
+        final_counter={run.lock: counter_of(run)},
+        late_writes=late_writes,
+        **options,
+    )
+
+
+def record(
+    run: Run,
+    fault: str,
+    expected: str,
+    report: Report,
+    observed: str,
+    detect: tuple[str, str] | None = None,
+) -> Outcome:
+    """Add a row to the outcome table."""
+    events = run.events()
+    kinds: dict[str, int] = {}
+    for v in report.violations:
+        kinds[v.kind] = kinds.get(v.kind, 0) + 1
+    outcome = Outcome(
+        scenario=run.lock,
+        fault=fault,
+        expected=expected,
+        observed=observed,
+        violations=kinds,
+        grants=sum(1 for e in events if e.op == "acquire" and e.phase == "ok"),
+        seconds=round(time.monotonic() - run.started, 1),
+    )
+    if detect is not None:
+        fault_name, client = detect
+        lost = [e for e in events if e.op == "lost" and e.client.startswith(client)]
+        if lost and fault_name in run.faults:
+            outcome.detect_ms = round((lost[0].t - run.faults[fault_name]) / MS, 1)
+            validity = holder_validity(events, client, lost[0].t)
+            if validity is not None:
+                outcome.margin_ms = round((validity - lost[0].t) / MS, 1)
+    OUTCOMES.append(outcome)
+    return outcome
+
+
+def holder_validity(events: list[Event], client: str, at: int) -> int | None:
+    """The validity end ``client`` last knew before ``at`` (its acquire or renewal)."""
+    known = [
+        e.valid_until
+        for e in events
+        if e.client.startswith(client)
+        and e.op in ("acquire", "renew")
+        and e.phase == "ok"
+        and e.valid_until is not None
+        and e.t <= at
+    ]
+    return known[-1] if known else None
+
+
+def tokens_increase(events: list[Event]) -> bool:
+    """Tokens of the grants, in the order the holds began, strictly increase."""
+    tokens = [e.token for e in events if e.op == "acquire" and e.phase == "ok" and e.token]
+    return all(a < b for a, b in itertools.pairwise(tokens))
+
+
+def errors_of(events: list[Event]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in events:
+        if e.op == "error" and e.owner:
+            out[e.owner] = out.get(e.owner, 0) + 1
+    return out
+
+
+def contend(run: Run, clients: int = 4, duration: float = 2.5, **spec: Any) -> list[Worker]:
+    workers = [run.worker(f"p{i}", duration=duration, **spec) for i in range(clients)]
+    for w in workers:
+        w.expect("ready")
+    return workers
+
+
+def during(seconds: float, at: Callable[[], None], then: Callable[[], None], hold: float) -> None:
+    time.sleep(seconds)
+    at()
+    time.sleep(hold)
+    then()
+
+
+# -- scenarios: contention and masters' faults ---------------------------------------------
+
+
+def test_contention(run: Run) -> None:
+    workers = contend(run)
+    for w in workers:
+        w.finish()
+    report = judge(run)
+    events = run.events()
+    record(run, "none: 4 processes contend", "no violation", report, "no violation")
+    assert report.ok, report.format()
+    assert tokens_increase(events)
+    assert counter_of(run) > 20  # the clients made progress
+
+
+def test_minority_killed_and_restarted(run: Run, masters: LocalEnsemble) -> None:
+    workers = contend(run)
+
+    def kill() -> None:
+        run.mark("kill")
+        masters[0].kill()
+        masters[1].kill()
+
+    def restart() -> None:
+        masters[0].start()
+        masters[1].start()
+
+    during(0.6, kill, restart, 0.8)
+    for w in workers:
+        w.finish()
+    report = judge(run)
+    record(
+        run,
+        "SIGKILL 2 of 5 masters, restarted at once without data",
+        "no violation; tokens grow",
+        report,
+        "no violation" if report.ok else report.summary(),
+    )
+    assert report.ok, report.format()
+    assert tokens_increase(run.events())
+
+
+def test_minority_frozen(run: Run, masters: LocalEnsemble) -> None:
+    workers = contend(run)
+    during(
+        0.6,
+        lambda: (masters[3].pause(), masters[4].pause()),
+        lambda: (masters[3].resume(), masters[4].resume()),
+        1.0,
+    )
+    for w in workers:
+        w.finish()
+    report = judge(run)
+    record(
+        run,
+        "SIGSTOP 2 of 5 masters for 1 s",
+        "no violation",
+        report,
+        "no violation" if report.ok else report.summary(),
+    )
+    assert report.ok, report.format()
+    assert counter_of(run) > 20
+
+
+@pytest.mark.parametrize("fault", ["blackhole", "delay", "reset"])
+def test_minority_behind_a_faulty_network(run: Run, masters: LocalEnsemble, fault: str) -> None:
+    proxies = [TcpProxy(s.port).start() for s in masters.servers]
+    try:
+        run.urls = [p.url() for p in proxies]
+        workers = contend(run, master_timeout=0.1)
+
+        def inject() -> None:
+            run.mark(fault)
+            for p in proxies[:2]:
+                if fault == "delay":
+                    p.delay(0.05)
+                else:
+                    getattr(p, fault)()
+
+        during(0.6, inject, lambda: [p.pass_through() for p in proxies[:2]], 1.0)
+        for w in workers:
+            w.finish()
+    finally:
+        for p in proxies:
+            p.stop()
+    report = judge(run)
+    what = {"blackhole": "bytes dropped", "delay": "50 ms each way", "reset": "connections reset"}
+    record(
+        run,
+        f"2 of 5 masters behind a proxy: {what[fault]}, 1 s",
+        "no violation",
+        report,
+        "no violation" if report.ok else report.summary(),
+    )
+    assert report.ok, report.format()
+    assert counter_of(run) > 10
+
+
+def test_client_pause_on_a_minority(run: Run, masters: LocalEnsemble) -> None:
+    workers = contend(run)
+
+    def pause() -> None:
+        run.mark("pause")
+        for s in masters.servers[:2]:
+            c = redis.Redis(host=s.host, port=s.port)
+            c.execute_command("CLIENT", "PAUSE", 1000, "ALL")
+            c.close()
+
+    during(0.6, pause, lambda: None, 1.2)
+    for w in workers:
+        w.finish()
+    report = judge(run)
+    record(
+        run,
+        "CLIENT PAUSE 1 s on 2 of 5 masters",
+        "no violation",
+        report,
+        "no violation" if report.ok else report.summary(),
+    )
+    assert report.ok, report.format()
+
+
+def test_majority_down_then_back_after_a_lease(run: Run, masters: LocalEnsemble) -> None:
+    # Without fencing: restarted empty, the majority lost the counters, and a fenced
+    # acquire is refused (see the test with fencing below).
+    workers = contend(run, duration=2.0 + LEASE + 1.0, fencing=False)
+    time.sleep(0.6)
+    run.mark("kill")
+    for s in masters.servers[:3]:
+        s.kill()
+    time.sleep(LEASE + 0.5)
+    run.mark("restart")
+    for s in masters.servers[:3]:
+        s.start()
+    for w in workers:
+        w.finish()
+    report = judge(run)
+    events = run.events()
+    down = (run.faults["kill"], run.faults["restart"])
+    granted_while_down = [
+        e
+        for e in events
+        if e.op == "acquire" and e.phase == "ok" and down[0] + 300 * MS < e.t < down[1]
+    ]
+    errors = errors_of(events)
+    record(
+        run,
+        "SIGKILL 3 of 5 masters; restarted after one lease",
+        "no grant while down (QuorumUnavailableError); no violation",
+        report,
+        f"{len(granted_while_down)} grants while down;"
+        f" {errors.get('QuorumUnavailableError', 0)} QuorumUnavailableError",
+    )
+    assert report.ok, report.format()
+    assert not granted_while_down
+    assert errors.get("QuorumUnavailableError", 0) > 0
+    assert any(e.op == "acquire" and e.phase == "ok" and e.t > down[1] for e in events)
+
+
+# -- scenarios: holders' faults ------------------------------------------------------------
+
+
+def test_holder_paused_past_its_lease(run: Run) -> None:
+    holder = run.worker("holder", mode="hold")
+    holder.expect("ready")
+    old = int(holder.expect("held").split()[1])
+    holder.signal(signal.SIGSTOP)
+    run.mark("sigstop")
+    others = contend(run, clients=2, duration=LEASE + 1.5)
+    for w in others:
+        w.finish()
+    holder.signal(signal.SIGCONT)
+    run.mark("sigcont")
+    holder.send("go")  # it writes with its old token, then releases
+    holder.finish()
+    events = run.events()
+    report = judge(run, late_writes=True)
+    late = [e for e in events if e.op == "write" and e.client == "holder" and e.phase == "ok"]
+    released = [e for e in events if e.op == "release" and e.client == "holder"]
+    newer = [e.token for e in events if e.op == "acquire" and e.phase == "ok" and e.token]
+    lost = [e for e in events if e.op == "lost" and e.client == "holder"]
+    outcome = record(
+        run,
+        "holder SIGSTOPped for longer than its lease, others take the lock",
+        "loss reported; its late fenced write refused; no overlap",
+        report,
+        f"late write {'refused' if late and not late[0].accepted else 'ACCEPTED'};"
+        f" release {'raised LockLostError' if released[-1].phase == 'fail' else 'passed'};"
+        f" loss {'reported' if lost else 'NOT reported'}",
+        detect=("sigcont", "holder"),
+    )
+    assert report.ok, report.format()
+    assert max(newer) > old and late and late[0].accepted is False
+    assert released[-1].phase == "fail"  # LockLostError
+    assert lost, "the holder's loss was not reported"
+    assert outcome.detect_ms is not None
+
+
+def test_watchdog_with_a_minority_stalled(run: Run, masters: LocalEnsemble) -> None:
+    holder = run.worker("holder", mode="hold")
+    holder.expect("ready")
+    holder.expect("held")
+    run.mark("stall")
+    masters[0].pause()
+    masters[1].pause()
+    rival = run.worker("rival", duration=2 * LEASE, timeout=0.3)
+    rival.expect("ready")
+    rival.finish()
+    masters[0].resume()
+    masters[1].resume()
+    holder.send("go")
+    holder.finish()
+    events = run.events()
+    report = judge(run)
+    lost = [e for e in events if e.op == "lost"]
+    rival_grants = [
+        e for e in events if e.client.startswith("rival") and e.op == "acquire" and e.phase == "ok"
+    ]
+    record(
+        run,
+        "holder's watchdog with 2 of 5 masters frozen for 2 leases",
+        "lock kept, renewed on the other 3; rival refused",
+        report,
+        f"loss {'reported' if lost else 'not reported'}; rival grants: {len(rival_grants)}",
+    )
+    assert report.ok, report.format()
+    assert not lost and not rival_grants
+    assert events[-1].op == "release" and events[-1].phase == "ok"
+
+
+def test_watchdog_with_a_majority_stalled(run: Run, masters: LocalEnsemble) -> None:
+    holder = run.worker("holder", mode="hold")
+    holder.expect("ready")
+    holder.expect("held")
+    run.mark("stall")
+    for s in masters.servers[:3]:
+        s.pause()
+    time.sleep(LEASE + 0.3)
+    for s in masters.servers[:3]:
+        s.resume()
+    rival = run.worker("rival", duration=1.0)
+    rival.expect("ready")
+    rival.finish()
+    holder.send("go")
+    holder.finish()
+    events = run.events()
+    report = judge(run, late_writes=True)
+    outcome = record(
+        run,
+        "holder's watchdog with 3 of 5 masters frozen past the lease",
+        "loss reported before the validity ends; no overlap",
+        report,
+        "loss reported" if any(e.op == "lost" for e in events) else "loss NOT reported",
+        detect=("stall", "holder"),
+    )
+    assert report.ok, report.format()
+    assert outcome.margin_ms is not None and outcome.margin_ms > 0
+
+
+def test_restart_without_persistence_at_once_breaks_exclusion(
+    run: Run, masters: LocalEnsemble
+) -> None:
+    # Documented: a majority restarted empty at once hands the lock out a second time.
+    holder = run.worker("holder", mode="hold", fencing=False)
+    holder.expect("ready")
+    holder.expect("held")
+    run.mark("restart")
+    for s in masters.servers[:3]:
+        s.restart()
+    rival = run.worker("rival", duration=0.5, fencing=False)
+    rival.expect("ready")
+    rival.finish()
+    holder.send("go")
+    holder.finish()
+    report = judge(run)
+    record(
+        run,
+        "3 of 5 masters restarted at once without persistence, fencing off",
+        "violation (documented: assumption 2 broken)",
+        report,
+        report.summary() if not report.ok else "no violation",
+    )
+    assert "overlap" in report.kinds(), report.format()
+
+
+def test_restart_without_persistence_with_fencing_refuses_tokens(
+    run: Run, masters: LocalEnsemble
+) -> None:
+    holder = run.worker("holder", mode="hold")
+    holder.expect("ready")
+    holder.expect("held")
+    for s in masters.servers[:3]:
+        s.restart()
+    rival = run.worker("rival", duration=0.8)
+    rival.expect("ready")
+    rival.finish()
+    holder.send("go")
+    holder.finish()
+    events = run.events()
+    report = judge(run)
+    errors = errors_of(events)
+    tokens = [e.token for e in events if e.op == "acquire" and e.phase == "ok" and e.token]
+    record(
+        run,
+        "3 of 5 masters restarted at once, fencing on",
+        "no token handed out (FencingError), none smaller",
+        report,
+        f"{errors.get('FencingError', 0)} FencingError; tokens handed out: {len(tokens)}",
+    )
+    assert errors.get("FencingError", 0) > 0
+    assert len(tokens) == 1  # the first holder's only
+    assert "stale-write" not in report.kinds()
+
+
+def test_restart_delayed_past_the_lease_keeps_exclusion(run: Run, masters: LocalEnsemble) -> None:
+    holder = run.worker("holder", mode="hold", fencing=False, lease=LEASE)
+    holder.expect("ready")
+    holder.expect("held")
+    for s in masters.servers[:3]:
+        s.kill()
+    time.sleep(LEASE + 0.3)
+    for s in masters.servers[:3]:
+        s.start()
+    rival = run.worker("rival", duration=0.5, fencing=False)
+    rival.expect("ready")
+    rival.finish()
+    holder.send("go")
+    holder.finish()
+    report = judge(run)
+    record(
+        run,
+        "3 of 5 masters killed, restarted empty after one lease",
+        "no violation",
+        report,
+        "no violation" if report.ok else report.summary(),
+    )
+    assert report.ok, report.format()
+
+
+@pytest.mark.parametrize("deleted", [1, 2, 3])
+def test_keys_deleted_on_some_masters(run: Run, masters: LocalEnsemble, deleted: int) -> None:
+    # A clock jump on a master expires its keys early: deleting them does the same.
+    holder = run.worker("holder", mode="hold")
+    holder.expect("ready")
+    holder.expect("held")
+    run.mark("delete")
+    for s in masters.servers[:deleted]:
+        c = redis.Redis(host=s.host, port=s.port)
+        c.delete(f"redreentrant:v1:{{{run.lock}}}")
+        c.close()
+    rival = run.worker("rival", duration=1.0, timeout=0.3)
+    rival.expect("ready")
+    rival.finish()
+    holder.send("go")
+    holder.finish()
+    events = run.events()
+    report = judge(run)
+    lost = [e for e in events if e.op == "lost" and e.client == "holder"]
+    late = [e for e in events if e.op == "write" and e.client == "holder" and e.phase == "ok"]
+    rival_wrote = any(e.op == "write" and e.client.startswith("rival") for e in events)
+    outcome = record(
+        run,
+        f"the holder's key deleted on {deleted} of 5 masters (a clock jump)",
+        "no violation"
+        if deleted < 3
+        else "violation (documented); holder told; late write refused",
+        report,
+        (report.summary() if not report.ok else "no violation")
+        + ("; loss reported" if lost else "")
+        + (
+            f"; late write {'refused' if not late[0].accepted else 'ACCEPTED'}"
+            if rival_wrote
+            else ""
+        ),
+        detect=("delete", "holder") if deleted >= 3 else None,
+    )
+    if deleted < 3:
+        assert report.ok, report.format()
+        assert not lost
+    else:
+        assert "overlap" in report.kinds(), report.format()
+        assert "stale-write" not in report.kinds()
+        assert lost and outcome.detect_ms is not None
+        assert rival_wrote and late and late[0].accepted is False
+
+
+def test_release_and_renewal_after_expiry_never_touch_a_new_owner(
+    run: Run, masters: LocalEnsemble
+) -> None:
+    holder = run.worker("holder", mode="hold")
+    holder.expect("ready")
+    holder.expect("held")
+    holder.signal(signal.SIGSTOP)  # its watchdog too: it renews late, on resume
+    time.sleep(LEASE + 0.3)
+    with LockManager(masters.urls, lease=10) as mgr:
+        lock = mgr.lock(run.lock)
+        assert lock.acquire(timeout=2)
+        holder.signal(signal.SIGCONT)
+        holder.send("go")
+        holder.finish()
+        # The old owner's late renewal and release left the new hold alone.
+        assert lock.locked() and lock.remaining() > 5
+        lock.release()
+    report = judge(run)
+    record(
+        run,
+        "holder frozen past its lease, renews and releases after a new owner took it",
+        "new owner's hold untouched",
+        report,
+        "untouched",
+    )
+    assert report.ok, report.format()
+
+
+# -- lock kinds and dead owners ----------------------------------------------------------------
+
+
+def test_rw_lock_with_a_minority_killed(run: Run, masters: LocalEnsemble) -> None:
+    writers = [run.worker(f"w{i}", kind="w", duration=2.0) for i in range(2)]
+    readers = [run.worker(f"r{i}", kind="r", duration=2.0, work=0.005) for i in range(2)]
+    for w in writers + readers:
+        w.expect("ready")
+    during(
+        0.5,
+        lambda: (masters[0].kill(), masters[1].kill()),
+        lambda: (masters[0].start(), masters[1].start()),
+        0.7,
+    )
+    for w in writers + readers:
+        w.finish()
+    events = run.events()
+    report = judge(run)
+    torn = [e for e in events if e.op == "read" and e.value]
+    record(
+        run,
+        "rw lock: 2 writers, 2 readers; 2 of 5 masters killed and restarted",
+        "no violation; readers see no write",
+        report,
+        ("no violation" if report.ok else report.summary()) + f"; torn reads: {len(torn)}",
+    )
+    assert report.ok, report.format()
+    assert not torn
+
+
+def test_fair_lock_with_a_minority_frozen(run: Run, masters: LocalEnsemble) -> None:
+    workers = contend(run, kind="fair", duration=2.5)
+    during(0.6, lambda: masters[4].pause(), lambda: masters[4].resume(), 1.0)
+    for w in workers:
+        w.finish()
+    # The slack covers the time from a recorded invoke to the waiter's place in the
+    # queues: a round trip, plus scheduling on a loaded 2-core machine, where four
+    # client processes and five servers share the CPUs (100 ms was seen exceeded).
+    report = judge(run, fifo_slack_ns=300 * MS)
+    record(
+        run,
+        "fair lock: 4 processes; 1 of 5 masters frozen for 1 s",
+        "no violation, FIFO kept",
+        report,
+        "no violation" if report.ok else report.summary(),
+    )
+    assert report.ok, report.format()
+
+
+@pytest.mark.parametrize("owner", ["thread", "task", "process"])
+def test_a_dead_owner_frees_the_lock(run: Run, owner: str) -> None:
+    mode = {"thread": "thread-dies", "task": "task-dies", "process": "hold"}[owner]
+    holder = run.worker("holder", mode=mode, fencing=False)
+    holder.expect("ready")
+    holder.expect("held")
+    run.mark("death")
+    if owner == "process":
+        holder.signal(signal.SIGKILL)
+    started = time.monotonic()
+    with LockManager(run.urls, lease=10) as mgr:
+        lock = mgr.lock(run.lock)
+        assert lock.acquire(timeout=2 * LEASE + 2)
+        freed = time.monotonic() - started
+        lock.release()
+    if owner != "process":
+        holder.send("go")
+        holder.finish()
+    # Not judged for overlap: the dead hold ends by the watchdog's release, which its
+    # history cannot record (the owner is gone).
+    OUTCOMES.append(
+        Outcome(
+            scenario=run.lock,
+            fault=f"the owning {owner} "
+            + ("is SIGKILLed" if owner == "process" else "ends")
+            + " while it holds the lock",
+            expected="freed within one lease"
+            + (" (by the watchdog)" if owner != "process" else ""),
+            observed=f"freed after {freed * 1000:.0f} ms",
+            seconds=round(time.monotonic() - run.started, 1),
+        )
+    )
+    assert freed < LEASE + 1.0
