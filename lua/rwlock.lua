@@ -1,5 +1,5 @@
 -- name: rwlock
--- version: 1
+-- version: 2
 -- The read/write lock: many readers or one writer, both reentrant and owner-scoped.
 -- Every hold has its own lease, kept as a score (server time, ms) in KEYS[2], so a
 -- crashed reader frees the lock by itself; expired holds are purged by every call.
@@ -30,6 +30,10 @@
 --            Reply 1 a lock was deleted, 0 there was none
 --   probe    (after purging ended holds) Reply {pttl, {field, value, ...},
 --            {waiting writer, ...}}
+--   extend   ARGV[2] side, ARGV[3] owner, ARGV[4] ms, ARGV[5] 'add' (the hold's lease
+--            end moves ms later) or 'set' (it ends ms from now), only where the owner
+--            still holds that side. Reply the ms left on the hold afterwards (> 0); 0
+--            when the owner holds nothing here
 -- A KEYS[1] that is not a hash is refused with a WRONGTYPE error (nothing changes).
 
 local op = ARGV[1]
@@ -109,6 +113,22 @@ end
 local hash, leases, writers = KEYS[1], KEYS[2], KEYS[3]
 local wrong = check_type(hash)
 if wrong then return wrong end
+
+if op == 'extend' then
+  tidy(hash, leases, writers)
+  local member = ARGV[2] .. ':' .. ARGV[3]
+  local score = redis.call('zscore', leases, member)
+  if redis.call('hexists', hash, member) == 0 or not score then
+    return 0
+  end
+  local ends = now + tonumber(ARGV[4])
+  if ARGV[5] == 'add' then
+    ends = tonumber(score) + tonumber(ARGV[4])
+  end
+  redis.call('zadd', leases, ends, member)
+  tidy(hash, leases, writers)
+  return math.max(1, ends - now)
+end
 
 if op == 'probe' then
   tidy(hash, leases, writers)

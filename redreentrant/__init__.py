@@ -27,6 +27,7 @@ from ._core.views import LockView, MasterView
 from ._sync.fenced import FencedStore
 from ._sync.lock import FairLock, Lock, ReadLock, WriteLock
 from ._sync.manager import LockManager
+from ._sync.signals import LostSignal
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "LockOwnerError",
     "LockUpgradeError",
     "LockView",
+    "LostSignal",
     "ManagerClosedError",
     "MasterView",
     "OwnerInfo",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from redreentrant._core.effects import Call, Reply, Steps
+from redreentrant._core.effects import Call, Fanout, Reply, Steps
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
 from redreentrant._core.holds import Hold, Holds
@@ -813,3 +813,66 @@ def test_the_c_packer_packs_a_round_as_redis_py_would() -> None:
     commands = [evalsha_args(call), ("SCRIPT", "LOAD", "return 1")]
     conn = redis.Connection()  # packs without connecting
     assert b"".join(pack(commands)) == b"".join(conn.pack_commands(commands))
+
+
+# -- lease control (no server) ------------------------------------------------------------
+
+
+def _drive_once(steps: Steps[object], replies: list[list[object]]) -> object:
+    effect = next(steps)
+    assert isinstance(effect, Fanout)
+    try:
+        steps.send(replies)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("more than one round")
+
+
+def test_an_extension_is_valid_while_a_quorum_keeps_the_hold() -> None:
+    from redreentrant._core.rounds import extend_steps
+
+    clock = FakeClock()
+    q = Quorum(tuple(f"m{i}" for i in range(5)), 0.01, 0.05, clock)
+    steps = extend_steps(q, EXCLUSIVE, "x", "o", 3000, True)
+    # Masters left with 9, 8, 7, 2 s and one that held nothing: the hold stays on a
+    # quorum (3) for 7 s, from before the round, less the drift allowance.
+    valid_until = _drive_once(steps, [[9000], [8000], [0], [7000], [2000]])
+    assert valid_until == pytest.approx(1000.0 + 7 - (7 * 0.01 + 0.002))
+
+
+@pytest.mark.parametrize(
+    ("replies", "error"),
+    [
+        ([[0], [0], [0], [5000], [5000]], LockLostError),
+        ([[ConnectionError()]] * 3 + [[5000], [5000]], QuorumUnavailableError),
+    ],
+)
+def test_an_extension_short_of_a_quorum_raises(
+    replies: list[list[object]], error: type[Exception]
+) -> None:
+    from redreentrant._core.rounds import extend_steps
+
+    q = Quorum(tuple(f"m{i}" for i in range(5)), 0.01, 0.05)
+    with pytest.raises(error):
+        _drive_once(extend_steps(q, EXCLUSIVE, "x", "o", 3000, False), replies)
+
+
+def test_max_hold_stops_renewals_and_names_itself_in_the_verdict() -> None:
+    holds = Holds(threading.Lock())
+    capped = Hold(EXCLUSIVE, "a", "m:1", 1, 3.0, True, 103.0, renew_until=101.0)
+    free = Hold(EXCLUSIVE, "b", "m:1", 1, 3.0, True, 103.0)
+    holds.add(capped)
+    holds.add(free)
+    assert set(holds.managed(100.0)) == {capped, free}
+    assert holds.managed(101.0) == [free]  # not renewed past its max_hold
+    told: list[str] = []
+
+    class Told:
+        def notify_lost(self) -> None:
+            told.append("lost")
+
+    capped.signal = Told()
+    assert holds.overdue(102.8, 0.5) == [capped, free]
+    assert capped.lost is not None and "max_hold" in capped.lost
+    assert free.lost is not None and "max_hold" not in free.lost
+    assert told == ["lost"]

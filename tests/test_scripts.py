@@ -18,10 +18,11 @@ PINS: dict[str, tuple[int, str]] = {
     "release": (3, "7932cd83d743b91b"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
-    "rwlock": (1, "6eca856f431d1e9f"),
+    "rwlock": (2, "997474ce8e091d11"),
     "fairlock": (3, "c55931264e875e51"),
     "fence": (1, "db8b915cdd9413a6"),
     "fenced_write": (1, "100c94a669e2151e"),
+    "extend": (1, "e0f678db4903b1d5"),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from types import FrameType, TracebackType
 
@@ -11,6 +12,7 @@ from .._core.kinds import FAIR, READ, WRITE, LockKind
 from .._core.locking import LockCore
 from .driver import AsyncDriver
 from .owner import current_task
+from .signals import LostSignal
 
 
 def refuse_a_task_of_its_own(frame: FrameType | None, what: str) -> None:
@@ -40,26 +42,64 @@ class Lock(LockCore):
     """
 
     def __init__(
-        self, engine: Engine, driver: AsyncDriver, name: str, fencing: bool | None = None
+        self,
+        engine: Engine,
+        driver: AsyncDriver,
+        name: str,
+        fencing: bool | None = None,
+        cancel_on_loss: bool = False,
     ) -> None:
         super().__init__(engine, name, fencing)
         self._driver = driver
+        if not isinstance(cancel_on_loss, bool):
+            raise TypeError(f"cancel_on_loss must be True or False, not {cancel_on_loss!r}")
+        #: cancel the owning task when its hold is lost (see the asyncio docs)
+        self.cancel_on_loss = cancel_on_loss
 
     async def acquire(
-        self, blocking: bool = True, timeout: float = -1, lease: float | None = None
+        self,
+        blocking: bool = True,
+        timeout: float = -1,
+        lease: float | None = None,
+        max_hold: float | None = None,
     ) -> bool:
         """Acquire the lock; True once held, False if not obtained in time.
 
         The current task becomes the owner. Raises :class:`LockOwnerError`, holding
         nothing, when this coroutine is the whole of a task made just to run it (see
         the asyncio docs: use ``acquire(timeout=...)`` rather than
-        ``asyncio.wait_for``)."""
+        ``asyncio.wait_for``). See :meth:`redreentrant.Lock.acquire` for the rest.
+
+        With ``cancel_on_loss`` (``mgr.lock(name, cancel_on_loss=True)``), a first hold
+        cancels the owning task once it is lost (also when a fixed lease runs out)."""
         refuse_a_task_of_its_own(inspect.currentframe(), "lock.acquire()")
         engine = self._engine
+        owner = engine.owner_id()
+        signal = None
+        if self.cancel_on_loss and engine.hold(self.kind, self.name) is None:
+            signal = LostSignal(engine)
+            signal.task = current_task()
         steps = engine.acquire(
-            self.kind, self.name, engine.owner_id(), blocking, timeout, lease, self.fencing
+            self.kind, self.name, owner, blocking, timeout, lease, self.fencing, max_hold, signal
         )
-        return await self._driver.run(steps)
+        got = await self._driver.run(steps)
+        if got and signal is not None:
+            signal.attach(engine.held(self.kind, self.name, owner))
+        return got
+
+    async def extend(self, seconds: float, replace: bool = False) -> None:
+        """See :meth:`redreentrant.Lock.extend`."""
+        engine = self._engine
+        steps = engine.extend(self.kind, self.name, engine.owner_id(), seconds, replace)
+        await self._driver.run(steps)
+
+    @property
+    def lost(self) -> LostSignal:
+        """The current task's hold's :class:`~redreentrant.asyncio.LostSignal` (see
+        :attr:`redreentrant.Lock.lost`); :class:`LockNotOwnedError` if it holds nothing."""
+        engine = self._engine
+        hold = engine.held(self.kind, self.name, engine.owner_id())
+        return engine.signal_of(hold, lambda h: LostSignal(engine, h))
 
     async def release(self) -> None:
         """Release one hold level; the last release frees the lock and wakes waiters."""
@@ -81,10 +121,26 @@ class Lock(LockCore):
     ) -> None:
         # An inner block already raised LockLostError for this lock: unwind quietly.
         engine = self._engine
-        quiet = isinstance(exc, LockLostError)
-        await self._driver.run_shielded(
-            engine.release(self.kind, self.name, engine.owner_id(), quiet)
+        owner = engine.owner_id()
+        hold = engine.hold(self.kind, self.name)
+        signal = hold.signal if hold is not None else None
+        by_loss = (
+            isinstance(exc, asyncio.CancelledError)
+            and isinstance(signal, LostSignal)
+            and signal.cancelled
+            and hold is not None
+            and hold.count == 1
         )
+        quiet = isinstance(exc, LockLostError) or by_loss
+        await self._driver.run_shielded(engine.release(self.kind, self.name, owner, quiet))
+        if by_loss:
+            # This block was cancelled because its hold was lost: say so, as
+            # asyncio.timeout() turns its own cancellation into TimeoutError.
+            uncancel = getattr(current_task(), "uncancel", None)
+            if uncancel is not None:  # Python 3.11+
+                uncancel()
+            assert hold is not None
+            raise LockLostError(f"lock {self.name!r} was lost: {hold.lost}") from exc
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock on a quorum of masters (one round, read-only)."""

@@ -15,6 +15,7 @@ from .._core.engine import Engine
 from .._core.holds import Hold
 from .._core.keys import validate_name
 from .._core.kinds import FAMILIES, LockKind
+from .._core.locking import ReadWriteLock
 from .._core.manager import ManagerCore
 from .._core.masters import no_handshake
 from .._core.settings import Settings
@@ -48,6 +49,11 @@ class LockManager(ManagerCore[Lock]):
     ``masters`` are redis URLs or ``redis.asyncio.Redis`` clients; every other argument
     means what it means for the sync manager. ``on_lost`` may be a plain function or a
     coroutine function. Use ``async with LockManager(...)``, or ``await mgr.close()``.
+
+    ``lock()``, ``rw_lock()`` and ``fair_lock()`` also take ``cancel_on_loss=True``: a
+    task's first hold of such a lock cancels the task once the hold is lost, and the
+    ``async with`` block it runs in then raises :class:`LockLostError` (see the asyncio
+    docs).
     """
 
     def __init__(
@@ -60,9 +66,10 @@ class LockManager(ManagerCore[Lock]):
         retry_jitter: float = 0.05,
         on_lost: Callable[[Any], object] | None = None,
         fencing: bool = False,
+        max_hold: float | None = None,
     ) -> None:
         settings = Settings.check(
-            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing
+            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing, max_hold
         )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.
@@ -77,6 +84,33 @@ class LockManager(ManagerCore[Lock]):
         self._watchdog = AsyncWatchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started
         super().__init__(engine, self._make)
+
+    def lock(self, name: str, *, fencing: bool | None = None, cancel_on_loss: bool = False) -> Lock:
+        """A reentrant lock named ``name`` (see :meth:`redreentrant.LockManager.lock`);
+        ``cancel_on_loss`` cancels the owning task when its hold is lost."""
+        return self._cancelling(super().lock(name, fencing=fencing), cancel_on_loss)
+
+    def rw_lock(
+        self, name: str, *, fencing: bool | None = None, cancel_on_loss: bool = False
+    ) -> ReadWriteLock[Lock]:
+        """A read/write lock named ``name``; ``cancel_on_loss`` applies to both sides."""
+        rw = super().rw_lock(name, fencing=fencing)
+        self._cancelling(rw.read, cancel_on_loss)
+        self._cancelling(rw.write, cancel_on_loss)
+        return rw
+
+    def fair_lock(
+        self, name: str, *, fencing: bool | None = None, cancel_on_loss: bool = False
+    ) -> Lock:
+        """A fair lock named ``name``; ``cancel_on_loss`` as for :meth:`lock`."""
+        return self._cancelling(super().fair_lock(name, fencing=fencing), cancel_on_loss)
+
+    @staticmethod
+    def _cancelling(lock: Lock, cancel_on_loss: bool) -> Lock:
+        if not isinstance(cancel_on_loss, bool):
+            raise TypeError(f"cancel_on_loss must be True or False, not {cancel_on_loss!r}")
+        lock.cancel_on_loss = cancel_on_loss
+        return lock
 
     def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
         return LOCK_CLASSES[kind.label](self._engine, self._driver, name, fencing)

@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 from .effects import Steps
 from .errors import (
@@ -27,21 +27,24 @@ from .errors import (
     ManagerClosedError,
 )
 from .fencing import FENCE_TTL_MS
-from .holds import Hold, Holds
+from .holds import Hold, Holds, Signal
 from .keys import home_channel
 from .kinds import LockKind
 from .masters import connect, master_name
 from .owner import new_manager_id
-from .quorum import Clock, Quorum, Uniform
+from .quorum import Clock, Quorum, Uniform, lease_ms
 from .rounds import (
     acquire_steps,
+    extend_steps,
     force_unlock_steps,
     held_by_quorum,
     probe_steps,
     release_steps,
 )
-from .settings import Settings, check_acquire_args
+from .settings import Settings, check_acquire_args, check_lease
 from .views import MasterView
+
+S = TypeVar("S", bound=Signal)
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -152,15 +155,24 @@ class Engine:
         timeout: float,
         lease: float | None,
         fencing: bool = False,
+        max_hold: float | None = None,
+        signal: Signal | None = None,
     ) -> Steps[bool]:
         """Take or re-enter ``name`` for ``owner`` (see ``Lock.acquire``); a first hold
-        with ``fencing`` gets a fencing token (see :mod:`.fencing`)."""
+        with ``fencing`` gets a fencing token (see :mod:`.fencing`), and ``signal`` (if
+        given) is told when it is lost."""
         check_acquire_args(blocking, timeout)
         q = self.quorum
         lease_s = self.settings.acquire_lease(lease)
         hold = self.holds.get(kind, name, owner)
         if hold is not None:
+            if max_hold is not None:
+                raise ValueError(
+                    f"lock {name!r} is held already: a re-entry keeps the first hold's"
+                    " max_hold (re-enter without it)"
+                )
             return (yield from self._reenter(hold, lease, lease_s))
+        cap = self.settings.hold_cap(lease, max_hold)
         upgrade = kind.upgrade_from
         if upgrade is not None and self.holds.get(upgrade, name, owner) is not None:
             raise LockUpgradeError(
@@ -180,6 +192,7 @@ class Engine:
             with contextlib.suppress(Exception):
                 yield from release_steps(q, kind, name, owner, 0)
             raise ManagerClosedError("the lock manager was closed during the acquire")
+        now = self.clock()
         hold = Hold(
             kind,
             name,
@@ -190,6 +203,9 @@ class Engine:
             grant.valid_until,
             site=site,
             fencing_token=grant.token,
+            acquired_at=now,
+            renew_until=None if cap is None else now + cap,
+            signal=signal,
         )
         self.holds.add(hold)
         if hold.managed:
@@ -215,7 +231,7 @@ class Engine:
         try:
             grant = yield from steps
         except LockLostError as error:
-            hold.lost = str(error)
+            hold.lose(str(error))
             raise
         assert grant is not None  # a re-entry succeeds or raises
         hold.count = count
@@ -256,6 +272,70 @@ class Engine:
             raise q.unavailable(f"raise the fencing counter of {name!r}", failed)
         return q.size - len(failed)
 
+    def held(self, kind: LockKind, name: str, owner: str) -> Hold:
+        """``owner``'s hold on ``name``, or :class:`LockNotOwnedError`."""
+        hold = self.holds.get(kind, name, owner)
+        if hold is None:
+            raise LockNotOwnedError(f"lock {name!r} is not held by this owner")
+        return hold
+
+    def signal_of(self, hold: Hold, make: Callable[[Hold], S]) -> S:
+        """The hold's signal, made by ``make`` the first time it is asked for (so a hold
+        whose work never asks costs nothing), and told at once if the hold is lost."""
+        signal = hold.signal
+        if signal is None:
+            signal = make(hold)
+            hold.signal = signal
+            if hold.lost is not None:  # lost before anyone asked: tell it now
+                signal.notify_lost()
+        return signal  # type: ignore[return-value]  # made by this flavour's ``make``
+
+    def valid_until(self, hold: Hold | None) -> float:
+        """The end of ``hold``'s validity on the monotonic clock (0.0 if none or lost)."""
+        if hold is None or hold.lost is not None:
+            return 0.0
+        return hold.valid_until
+
+    def ensure_held(self, kind: LockKind, name: str, owner: str) -> None:
+        """Raise :class:`LockLostError` if ``owner``'s hold was lost or its validity
+        ran out (see ``Lock.ensure_held``)."""
+        hold = self.held(kind, name, owner)
+        if hold.lost is not None:
+            raise LockLostError(f"lock {name!r} was lost: {hold.lost}")
+        if hold.valid_until <= self.clock():
+            why = "its fixed lease ran out" if not hold.managed else "its validity ran out"
+            raise LockLostError(f"lock {name!r} may be held by another owner now: {why}")
+
+    def extend(
+        self, kind: LockKind, name: str, owner: str, seconds: float, replace: bool
+    ) -> Steps[None]:
+        """Extend ``owner``'s fixed lease on ``name`` (see ``Lock.extend``)."""
+        hold = self.held(kind, name, owner)
+        if hold.managed:
+            raise ValueError(
+                f"lock {name!r} has a watchdog-managed lease, which the watchdog renews:"
+                " extend() is for holds taken with a fixed lease= (acquire(lease=...))"
+            )
+        seconds_s = (
+            self.settings.acquire_lease(seconds) if replace else check_lease("seconds", seconds)
+        )
+        if hold.lost is not None:
+            raise LockLostError(f"lock {name!r} was lost: {hold.lost}")
+        if hold.valid_until <= self.clock():
+            raise LockLostError(
+                f"lock {name!r} may be held by another owner now: its fixed lease ran out"
+            )
+        steps = extend_steps(self.quorum, kind, name, owner, lease_ms(seconds_s), not replace)
+        try:
+            valid_until = yield from steps
+        except LockLostError as error:
+            hold.lose(str(error))
+            raise
+        if hold.lost is None:  # a fixed lease: the watchdog never touches it
+            hold.valid_until = valid_until
+            if replace:
+                hold.lease = seconds_s
+
     def release(self, kind: LockKind, name: str, owner: str, quiet_if_lost: bool) -> Steps[None]:
         """Release one of ``owner``'s hold levels on ``name``."""
         hold = self.holds.get(kind, name, owner)
@@ -278,7 +358,7 @@ class Engine:
         try:
             yield from steps
         except LockLostError as error:
-            hold.lost = str(error)
+            hold.lose(str(error))
             raise
 
     def locked(self, kind: LockKind, name: str) -> Steps[bool]:

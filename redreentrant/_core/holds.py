@@ -7,8 +7,16 @@ import itertools
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 from .kinds import LockKind
+
+
+class Signal(Protocol):
+    """What tells a hold's work that the hold was lost (the flavour's event)."""
+
+    def notify_lost(self) -> None:
+        """The hold was lost (called once, from any thread)."""
 
 
 @dataclass(eq=False)
@@ -32,6 +40,21 @@ class Hold:
     site: str = "?"
     #: the fencing token of the first grant (None: taken without fencing)
     fencing_token: int | None = None
+    #: when the first grant was taken (monotonic clock)
+    acquired_at: float = 0.0
+    #: the watchdog stops renewing it then (``max_hold``; monotonic clock; None: never)
+    renew_until: float | None = None
+    #: told once the hold is lost (see :meth:`lose`)
+    signal: Signal | None = None
+
+    def lose(self, why: str) -> bool:
+        """Mark the hold lost (True), unless it was already; tell its signal."""
+        if self.lost is not None:
+            return False
+        self.lost = why
+        if self.signal is not None:
+            self.signal.notify_lost()
+        return True
 
     @property
     def ident(self) -> tuple[str, str, str]:
@@ -104,10 +127,17 @@ class Holds:
     def is_current(self, hold: Hold) -> bool:
         return self._table.get(hold.ident) is hold
 
-    def managed(self) -> list[Hold]:
-        """The holds the watchdog must renew (not lost, not fixed-lease)."""
+    def managed(self, now: float | None = None) -> list[Hold]:
+        """The holds the watchdog must renew (not lost, not fixed-lease, and, at
+        ``now``, not held past their ``max_hold``)."""
         with self._lock:
-            return [h for h in self._table.values() if h.managed and h.lost is None]
+            return [
+                h
+                for h in self._table.values()
+                if h.managed
+                and h.lost is None
+                and (now is None or h.renew_until is None or h.renew_until > now)
+            ]
 
     def owned_by(self, token: str) -> bool:
         """Whether an owner with this token has a watchdog-managed hold here."""
@@ -121,8 +151,7 @@ class Holds:
         with self._lock:
             for token in [t for t in self._by_token if not alive(t)]:
                 for h in list(self._by_token[token]):
-                    if h.lost is None:
-                        h.lost = "its owner ended while holding it"
+                    if h.lose("its owner ended while holding it"):
                         dead.append(h)
                     self._forget(h)
         return dead
@@ -145,10 +174,9 @@ class Holds:
     def mark_lost(self, hold: Hold, why: str) -> bool:
         """Mark ``hold`` lost (True), unless it was released or lost already."""
         with self._lock:
-            if hold.lost is not None or self._table.get(hold.ident) is not hold:
+            if self._table.get(hold.ident) is not hold:
                 return False
-            hold.lost = why
-            return True
+            return hold.lose(why)
 
     def overdue(self, now: float, margin: float) -> list[Hold]:
         """Mark lost, and return, the managed holds whose validity ends within
@@ -156,7 +184,11 @@ class Holds:
         out: list[Hold] = []
         with self._lock:
             while (h := self._first()) is not None and h.valid_until - margin <= now:
-                h.lost = "the lease could not be renewed on a quorum before its validity ended"
+                if h.renew_until is not None and h.renew_until <= now:
+                    why = "it was held for its max_hold: the watchdog stopped renewing it"
+                else:
+                    why = "the lease could not be renewed on a quorum before its validity ended"
+                h.lose(why)
                 heapq.heappop(self._deadlines)
                 out.append(h)
         return out

@@ -116,6 +116,12 @@ class LockKind:
         args = ("raise", token, ttl_ms)
         return Call(scripts.FENCE, (self.key(name), self.fence_key(name)), args)
 
+    def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
+        """Extend ``owner``'s hold where it still holds it: by ``ms`` (``add``) or to
+        ``ms`` from now; replies the hold's milliseconds left, 0 where it holds nothing."""
+        args = (owner, ms, "add" if add else "set")
+        return Call(scripts.EXTEND, (self.key(name),), args)
+
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
         """Renew many ``(name, owner)`` holds of this kind in one call."""
         return Call(
@@ -192,6 +198,10 @@ class _ReadWriteKind(LockKind):
     def _release(self, name: str, owner: str, left: int, rid: str, stop_waiting: str) -> Call:
         channels = self._channels(name)
         args = ("release", self.side, owner, left, *channels, rid, stop_waiting)
+        return Call(scripts.RWLOCK, self._keys(name), args)
+
+    def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
+        args = ("extend", self.side, owner, ms, "add" if add else "set")
         return Call(scripts.RWLOCK, self._keys(name), args)
 
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:

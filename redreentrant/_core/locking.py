@@ -61,6 +61,21 @@ class LockCore:
         the read side of a read/write lock). Re-entries keep the first hold's token."""
         return self._engine.token(self.kind, self.name, self._engine.owner_id())
 
+    @property
+    def valid_until(self) -> float:
+        """When the validity of the calling owner's hold ends, on the
+        :func:`time.monotonic` clock (``0.0`` if it does not hold the lock, or the hold
+        was lost). Local: no round trip. A renewal or an :meth:`extend` moves it later.
+        """
+        return self._engine.valid_until(self._hold())
+
+    def ensure_held(self) -> None:
+        """Raise :class:`LockLostError` if the calling owner's hold was lost or its
+        validity ran out (a fixed lease that expired counts), and
+        :class:`LockNotOwnedError` if it holds nothing. Local: no round trip. Call it
+        between steps of long work to stop before doing more unprotected."""
+        self._engine.ensure_held(self.kind, self.name, self._engine.owner_id())
+
     def remaining(self) -> float:
         """Seconds of validity left on the calling owner's hold (0.0 if not owned).
 

@@ -244,6 +244,39 @@ def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: 
     raise LockLostError(f"lock {name!r} was lost before its release: no hold on a quorum")
 
 
+def extend_steps(
+    q: Quorum, kind: LockKind, name: str, owner: str, ms: int, add: bool
+) -> Steps[float]:
+    """Extend ``owner``'s hold everywhere it still holds it (by ``ms``, or to ``ms`` from
+    now); returns the new end of the validity, judged as an acquire's: from before the
+    first send, by the time the hold stays on a quorum, less the drift allowance.
+
+    Raises :class:`LockLostError` when the hold is no longer on a quorum, or the round
+    ended too late, and :class:`QuorumUnavailableError` when too many masters failed.
+    """
+    started = q.clock()
+
+    def extended(replies: Sequence[Reply]) -> bool:
+        return isinstance(replies[0], int) and replies[0] > 0
+
+    replies = yield q.everywhere(kind.extend(name, owner, ms, add), early=Early(q.needed, extended))
+    left = sorted((int(str(r[0])) for r in replies if extended(r)), reverse=True)
+    if len(left) >= q.needed:
+        # The time the hold stays on a quorum of masters (the needed-th longest).
+        ttl = left[q.needed - 1] / 1000.0
+        valid_until = started + ttl - q.drift(ttl)
+        if valid_until > q.clock():
+            return valid_until
+        raise LockLostError(f"lock {name!r} was lost: its validity ended during the extension")
+    failed = {i: r[0] for i, r in enumerate(replies) if isinstance(r[0], BaseException)}
+    for i, error in failed.items():
+        if is_wrong_type(error):
+            raise LockKeyTypeError(kind.key(name), q.masters[i], str(error))
+    if len(failed) > q.tolerated:
+        raise q.unavailable(f"extend {name!r}", failed)
+    raise LockLostError(f"lock {name!r} was lost: the extension found no hold on a quorum")
+
+
 def force_unlock_steps(q: Quorum, kinds: Sequence[LockKind], name: str) -> Steps[bool]:
     """Delete ``name``'s locks of the given kinds on every master, whoever holds them,
     and wake their waiters. True if any master had one."""

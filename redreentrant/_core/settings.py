@@ -58,6 +58,8 @@ class Settings:
     on_lost: Callable[[Any], object] | None
     #: locks hand out fencing tokens unless a lock says otherwise
     fencing: bool = False
+    #: how long the watchdog renews a hold before it stops (seconds; None: no cap)
+    max_hold: float | None = None
 
     @property
     def probe_interval(self) -> float:
@@ -73,6 +75,7 @@ class Settings:
         retry_jitter: object,
         on_lost: object,
         fencing: object = False,
+        max_hold: object = None,
     ) -> Settings:
         """The settings, or a ValueError/TypeError naming the first bad one."""
         lease_s = check_lease("lease", lease)
@@ -95,7 +98,20 @@ class Settings:
             )
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be callable")
-        return cls(lease_s, drift, timeout_s, jitter, on_lost, check_fencing(fencing))
+        cap = None if max_hold is None else check_lease("max_hold", max_hold)
+        return cls(lease_s, drift, timeout_s, jitter, on_lost, check_fencing(fencing), cap)
+
+    def hold_cap(self, lease: object, max_hold: object) -> float | None:
+        """The ``max_hold`` of an acquire (seconds; None: no cap): its own, else the
+        manager's; a fixed lease has none (it is not renewed), and refuses one."""
+        if max_hold is None:
+            return None if lease is not None else self.max_hold
+        if lease is not None:
+            raise ValueError(
+                "max_hold caps the watchdog's renewals, and a fixed lease= is never"
+                " renewed: pass one or the other"
+            )
+        return check_lease("max_hold", max_hold)
 
     def acquire_lease(self, lease: object) -> float:
         """The lease of an acquire: the manager's for ``None``, else checked like the

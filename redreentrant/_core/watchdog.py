@@ -95,7 +95,7 @@ def tick_steps(
     freeing dead owners' holds again between chunks when ``sweep_due()``. Returns the
     holds found lost (dead owners included)."""
     lost = yield from _free_dead(q, holds, alive)
-    held = holds.managed() if renew else []
+    held = holds.managed(q.clock()) if renew else []
     # In chunks, each its own round with its own time-out and validity: a script call
     # over thousands of keys would hold every master (and the client's CPU) for tens of
     # milliseconds at once, stalling the acquires in between. Spread out, they leave

@@ -9,6 +9,7 @@ from .._core.errors import LockLostError
 from .._core.kinds import FAIR, READ, WRITE, LockKind
 from .._core.locking import LockCore
 from .driver import SyncDriver
+from .signals import LostSignal
 
 
 class Lock(LockCore):
@@ -29,7 +30,11 @@ class Lock(LockCore):
         self._driver = driver
 
     def acquire(
-        self, blocking: bool = True, timeout: float = -1, lease: float | None = None
+        self,
+        blocking: bool = True,
+        timeout: float = -1,
+        lease: float | None = None,
+        max_hold: float | None = None,
     ) -> bool:
         """Acquire the lock; return True once held, False if not obtained in time.
 
@@ -40,6 +45,11 @@ class Lock(LockCore):
         ``lease=None`` (the default) takes the manager's lease and lets the watchdog renew
         it while the lock is held; ``lease=seconds`` is a fixed lease, never renewed: if
         the work outlives it, the release raises :class:`LockLostError`.
+
+        ``max_hold`` (seconds; default: the manager's) caps a watchdog-managed hold: the
+        watchdog stops renewing it then, and reports it lost (``on_lost``, ``lock.lost``)
+        before its validity ends, so a runaway holder cannot keep the lock forever. A
+        fixed ``lease`` has no use for it (passing both raises ``ValueError``).
 
         Re-entry by the owner always succeeds at once (one round that records the new
         hold count and refreshes the lease), or raises :class:`LockLostError` if the
@@ -54,10 +64,37 @@ class Lock(LockCore):
         watchdog, with a warning and an ``on_lost`` report.
         """
         engine = self._engine
+        owner = engine.owner_id()
         steps = engine.acquire(
-            self.kind, self.name, engine.owner_id(), blocking, timeout, lease, self.fencing
+            self.kind, self.name, owner, blocking, timeout, lease, self.fencing, max_hold
         )
         return self._driver.run(steps)
+
+    def extend(self, seconds: float, replace: bool = False) -> None:
+        """Extend the calling owner's fixed lease: by ``seconds``, or (``replace``) to
+        ``seconds`` from now. One round, judged like an acquire: the new validity counts
+        from before the round, on a quorum, less the drift allowance (see
+        :attr:`valid_until`).
+
+        Only where the owner still holds the lock: an expired key is never made again,
+        and another owner's hold is never touched. Raises :class:`LockLostError` when
+        the hold is gone from a quorum or its validity ran out first (the hold is then
+        lost), :class:`QuorumUnavailableError` when too many masters failed,
+        :class:`LockNotOwnedError` if the caller holds nothing, and ``ValueError``
+        (changing nothing) on a watchdog-managed hold, which the watchdog renews.
+        """
+        engine = self._engine
+        steps = engine.extend(self.kind, self.name, engine.owner_id(), seconds, replace)
+        self._driver.run(steps)
+
+    @property
+    def lost(self) -> LostSignal:
+        """The calling owner's hold's :class:`~redreentrant.LostSignal`: set once the
+        hold is lost or its validity ran out. Raises :class:`LockNotOwnedError` if the
+        caller holds nothing."""
+        engine = self._engine
+        hold = engine.held(self.kind, self.name, engine.owner_id())
+        return engine.signal_of(hold, lambda h: LostSignal(engine, h))
 
     def release(self) -> None:
         """Release one hold level; the last release frees the lock and wakes waiters.

@@ -54,7 +54,9 @@ class LockManager(ManagerCore[Lock]):
     called, in a thread of its own, when a held lock's lease is lost or its owner thread
     ended while holding it; always before the lease's validity ends. ``fencing=True``
     gives every first hold a fencing token (``lock.token``, one more round per acquire;
-    each lock may say otherwise: ``mgr.lock(name, fencing=...)``). Bad settings raise
+    each lock may say otherwise: ``mgr.lock(name, fencing=...)``). ``max_hold``
+    (seconds) caps every watchdog-managed hold: the watchdog stops renewing it then and
+    reports it lost (each acquire may pass its own). Bad settings raise
     ``ValueError``/``TypeError`` naming the argument.
 
     Use it as a context manager, or call :meth:`close`.
@@ -70,9 +72,10 @@ class LockManager(ManagerCore[Lock]):
         retry_jitter: float = 0.05,
         on_lost: Callable[[Any], object] | None = None,
         fencing: bool = False,
+        max_hold: float | None = None,
     ) -> None:
         settings = Settings.check(
-            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing
+            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing, max_hold
         )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.

@@ -10,6 +10,7 @@
 from .._async.fenced import FencedStore
 from .._async.lock import FairLock, Lock, ReadLock, WriteLock
 from .._async.manager import LockManager
+from .._async.signals import LostSignal
 from .._core.errors import (
     FencingError,
     LockError,
@@ -38,6 +39,7 @@ __all__ = [
     "LockOwnerError",
     "LockUpgradeError",
     "LockView",
+    "LostSignal",
     "ManagerClosedError",
     "MasterView",
     "OwnerInfo",
