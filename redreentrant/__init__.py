@@ -9,6 +9,8 @@ in :mod:`redreentrant.asyncio`.
 ...         ...
 """
 
+import logging
+
 from ._core.errors import (
     FencingError,
     LockError,
@@ -21,6 +23,7 @@ from ._core.errors import (
     QuorumUnavailableError,
     RedisServerNotFound,
 )
+from ._core.listeners import LockInfo, LockListener
 from ._core.locking import ReadWriteLock
 from ._core.owner import OwnerInfo, parse_owner
 from ._core.views import LockView, MasterView
@@ -28,6 +31,10 @@ from ._sync.fenced import FencedStore
 from ._sync.lock import FairLock, Lock, ReadLock, WriteLock
 from ._sync.manager import LockManager
 from ._sync.signals import LostSignal
+
+# The library's loggers ("redreentrant.*") print nothing unless the application
+# configures logging: the usual convention for a library.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 
@@ -37,7 +44,9 @@ __all__ = [
     "FencingError",
     "Lock",
     "LockError",
+    "LockInfo",
     "LockKeyTypeError",
+    "LockListener",
     "LockLostError",
     "LockManager",
     "LockNotOwnedError",

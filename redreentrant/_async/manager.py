@@ -15,6 +15,7 @@ from .._core.engine import Engine
 from .._core.holds import Hold
 from .._core.keys import validate_name
 from .._core.kinds import FAMILIES, LockKind
+from .._core.listeners import LockListener
 from .._core.locking import ReadWriteLock
 from .._core.manager import ManagerCore
 from .._core.masters import no_handshake
@@ -67,9 +68,10 @@ class LockManager(ManagerCore[Lock]):
         on_lost: Callable[[Any], object] | None = None,
         fencing: bool = False,
         max_hold: float | None = None,
+        listener: LockListener | None = None,
     ) -> None:
         settings = Settings.check(
-            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing, max_hold
+            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing, max_hold, listener
         )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.

@@ -56,7 +56,7 @@ class LostSignal:
             return  # lost (and told) already, or released
         left = hold.valid_until - engine.clock()
         if left <= 0:
-            hold.lose("its fixed lease ran out")
+            engine.lose(hold, "its fixed lease ran out")
             return
         self._timer = self._loop.call_later(left, self._watch)
 

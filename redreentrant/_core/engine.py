@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any, TypeVar
 
 from .effects import Steps
@@ -25,15 +26,18 @@ from .errors import (
     LockNotOwnedError,
     LockUpgradeError,
     ManagerClosedError,
+    QuorumUnavailableError,
 )
 from .fencing import FENCE_TTL_MS
 from .holds import Hold, Holds, Signal
 from .keys import home_channel
 from .kinds import LockKind
+from .listeners import LockInfo, LockListener, tell
 from .masters import connect, master_name
 from .owner import new_manager_id
-from .quorum import Clock, Quorum, Uniform, lease_ms
+from .quorum import Clock, Quorum, Tally, Uniform, lease_ms
 from .rounds import (
+    Grant,
     acquire_steps,
     extend_steps,
     force_unlock_steps,
@@ -181,10 +185,80 @@ class Engine:
             )
         site = call_site()
         deadline = None if timeout == -1 or not blocking else self.clock() + timeout
+        listener = self.settings.listener
+        if listener is not None:
+            return (yield from self._acquire_told(
+                listener, kind, name, owner, lease, lease_s, deadline, blocking, fencing, cap,
+                signal, site,
+            ))  # fmt: skip
         steps = acquire_steps(
             q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed, fencing
         )
         grant = yield from steps
+        return (
+            yield from self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
+        )
+
+    def _acquire_told(
+        self,
+        listener: LockListener,
+        kind: LockKind,
+        name: str,
+        owner: str,
+        lease: float | None,
+        lease_s: float,
+        deadline: float | None,
+        blocking: bool,
+        fencing: bool,
+        cap: float | None,
+        signal: Signal | None,
+        site: str,
+    ) -> Steps[bool]:
+        """:meth:`acquire`'s first hold, telling ``listener`` what happens."""
+        info = LockInfo(name, kind.label, owner)
+        started = self.clock()
+        tell(partial(listener.acquire_started, info))
+
+        def contended(t: Tally) -> None:
+            counts = (len(t.granted), len(t.refused), len(t.failed))
+            tell(partial(listener.contended, info, *counts))
+
+        steps = acquire_steps(
+            self.quorum, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed,
+            fencing, contended,
+        )  # fmt: skip
+        try:
+            grant = yield from steps
+            got = yield from self._granted(
+                kind, name, owner, lease, lease_s, grant, cap, signal, site
+            )
+        except BaseException as error:
+            if isinstance(error, QuorumUnavailableError):
+                tell(partial(listener.quorum_unavailable, error.action, error.errors))
+            tell(partial(listener.acquire_failed, info, self.clock() - started, error))
+            raise
+        wait = self.clock() - started
+        if grant is None:
+            tell(partial(listener.acquire_failed, info, wait, None))
+        else:
+            size = self.quorum.size
+            tell(partial(listener.acquired, info, wait, grant.votes, size, grant.token))
+        return got
+
+    def _granted(
+        self,
+        kind: LockKind,
+        name: str,
+        owner: str,
+        lease: float | None,
+        lease_s: float,
+        grant: Grant | None,
+        cap: float | None,
+        signal: Signal | None,
+        site: str,
+    ) -> Steps[bool]:
+        """Record a first hold's grant (False: none)."""
+        q = self.quorum
         if grant is None:
             return False
         if self.closed:
@@ -212,6 +286,20 @@ class Engine:
             self.on_managed_hold()
         return True
 
+    def lose(self, hold: Hold, why: str) -> None:
+        """Mark ``hold`` lost, found so by an owner's own call (a re-entry, release or
+        extension), and tell the listener (the watchdog's finds go through the
+        manager's report)."""
+        if hold.lose(why):
+            self.told_lost(hold)
+
+    def told_lost(self, hold: Hold) -> None:
+        """Tell the listener, if any, that ``hold`` was lost."""
+        listener = self.settings.listener
+        if listener is not None:
+            info = LockInfo(hold.name, hold.kind.label, hold.owner)
+            tell(partial(listener.lost, info, hold.lost or "?"))
+
     def _reenter(self, hold: Hold, lease: float | None, lease_s: float) -> Steps[bool]:
         if hold.lost is not None:
             raise LockLostError(f"lock {hold.name!r} was lost: {hold.lost}")
@@ -231,7 +319,7 @@ class Engine:
         try:
             grant = yield from steps
         except LockLostError as error:
-            hold.lose(str(error))
+            self.lose(hold, str(error))
             raise
         assert grant is not None  # a re-entry succeeds or raises
         hold.count = count
@@ -329,7 +417,7 @@ class Engine:
         try:
             valid_until = yield from steps
         except LockLostError as error:
-            hold.lose(str(error))
+            self.lose(hold, str(error))
             raise
         if hold.lost is None:  # a fixed lease: the watchdog never touches it
             hold.valid_until = valid_until
@@ -358,8 +446,17 @@ class Engine:
         try:
             yield from steps
         except LockLostError as error:
-            hold.lose(str(error))
+            self.lose(hold, str(error))
             raise
+        except QuorumUnavailableError as error:
+            listener = self.settings.listener
+            if listener is not None:
+                tell(partial(listener.quorum_unavailable, error.action, error.errors))
+            raise
+        if hold.count == 0 and self.settings.listener is not None:
+            info = LockInfo(name, kind.label, owner)
+            held = self.clock() - hold.acquired_at
+            tell(partial(self.settings.listener.released, info, held))
 
     def locked(self, kind: LockKind, name: str) -> Steps[bool]:
         """Whether anyone holds ``name`` on a quorum (read-only)."""

@@ -118,7 +118,8 @@ class ManagerCore(Generic[L]):
     # -- reports -------------------------------------------------------------------------
 
     def _report(self, hold: Hold) -> object:
-        """Report a lost hold: log it and call ``on_lost`` (returning what it returned)."""
+        """Report a lost hold: log it, tell the listener, and call ``on_lost``
+        (returning what it returned)."""
         who = parse_owner(hold.owner)
         log.warning(
             "redreentrant: lost lock %r held by %s (%s); acquired at %s",
@@ -127,6 +128,7 @@ class ManagerCore(Generic[L]):
             hold.lost,
             hold.site,
         )
+        self._engine.told_lost(hold)
         on_lost = self.on_lost
         if on_lost is None:
             return None

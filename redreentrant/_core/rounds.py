@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .effects import Call, Early, Fanout, Notify, Pause, Relay, Reply, Steps, Wait, Watch
 from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
@@ -21,6 +21,7 @@ from .kinds import LockKind
 from .quorum import (
     NO_WAIT,
     Quorum,
+    Tally,
     is_wrong_type,
     lease_ms,
     status_of,
@@ -44,6 +45,8 @@ class Grant:
 
     valid_until: float
     token: int | None = None
+    #: how many masters granted it
+    votes: int = 0
 
 
 def release_id(owner: str) -> str:
@@ -62,13 +65,15 @@ def acquire_steps(
     deadline: float | None,
     closed: Callable[[], bool] = lambda: False,
     fencing: bool = False,
+    contended: Callable[[Tally], None] | None = None,
 ) -> Steps[Grant | None]:
     """Take (``count == 1``) or re-enter (``count > 1``) a lock.
 
     Returns the :class:`Grant` when granted, ``None`` when the lock was not free in
     time. Re-entry never waits: it succeeds, or raises :class:`LockLostError` because
     the owner's hold is gone. A waiter whose manager was closed (``closed()``) gives up
-    with :class:`ManagerClosedError` before its next try.
+    with :class:`ManagerClosedError` before its next try. ``contended`` (if given) is
+    told of every round that did not win.
 
     With ``fencing`` (a first hold of a kind that supports it), each try also steps the
     lock's fencing counters (see :mod:`.fencing`), and a grant is returned only once
@@ -123,7 +128,7 @@ def acquire_steps(
             now = q.clock()
             if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
                 if not fenced:
-                    return Grant(valid_until)
+                    return Grant(valid_until, None, len(tally.granted))
                 try:
                     token = token_of(q, name, tally.granted, replies)
                     proven = token is not None and (yield from _write_back(q, kind, name, token))
@@ -132,8 +137,10 @@ def acquire_steps(
                     raise
                 now = q.clock()
                 if proven and valid_until > now:
-                    return Grant(valid_until, token)
+                    return Grant(valid_until, token, len(tally.granted))
                 # Not proven in time: undone below, and tried again.
+            if contended is not None:
+                contended(tally)
             if tally.granted or tally.failed or tally.unread:
                 # Undo everywhere, also where the reply was lost or not read: such a
                 # master may have granted.
@@ -344,6 +351,8 @@ class Renewals:
     valid_until: float
     #: the holds gone from so many masters that no renewal can succeed
     gone: list[Hold]
+    #: the masters whose calls failed, with the first error of each
+    failed: dict[int, BaseException] = field(default_factory=dict)
 
 
 def renew_steps(
@@ -380,10 +389,16 @@ def renew_steps(
     valid_until = started + lease - q.drift(lease)
     needed = q.needed if valid_until > q.clock() else q.size + 1  # too late: none
     tolerated = q.tolerated
+    failed = {
+        i: error
+        for i, rs in enumerate(replies)
+        if (error := next((r for r in rs if isinstance(r, BaseException)), None)) is not None
+    }
     return Renewals(
         [h for h, votes in zip(holds, renewed, strict=True) if votes >= needed],
         valid_until,
         [h for h, votes in zip(holds, gone, strict=True) if votes > tolerated],
+        failed,
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from .listeners import LockListener
 from .quorum import drift_allowance
 
 #: the longest lease accepted (ten years): longer ones overflow Redis' expiry times
@@ -60,6 +61,8 @@ class Settings:
     fencing: bool = False
     #: how long the watchdog renews a hold before it stops (seconds; None: no cap)
     max_hold: float | None = None
+    #: told of the locks' events (None: nobody, and nothing is spent on it)
+    listener: LockListener | None = None
 
     @property
     def probe_interval(self) -> float:
@@ -76,6 +79,7 @@ class Settings:
         on_lost: object,
         fencing: object = False,
         max_hold: object = None,
+        listener: object = None,
     ) -> Settings:
         """The settings, or a ValueError/TypeError naming the first bad one."""
         lease_s = check_lease("lease", lease)
@@ -99,7 +103,12 @@ class Settings:
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be callable")
         cap = None if max_hold is None else check_lease("max_hold", max_hold)
-        return cls(lease_s, drift, timeout_s, jitter, on_lost, check_fencing(fencing), cap)
+        if listener is not None and not isinstance(listener, LockListener):
+            raise TypeError(
+                f"listener must be a LockListener (subclass it), not {type(listener).__name__}"
+            )
+        fences = check_fencing(fencing)
+        return cls(lease_s, drift, timeout_s, jitter, on_lost, fences, cap, listener)
 
     def hold_cap(self, lease: object, max_hold: object) -> float | None:
         """The ``max_hold`` of an acquire (seconds; None: no cap): its own, else the

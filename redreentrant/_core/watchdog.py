@@ -26,11 +26,13 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Generic, TypeVar
 
 from .effects import Pause, Steps
 from .engine import Engine
 from .holds import Hold, Holds
+from .listeners import LockListener, tell
 from .owner import OWNERS
 from .quorum import Quorum
 from .rounds import Renewals, release_steps, renew_steps
@@ -88,6 +90,7 @@ def tick_steps(
     renew: bool = True,
     times: RoundTimes | None = None,
     sweep_due: Callable[[], bool] = lambda: False,
+    listener: LockListener | None = None,
 ) -> Steps[list[Hold]]:
     """One watchdog round: free the holds of owners that ended, then (``renew``) renew
     every other managed hold, in chunks spread over the first :data:`SPREAD` of the
@@ -114,6 +117,9 @@ def tick_steps(
         renewals = yield from renew_steps(q, chunk, lease, cluster)
         if times is not None:
             times.note(q.clock() - started)
+        if listener is not None:
+            for i, error in renewals.failed.items():
+                tell(partial(listener.renewal_failed, q.masters[i], error, len(chunk)))
         lost = lost + judge(renewals, holds)
     return lost
 
@@ -173,6 +179,7 @@ class WatchdogBase(Generic[R]):
             renew,
             self.times,
             self._take_sweep,
+            engine.settings.listener,
         )
         return self._run(steps)
 

@@ -13,6 +13,7 @@ from redis.connection import AbstractConnection
 from .._core.engine import Engine
 from .._core.keys import validate_name
 from .._core.kinds import FAMILIES, LockKind
+from .._core.listeners import LockListener
 from .._core.manager import ManagerCore
 from .._core.masters import no_handshake
 from .._core.settings import Settings
@@ -56,7 +57,9 @@ class LockManager(ManagerCore[Lock]):
     gives every first hold a fencing token (``lock.token``, one more round per acquire;
     each lock may say otherwise: ``mgr.lock(name, fencing=...)``). ``max_hold``
     (seconds) caps every watchdog-managed hold: the watchdog stops renewing it then and
-    reports it lost (each acquire may pass its own). Bad settings raise
+    reports it lost (each acquire may pass its own). ``listener`` (a
+    :class:`LockListener`) is told of every lock's events, for metrics and tracing.
+    Bad settings raise
     ``ValueError``/``TypeError`` naming the argument.
 
     Use it as a context manager, or call :meth:`close`.
@@ -73,9 +76,10 @@ class LockManager(ManagerCore[Lock]):
         on_lost: Callable[[Any], object] | None = None,
         fencing: bool = False,
         max_hold: float | None = None,
+        listener: LockListener | None = None,
     ) -> None:
         settings = Settings.check(
-            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing, max_hold
+            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing, max_hold, listener
         )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.

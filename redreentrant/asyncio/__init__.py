@@ -22,6 +22,7 @@ from .._core.errors import (
     ManagerClosedError,
     QuorumUnavailableError,
 )
+from .._core.listeners import LockInfo, LockListener
 from .._core.locking import ReadWriteLock
 from .._core.owner import OwnerInfo, parse_owner
 from .._core.views import LockView, MasterView
@@ -32,7 +33,9 @@ __all__ = [
     "FencingError",
     "Lock",
     "LockError",
+    "LockInfo",
     "LockKeyTypeError",
+    "LockListener",
     "LockLostError",
     "LockManager",
     "LockNotOwnedError",
