@@ -10,6 +10,7 @@ Hierarchy::
     ├── LockKeyTypeError            a lock key holds data that is not a lock
     ├── LockOwnerError              an asyncio acquire ran in a task of its own
     ├── FencingError                a fencing token could not be proven larger
+    ├── LockTimeoutError            a synchronized call timed out (also a TimeoutError)
     ├── ManagerClosedError          the manager was closed (also a RuntimeError)
     └── QuorumUnavailableError      too many masters failed to answer for a quorum
 
@@ -27,6 +28,7 @@ from ._core.errors import (
     LockLostError,
     LockNotOwnedError,
     LockOwnerError,
+    LockTimeoutError,
     LockUpgradeError,
     ManagerClosedError,
     QuorumUnavailableError,
@@ -40,6 +42,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockOwnerError",
+    "LockTimeoutError",
     "LockUpgradeError",
     "ManagerClosedError",
     "QuorumUnavailableError",

@@ -630,6 +630,7 @@ def test_every_error_survives_pickling() -> None:
         ManagerClosedError("closed"),
         error_module.LockError("base"),
         error_module.LockUpgradeError("upgrade"),
+        error_module.LockTimeoutError("x", 1.5, "f() did not run"),
         error_module.RedisServerNotFound("no binary"),
     ]
     for error in errors:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import redis.asyncio
 from redis.asyncio.connection import AbstractConnection
 
+from .._core.decorators import Synchronized, SyncKind
 from .._core.engine import Engine
 from .._core.holds import Hold
 from .._core.keys import validate_name
@@ -21,6 +22,7 @@ from .._core.manager import ManagerCore
 from .._core.masters import no_handshake
 from .._core.settings import Settings
 from .._core.views import MasterView
+from .decorators import synchronize
 from .driver import AsyncDriver
 from .lock import LOCK_CLASSES, Lock
 from .owner import task_token
@@ -29,6 +31,8 @@ from .wakeups import AsyncWakeupHub
 from .watchdog import AsyncWatchdog
 
 Master = str | redis.asyncio.Redis
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def url_client(url: str, timeout: float) -> redis.asyncio.Redis:
@@ -116,6 +120,62 @@ class LockManager(ManagerCore[Lock]):
 
     def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
         return LOCK_CLASSES[kind.label](self._engine, self._driver, name, fencing)
+
+    @overload
+    def synchronized(
+        self,
+        name: str,
+        *,
+        kind: SyncKind = ...,
+        timeout: float = ...,
+        blocking: Literal[True] = ...,
+        lease: float | None = ...,
+    ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]: ...
+
+    @overload
+    def synchronized(
+        self,
+        name: str,
+        *,
+        kind: SyncKind = ...,
+        timeout: float = ...,
+        blocking: bool,
+        lease: float | None = ...,
+    ) -> Callable[
+        [Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R | None]]
+    ]: ...
+
+    def synchronized(
+        self,
+        name: str,
+        *,
+        kind: SyncKind = "lock",
+        timeout: float = -1,
+        blocking: bool = True,
+        lease: float | None = None,
+    ) -> Callable[
+        [Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R | None]]
+    ]:
+        """A decorator for ``async def`` functions: each call runs holding the lock
+        ``name``, acquired in the task that awaits the call, which owns it.
+
+        The options mean what they mean for the sync
+        :meth:`redreentrant.LockManager.synchronized`. A recursive await of the
+        decorated function in the same task re-enters the lock; a call run as a task
+        of its own (``create_task``, ``gather``) is another owner. Decorating a
+        function that is not ``async def`` raises ``TypeError``.
+        """
+        self._engine.check_open()
+        options = Synchronized.check(
+            name, kind=kind, blocking=blocking, timeout=timeout, lease=lease
+        )
+
+        def decorate(
+            fn: Callable[P, Coroutine[Any, Any, R]],
+        ) -> Callable[P, Coroutine[Any, Any, R | None]]:
+            return synchronize(self, options, fn)
+
+        return decorate
 
     async def inspect(self, name: str) -> list[MasterView]:
         """Every master's view of the locks named ``name`` (see the sync manager)."""

@@ -55,6 +55,25 @@ class FencingError(LockError):
     message says what an operator can do (see ``raise_fence``)."""
 
 
+class LockTimeoutError(LockError, TimeoutError):
+    """A lock was not obtained in time where going on without it is not an option: a
+    call of a function decorated with ``synchronized(..., timeout=t)`` waited ``t``
+    seconds for its lock and did not run. Nothing is held.
+
+    ``name`` is the lock's name and ``timeout`` the wait in seconds. It is also a
+    :class:`TimeoutError` (so ``except TimeoutError`` catches it)."""
+
+    def __init__(self, name: str, timeout: float, detail: str = "") -> None:
+        message = f"lock {name!r} was not obtained within {timeout:g} s"
+        super().__init__(f"{message}: {detail}" if detail else message)
+        self.name = name
+        self.timeout = timeout
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.timeout, self.detail))
+
+
 class ManagerClosedError(LockError, RuntimeError):
     """The lock manager was closed: waiters woken by ``close()`` and every later call
     fail with it, and no new hold is taken."""

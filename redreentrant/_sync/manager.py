@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import redis
 from redis.connection import AbstractConnection
 
+from .._core.decorators import Synchronized, SyncKind
 from .._core.engine import Engine
 from .._core.keys import validate_name
 from .._core.kinds import FAMILIES, LockKind
@@ -18,6 +19,7 @@ from .._core.manager import ManagerCore
 from .._core.masters import no_handshake
 from .._core.settings import Settings
 from .._core.views import MasterView
+from .decorators import synchronize
 from .driver import SyncDriver
 from .lock import LOCK_CLASSES, Lock
 from .owner import thread_token
@@ -26,6 +28,8 @@ from .wakeups import WakeupHub
 from .watchdog import Watchdog
 
 Master = str | redis.Redis
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def url_client(url: str, timeout: float) -> redis.Redis:
@@ -97,6 +101,69 @@ class LockManager(ManagerCore[Lock]):
 
     def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
         return LOCK_CLASSES[kind.label](self._engine, self._driver, name, fencing)
+
+    @overload
+    def synchronized(
+        self,
+        name: str,
+        *,
+        kind: SyncKind = ...,
+        timeout: float = ...,
+        blocking: Literal[True] = ...,
+        lease: float | None = ...,
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    @overload
+    def synchronized(
+        self,
+        name: str,
+        *,
+        kind: SyncKind = ...,
+        timeout: float = ...,
+        blocking: bool,
+        lease: float | None = ...,
+    ) -> Callable[[Callable[P, R]], Callable[P, R | None]]: ...
+
+    def synchronized(
+        self,
+        name: str,
+        *,
+        kind: SyncKind = "lock",
+        timeout: float = -1,
+        blocking: bool = True,
+        lease: float | None = None,
+    ) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
+        """A decorator: each call of the function runs holding the lock ``name``,
+        owned by the calling thread.
+
+        ``name`` is a lock name, or a :meth:`str.format` template whose fields name
+        the function's parameters (``"order:{order_id}"``, ``"account:{self.id}"``):
+        each call locks the name made from its own arguments, defaults applied. A
+        field that names no parameter is a ``ValueError`` when the function is
+        decorated. ``kind`` is ``"lock"`` (:meth:`lock`), ``"fair"`` (:meth:`fair_lock`),
+        or ``"read"``/``"write"`` (the sides of :meth:`rw_lock`).
+
+        ``timeout`` and ``lease`` mean what they mean for :meth:`Lock.acquire`. A call
+        that does not get the lock within ``timeout`` raises :class:`LockTimeoutError`
+        without running the function. With ``blocking=False`` a call that finds the
+        lock held by another owner is skipped: the function does not run and the call
+        returns None (for at-most-once jobs).
+
+        The lock is reentrant: a decorated function that calls itself, or another one
+        decorated with the same name, re-enters it. The lock is released when the
+        function returns or raises, as at the end of a ``with lock:`` block. Bad
+        options raise ``TypeError``/``ValueError`` at once, and so does decorating a
+        coroutine or generator function. See the decorators page of the docs.
+        """
+        self._engine.check_open()
+        options = Synchronized.check(
+            name, kind=kind, blocking=blocking, timeout=timeout, lease=lease
+        )
+
+        def decorate(fn: Callable[P, R]) -> Callable[P, R | None]:
+            return synchronize(self, options, fn)
+
+        return decorate
 
     def inspect(self, name: str) -> list[MasterView]:
         """Every master's view of the locks (of all kinds) named ``name``: holders, hold
