@@ -54,8 +54,8 @@ class LockManager(ManagerCore[Lock]):
     every ``lease / 3``. ``master_timeout`` bounds one master's answer in a round (default
     ``min(0.25, lease / 10)``); clients made from URLs get it as their socket time-outs,
     and clients you pass in should have time-outs of their own. ``retry_jitter`` is the
-    upper bound (seconds) of the random pause after a first split vote (doubling with
-    each further split, up to 8 times). ``on_lost(lock)`` is
+    upper bound (seconds) of the random pause after a first split vote (twice that
+    after further splits). ``on_lost(lock)`` is
     called, in a thread of its own, when a held lock's lease is lost or its owner thread
     ended while holding it; always before the lease's validity ends. ``fencing=True``
     gives every first hold a fencing token (``lock.token``, one more round per acquire;
