@@ -27,19 +27,22 @@ The ``redis-server`` binary comes from :func:`find_redis_server`; the ``server``
 The modules, one concern each: :mod:`~redreentrant.testing.binary` (finding the binary),
 :mod:`~redreentrant.testing.loopback` (free ports, probes),
 :mod:`~redreentrant.testing.server` (one server), :mod:`~redreentrant.testing.ensemble`
-(N of them), :mod:`~redreentrant.testing.detached` (detached ensembles),
+(N of them), :mod:`~redreentrant.testing.cluster` (a local Redis Cluster of N nodes, and
+the resharding of a slot), :mod:`~redreentrant.testing.detached` (detached ensembles),
 :mod:`~redreentrant.testing.cleanup` (the exit-time safety net),
 :mod:`~redreentrant.testing.reaper` (the safety net after a hard kill) and
 :mod:`~redreentrant.testing.deathsig` (:func:`die_with_parent`, for other children).
 """
 
 from .binary import RedisServerNotFound, find_redis_server, redis_server_version
+from .cluster import LocalCluster
 from .deathsig import die_with_parent
 from .detached import detached_servers, detached_status, stop_detached
 from .ensemble import LocalEnsemble
 from .server import LocalServer
 
 __all__ = [
+    "LocalCluster",
     "LocalEnsemble",
     "LocalServer",
     "RedisServerNotFound",
