@@ -9,8 +9,10 @@ from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import redis.asyncio
+import redis.asyncio.cluster
 from redis.asyncio.connection import AbstractConnection
 
+from .._core.cluster import ClusterMember
 from .._core.decorators import Synchronized, SyncKind
 from .._core.engine import Engine
 from .._core.holds import Hold
@@ -22,6 +24,7 @@ from .._core.manager import ManagerCore
 from .._core.masters import no_handshake
 from .._core.settings import Settings
 from .._core.views import MasterView
+from .cluster import NodeClients, cluster_types
 from .decorators import synchronize
 from .driver import AsyncDriver
 from .lock import LOCK_CLASSES, Lock
@@ -30,7 +33,7 @@ from .transport import AsyncTransport
 from .wakeups import AsyncWakeupHub
 from .watchdog import AsyncWatchdog
 
-Master = str | redis.asyncio.Redis
+Master = str | redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -51,7 +54,9 @@ def url_client(url: str, timeout: float) -> redis.asyncio.Redis:
 class LockManager(ManagerCore[Lock]):
     """The asyncio twin of :class:`redreentrant.LockManager`: locks owned by tasks.
 
-    ``masters`` are redis URLs or ``redis.asyncio.Redis`` clients; every other argument
+    ``masters`` are redis URLs or ``redis.asyncio.Redis`` clients, and cluster members:
+    ``redis.asyncio.cluster.RedisCluster`` (or valkey-py's asyncio ``ValkeyCluster``)
+    clients or ``redis+cluster://`` URLs; every other argument
     means what it means for the sync manager. ``on_lost`` may be a plain function or a
     coroutine function. Use ``async with LockManager(...)``, or ``await mgr.close()``.
 
@@ -80,12 +85,23 @@ class LockManager(ManagerCore[Lock]):
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.
         engine, clients, self._own_clients = Engine.connect(
-            masters, settings, redis.asyncio.Redis, url_client, task_token, threading.Lock
+            masters,
+            settings,
+            redis.asyncio.Redis,
+            url_client,
+            task_token,
+            threading.Lock,
+            cluster_types(),
         )
         timeout = settings.master_timeout
+        self._nodes = NodeClients(clients, timeout)
+        pubsubs = [
+            self._nodes.pubsub(i) if isinstance(c, ClusterMember) else c.pubsub
+            for i, c in enumerate(clients)
+        ]
         # Confirmations of a subscription may take a round trip from every master.
-        self._hub = AsyncWakeupHub(clients, 2 * timeout, engine.home_channel)
-        self._transport = AsyncTransport(clients, timeout, settings.probe_interval)
+        self._hub = AsyncWakeupHub(pubsubs, 2 * timeout, engine.home_channel)
+        self._transport = AsyncTransport(clients, timeout, settings.probe_interval, self._nodes)
         self._driver = AsyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = AsyncWatchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started
@@ -203,6 +219,7 @@ class LockManager(ManagerCore[Lock]):
         # transport (bounded: each round is).
         await self._driver.drain(2.0 + 4 * engine.settings.master_timeout)
         await self._transport.close()
+        await self._nodes.close()
         for client in self._own_clients:
             await client.aclose()
 

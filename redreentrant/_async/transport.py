@@ -11,6 +11,7 @@ so k unreachable masters cost one connect time-out, not k. Replies are read unde
 deadline (the master timeout, from when the last request went out). ``redis.asyncio``
 reports a read time-out by returning ``None`` and keeps the connection, which then stays
 behind (no script of ours replies nil). Probes of suspect masters are tasks of their own.
+A member that is a Redis Cluster is routed by the core, as in the sync transport.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import asyncio
 import contextlib
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.effects import Fanout, Reply
+from .._core.cluster import Backoff, Endpoints, NodeCommands, NodeRound, route
+from .._core.effects import Call, Early, Fanout, Reply
 from .._core.fanout import (
     Behind,
     FanoutRound,
@@ -36,6 +38,7 @@ from .._core.fanout import (
     wire_packer,
 )
 from .._core.masters import master_name
+from .cluster import NodeClients
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout_at
@@ -55,18 +58,51 @@ def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
     return fan.packed(i, how, pack)
 
 
-class AsyncTransport:
-    """Runs script calls on N ``redis.asyncio`` clients at once."""
+async def _no_connection() -> Any:
+    raise RuntimeError("a cluster member is reached through its nodes")
 
-    def __init__(self, clients: Sequence[Any], timeout: float, probe_interval: float = 1.0) -> None:
-        self.clients = list(clients)
+
+class AsyncTransport:
+    """Runs script calls on N members at once: ``redis.asyncio`` clients, or Redis
+    Clusters whose nodes' clients come from ``nodes``; its tables are per endpoint (see
+    the sync transport)."""
+
+    def __init__(
+        self,
+        members: Sequence[Any],
+        timeout: float,
+        probe_interval: float = 1.0,
+        nodes: NodeClients | None = None,
+    ) -> None:
         self.timeout = timeout
         self.probe_interval = probe_interval
-        self._names = [master_name(c) for c in self.clients]
-        self._getters = [connection_getter(c.connection_pool) for c in self.clients]
+        self._ends = Endpoints(members, probe_interval)
+        self._nodes = nodes or NodeClients(members, timeout)
+        #: per endpoint: its client (None for a cluster member's own number), name, getter
+        self.clients: list[Any] = []
+        self._names: list[str] = []
+        self._getters: list[Any] = []
+        for i, member in enumerate(members):
+            plain = self._ends.cluster(i) is None
+            self.clients.append(member if plain else None)
+            self._names.append(master_name(member))
+            self._getters.append(
+                connection_getter(member.connection_pool) if plain else _no_connection
+            )
         self._masters = [MasterHealth(probe_interval) for _ in self.clients]
         self._probes: set[asyncio.Task[None]] = set()
         self._closed = False
+
+    def _grow(self, size: int) -> None:
+        """Tables for the endpoints below ``size`` (nodes routed to for the first time)."""
+        while len(self._masters) < size:
+            i, node = self._ends.table[len(self._masters)]
+            assert node is not None
+            client = self._nodes.client(i, node)
+            self.clients.append(client)
+            self._names.append(f"{self._names[i]} node {node[0]}:{node[1]}")
+            self._getters.append(connection_getter(client.connection_pool))
+            self._masters.append(MasterHealth(self.probe_interval))
 
     async def _new_connection(self, i: int) -> Any:
         try:
@@ -86,8 +122,39 @@ class AsyncTransport:
         await self._give(i, conn)
 
     async def fanout(self, fanout: Fanout) -> list[list[Reply]]:
-        calls = fanout.calls
-        fan = FanoutRound(calls, fanout.early)
+        if not self._ends.clustered:
+            return await self._round(fanout.calls, fanout.early, None, fanout.cleanup)
+        loop = asyncio.get_running_loop()
+        steps = route(fanout, self._ends, loop.time, self.timeout)
+        result: object = None
+        try:
+            while True:
+                effect = steps.send(result)
+                if isinstance(effect, NodeRound):
+                    self._grow(len(effect.calls))
+                    result = await self._round(
+                        effect.calls, effect.early, effect.voters, effect.cleanup
+                    )
+                elif isinstance(effect, NodeCommands):
+                    self._grow(effect.endpoint + 1)
+                    deadline = loop.time() + self.timeout
+                    result = await self._run(effect.endpoint, list(effect.commands), deadline)
+                elif isinstance(effect, Backoff):
+                    await asyncio.sleep(effect.seconds)
+                    result = None
+        except StopIteration as stop:
+            replies: list[list[Reply]] = stop.value
+            return replies
+
+    async def _round(
+        self,
+        calls: Sequence[Sequence[Call]],
+        early: Early | None,
+        voters: Collection[int] | None,
+        cleanup: bool,
+    ) -> list[list[Reply]]:
+        """One round over endpoints: ``calls[i]`` to endpoint ``i``."""
+        fan = FanoutRound(calls, early, voters)
         loop = asyncio.get_running_loop()
         now = loop.time()
         # Connections whose replies this round still reads (or leaves behind).
@@ -100,7 +167,7 @@ class AsyncTransport:
                 behind = await self._take_behind(i)
                 if behind is not None and m.lagging(behind, now, self.timeout):
                     # As the sync transport: clean-ups only, queued, not waited for.
-                    send, close = m.queue_for_suspect(behind, fan.count(i), fanout.cleanup)
+                    send, close = m.queue_for_suspect(behind, fan.count(i), cleanup)
                     for b in close:
                         await self._drop(i, b.conn)
                     for b in send:
@@ -318,6 +385,8 @@ class AsyncTransport:
         for task in list(self._probes):
             task.cancel()
         for i, m in enumerate(self._masters):
+            if self.clients[i] is None:
+                continue
             pool = self.clients[i].connection_pool
             while m.idle:
                 await pool.release(m.idle.pop())

@@ -8,13 +8,14 @@ masters wake registered waiters by name. Only a master's keeper task sends on it
 connection, and it computes what to (un)subscribe at the moment it sends, so a watch
 during a (re)connect is never skipped and a stale unsubscribe never removes a fresh
 subscription. A waiting task sleeps on a future of its own; no task is made per waiter.
+A member that is a Redis Cluster is heard on one of its nodes, as in the sync hub.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core.errors import ManagerClosedError
@@ -30,12 +31,15 @@ def _wake(waiters: Sequence[Waiter]) -> None:
 
 
 class AsyncWakeupHub:
-    """Per-manager hub of release wake-ups over N masters (asyncio)."""
+    """Per-manager hub of release wake-ups over N masters (asyncio); ``pubsubs[i]()``
+    makes a pub/sub connection to master ``i`` (see the sync hub)."""
 
-    def __init__(self, clients: Sequence[Any], confirm_timeout: float, home: str) -> None:
-        self._clients = list(clients)
+    def __init__(
+        self, pubsubs: Sequence[Callable[[], Any]], confirm_timeout: float, home: str
+    ) -> None:
+        self._pubsubs_of = list(pubsubs)
         self._confirm_timeout = confirm_timeout
-        self._subs = Subscriptions(len(self._clients), home)
+        self._subs = Subscriptions(len(self._pubsubs_of), home)
         self._tasks: list[asyncio.Task[None]] = []
         self._dirty: list[asyncio.Event] = []
         self._confirmed: asyncio.Event | None = None
@@ -110,8 +114,8 @@ class AsyncWakeupHub:
     def _start(self) -> None:
         if not self._tasks:
             loop = asyncio.get_running_loop()
-            self._dirty = [asyncio.Event() for _ in self._clients]
-            self._tasks = [loop.create_task(self._keep(i)) for i in range(len(self._clients))]
+            self._dirty = [asyncio.Event() for _ in self._pubsubs_of]
+            self._tasks = [loop.create_task(self._keep(i)) for i in range(len(self._pubsubs_of))]
 
     def _changed(self) -> None:
         for event in self._dirty:
@@ -121,7 +125,7 @@ class AsyncWakeupHub:
         """Keep master ``i``'s connection, and its subscriptions in step with the state."""
         loop = asyncio.get_running_loop()
         while not self._closed:
-            pubsub = self._clients[i].pubsub()
+            pubsub = self._pubsubs_of[i]()
             reader: asyncio.Task[None] | None = None
             try:
                 await asyncio.wait_for(

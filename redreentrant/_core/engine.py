@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, TypeVar
 
+from .cluster import ClusterMember
 from .effects import Steps
 from .errors import (
     FencingError,
@@ -93,6 +94,8 @@ class Engine:
         self.id = new_manager_id()
         self.holds = Holds(guard())
         self.closed = False
+        #: the members that are Redis Clusters (their renewals are split per hash slot)
+        self.clusters: frozenset[int] = frozenset()
         #: called when a watchdog-managed hold is taken (the flavour's watchdog starts)
         self.on_managed_hold: Callable[[], None] = lambda: None
 
@@ -105,14 +108,22 @@ class Engine:
         url_client: Callable[[str, float], Any],
         token: Callable[[], str],
         guard: Callable[[], AbstractContextManager[object]],
+        cluster_types: tuple[type, ...] = (),
     ) -> tuple[Engine, list[Any], list[Any]]:
-        """A manager's engine over ``masters`` (URLs or ``client_type`` clients; URL
-        clients are made by ``url_client(url, master_timeout)``), on the real clock and
-        random source. Returns (the engine, all clients, the clients made here)."""
+        """A manager's engine over ``masters`` (URLs, ``client_type`` clients, or
+        ``cluster_types`` clients and cluster URLs for cluster members; URL clients are
+        made by ``url_client(url, master_timeout)``), on the real clock and random
+        source. Returns (the engine, all members, the clients made here)."""
         timeout = settings.master_timeout
-        clients, own = connect(masters, client_type, lambda url: url_client(url, timeout))
+        clients, own = connect(
+            masters, client_type, lambda url: url_client(url, timeout), cluster_types
+        )
         names = [master_name(c) for c in clients]
-        return cls(settings, names, token, guard, time.monotonic, random.uniform), clients, own
+        engine = cls(settings, names, token, guard, time.monotonic, random.uniform)
+        engine.clusters = frozenset(
+            i for i, c in enumerate(clients) if isinstance(c, ClusterMember)
+        )
+        return engine, clients, own
 
     @property
     def home_channel(self) -> str:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import codecs
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -97,14 +97,24 @@ def read_failed(out: list[Reply], count: int, error: BaseException) -> list[Repl
 
 
 class FanoutRound:
-    """One round: ``calls[i]`` for master ``i``, and what each master answered."""
+    """One round: ``calls[i]`` for master ``i``, and what each master answered.
 
-    def __init__(self, calls: Sequence[Sequence[Call]], early: Early | None = None) -> None:
+    ``voters``: the masters whose replies count for ``early`` (default all). A round
+    over the nodes of cluster members (see :mod:`.cluster`) counts a node only where it
+    carries all of a member's calls."""
+
+    def __init__(
+        self,
+        calls: Sequence[Sequence[Call]],
+        early: Early | None = None,
+        voters: Collection[int] | None = None,
+    ) -> None:
         self.calls = calls
         self.results: list[list[Reply]] = [[] for _ in calls]
         #: the masters this round sends to
         self.targets = [i for i, per_master in enumerate(calls) if per_master]
         self._early = early
+        self._voters = voters
         self._yes = 0
         self._packed: dict[tuple[int, object], Any] = {}
 
@@ -140,7 +150,12 @@ class FanoutRound:
 
     def answered(self, i: int, replies: list[Reply]) -> None:
         self.results[i] = replies
-        if self._early is not None and replies and self._early.vote(replies):
+        if (
+            self._early is not None
+            and replies
+            and (self._voters is None or i in self._voters)
+            and self._early.vote(replies)
+        ):
             self._yes += 1
 
     def reload(self, i: int) -> list[tuple[object, ...]] | None:

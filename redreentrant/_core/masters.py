@@ -1,6 +1,10 @@
 """The masters of a manager: clients from URLs, their names, and the check that each
 server is given once. No I/O: a client is made, never connected, here (each flavour
-passes its client class and URL factory)."""
+passes its client class and URL factory).
+
+A member of the quorum is a plain master (a client) or a Redis Cluster
+(:class:`~.cluster.ClusterMember`, made from a cluster client or a ``redis+cluster://``
+URL)."""
 
 from __future__ import annotations
 
@@ -8,11 +12,15 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .cluster import KEPT_OPTIONS, Address, ClusterMember, is_cluster_url, parse_cluster_url
 from .settings import master_url, master_urls
 
 
 def master_name(client: Any) -> str:
-    """A readable address of a master, for messages (``host:port/db`` or a socket path)."""
+    """A readable address of a master, for messages (``host:port/db`` or a socket path;
+    ``cluster:host:port`` for a cluster member)."""
+    if isinstance(client, ClusterMember):
+        return client.name
     kw = client.connection_pool.connection_kwargs
     if "path" in kw:
         return f"unix:{kw['path']}/{kw.get('db', 0)}"
@@ -43,17 +51,51 @@ def no_handshake(connection_class: Any) -> dict[str, Any]:
     return {"protocol": 2, "lib_name": None, "lib_version": None}
 
 
+def identities(member: Any) -> list[tuple[object, ...]]:
+    """The servers a member is known to be (a cluster member: its seed nodes)."""
+    if isinstance(member, ClusterMember):
+        return list(member.seeds)
+    return [master_identity(member)]
+
+
+def cluster_of_client(client: Any) -> ClusterMember:
+    """A cluster member described by a cluster client (redis-py's or valkey-py's, sync
+    or asyncio): its known nodes as seeds, and the options its node connections keep
+    (credentials, TLS, time-outs). Its own connections are not used: the transports
+    connect to the nodes themselves, as they do to plain masters."""
+    manager = client.nodes_manager
+    seeds: list[Address] = [(n.host, int(n.port)) for n in manager.startup_nodes.values()]
+    cache = getattr(manager, "nodes_cache", {}) or {}
+    seeds += [
+        (n.host, int(n.port))
+        for n in cache.values()
+        if getattr(n, "server_type", None) != "replica"
+    ]
+    kwargs = dict(getattr(manager, "connection_kwargs", None) or {})
+    options = {k: kwargs[k] for k in KEPT_OPTIONS if kwargs.get(k) is not None}
+    if not isinstance(options.get("socket_keepalive_options"), dict):
+        options.pop("socket_keepalive_options", None)  # a client's "unset" marker
+    connection_class = kwargs.get("connection_class")
+    if connection_class is not None and "SSL" in getattr(connection_class, "__name__", ""):
+        options["ssl"] = True
+    return ClusterMember(seeds, options, client)
+
+
 def connect(
-    masters: object, client_type: type, from_url: Callable[[str], Any]
+    masters: object,
+    client_type: type,
+    from_url: Callable[[str], Any],
+    cluster_types: tuple[type, ...] = (),
 ) -> tuple[list[Any], list[Any]]:
-    """Clients for ``masters`` (URLs or ``client_type`` instances), checked for
-    duplicates. Returns (all clients, the ones made here from URLs).
+    """Members for ``masters``: URLs, ``client_type`` instances (plain masters), or
+    instances of ``cluster_types`` and ``redis+cluster://`` URLs (cluster members),
+    checked for duplicates. Returns (all members, the clients made here from URLs).
 
     One string may hold several masters separated by commas: never a silent quorum of
     one master when the list came from an environment variable."""
     if isinstance(masters, str):
         masters = master_urls(masters)
-    elif isinstance(masters, client_type):
+    elif isinstance(masters, (client_type, *cluster_types)):
         masters = [masters]
     if not isinstance(masters, Sequence):
         raise TypeError("masters must be redis URLs or clients, or a sequence of them")
@@ -67,18 +109,31 @@ def connect(
                     f"master {m!r} holds a comma: give one master per item, or all of"
                     " them as one comma-separated string"
                 )
-            clients.append(from_url(master_url(m)))
+            url = master_url(m)
+            if is_cluster_url(url):
+                clients.append(ClusterMember(*parse_cluster_url(url)))
+            else:
+                clients.append(from_url(url))
         elif isinstance(m, client_type):
             clients.append(m)
+        elif cluster_types and isinstance(m, cluster_types):
+            clients.append(cluster_of_client(m))
+        elif isinstance(m, ClusterMember):
+            clients.append(m)
         else:
-            raise TypeError(f"a master is a redis URL or a {client_type.__name__}, not {m!r}")
-    own = [c for c, m in zip(clients, masters, strict=True) if isinstance(m, str)]
-    seen: dict[tuple[object, ...], int] = {}
+            kinds = [client_type.__name__, *(t.__name__ for t in cluster_types)]
+            raise TypeError(f"a master is a redis URL or a {' or '.join(kinds)}, not {m!r}")
+    own = [
+        c
+        for c, m in zip(clients, masters, strict=True)
+        if isinstance(m, str) and not isinstance(c, ClusterMember)
+    ]
+    seen: dict[object, int] = {}
     for i, c in enumerate(clients):
-        ident = master_identity(c)
-        if ident in seen:
-            raise ValueError(
-                f"master {master_name(c)} is given twice (positions {seen[ident]} and {i})"
-            )
-        seen[ident] = i
+        for ident in identities(c):
+            if ident in seen:
+                raise ValueError(
+                    f"master {master_name(c)} is given twice (positions {seen[ident]} and {i})"
+                )
+            seen[ident] = i
     return clients, own

@@ -54,3 +54,6 @@ FAIRLOCK = load("fairlock")
 FENCE = load("fence")
 EXTEND = load("extend")
 FENCED_WRITE = load("fenced_write")
+
+#: the scripts a lock manager runs (loaded on a cluster node before its first call)
+LOCK_SCRIPTS = (ACQUIRE, RELEASE, RENEW, PROBE, RWLOCK, FAIRLOCK, FENCE, EXTEND)

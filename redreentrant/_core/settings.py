@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from .cluster import CLUSTER_SCHEMES, parse_cluster_url
 from .listeners import LockListener
 from .quorum import drift_allowance
 
@@ -158,16 +159,21 @@ def check_acquire_args(blocking: bool, timeout: float) -> None:
 # -- masters written as text -----------------------------------------------------------
 
 _BARE_MASTER = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?$")
-_SCHEMES = ("redis", "rediss", "unix")
+_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
 
 
 def master_url(text: str) -> str:
     """One master as a URL: a ``redis://``, ``rediss://`` or ``unix://`` URL as it is,
-    a bare ``host`` or ``host:port`` as ``redis://host:port/0``. Anything else (a
-    malformed URL such as ``redis//host:6379``) is a ValueError naming it."""
+    a bare ``host`` or ``host:port`` as ``redis://host:port/0``; a cluster member's
+    ``redis+cluster://`` or ``rediss+cluster://`` URL as it is, once checked (see
+    :func:`~.cluster.parse_cluster_url`). Anything else (a malformed URL such as
+    ``redis//host:6379``) is a ValueError naming it."""
     part = text.strip()
     if "://" in part:
         scheme = part.split("://", 1)[0].lower()
+        if scheme in CLUSTER_SCHEMES:
+            parse_cluster_url(part)
+            return part
         parsed = urlsplit(part)
         if scheme not in _SCHEMES or (scheme != "unix" and not parsed.hostname):
             raise ValueError(f"malformed master URL {text!r}: expected redis://host:port/db")

@@ -153,8 +153,9 @@ class WatchdogBase(Generic[R]):
         # then does a new hold need to wake it. Every managed hold has the same lease,
         # so a new one never ends before the ones the clock already waits for.
         self.clock_idle = True
-        # masters found to be Redis Cluster nodes: renewals are split by hash slot there
-        self.cluster: set[int] = set()
+        # members that are Redis Clusters, or masters found to be cluster nodes (a
+        # CROSSSLOT reply): renewals are split by hash slot there
+        self.cluster: set[int] = set(engine.clusters)
         self._stopping = False
         OWNERS.listen(self)
 

@@ -8,8 +8,10 @@ from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import redis
+import redis.cluster
 from redis.connection import AbstractConnection
 
+from .._core.cluster import ClusterMember
 from .._core.decorators import Synchronized, SyncKind
 from .._core.engine import Engine
 from .._core.keys import validate_name
@@ -19,6 +21,7 @@ from .._core.manager import ManagerCore
 from .._core.masters import no_handshake
 from .._core.settings import Settings
 from .._core.views import MasterView
+from .cluster import NodeClients, cluster_types
 from .decorators import synchronize
 from .driver import SyncDriver
 from .lock import LOCK_CLASSES, Lock
@@ -27,7 +30,7 @@ from .transport import SyncTransport
 from .wakeups import WakeupHub
 from .watchdog import Watchdog
 
-Master = str | redis.Redis
+Master = str | redis.Redis | redis.cluster.RedisCluster
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -46,7 +49,10 @@ class LockManager(ManagerCore[Lock]):
     """Locks over a Redlock quorum of N independent Redis masters (threads own locks).
 
     ``masters`` are redis URLs or ``redis.Redis`` clients (a single one is legal), or one
-    string of URLs separated by commas (bare ``host:port`` allowed). A lock
+    string of URLs separated by commas (bare ``host:port`` allowed). A member may also
+    be a Redis Cluster, one vote like a master: a ``redis.cluster.RedisCluster`` (or
+    valkey-py's ``ValkeyCluster``) client, or a ``redis+cluster://host:port`` URL (see
+    the cluster page of the docs). A lock
     is held when a majority (``N // 2 + 1``) granted it within the lease's validity:
     ``lease - elapsed - (lease * drift_factor + 2 ms)``, measured on a monotonic clock.
 
@@ -88,12 +94,23 @@ class LockManager(ManagerCore[Lock]):
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.
         engine, clients, self._own_clients = Engine.connect(
-            masters, settings, redis.Redis, url_client, thread_token, threading.Lock
+            masters,
+            settings,
+            redis.Redis,
+            url_client,
+            thread_token,
+            threading.Lock,
+            cluster_types(),
         )
         timeout = settings.master_timeout
+        self._nodes = NodeClients(clients, timeout)
+        pubsubs = [
+            self._nodes.pubsub(i) if isinstance(c, ClusterMember) else c.pubsub
+            for i, c in enumerate(clients)
+        ]
         # Confirmations of a subscription may take a round trip from every master.
-        self._hub = WakeupHub(clients, 2 * timeout, engine.home_channel)
-        self._transport = SyncTransport(clients, timeout, settings.probe_interval)
+        self._hub = WakeupHub(pubsubs, 2 * timeout, engine.home_channel)
+        self._transport = SyncTransport(clients, timeout, settings.probe_interval, self._nodes)
         self._driver = SyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = Watchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started
@@ -195,6 +212,7 @@ class LockManager(ManagerCore[Lock]):
         # transport (bounded: each round is).
         self._driver.drain(2.0 + 4 * engine.settings.master_timeout)
         self._transport.close()
+        self._nodes.close()
         for client in self._own_clients:
             client.close()
 

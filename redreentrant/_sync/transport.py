@@ -15,21 +15,27 @@ from when the last request went out).
 A read never times out inside redis-py (which would close the connection): the
 transport polls with ``can_read`` and reads only what has come, so a connection whose
 replies are late stays open and behind.
+
+A member that is a Redis Cluster is routed by the core (:func:`~redreentrant._core.
+cluster.route`): its calls go to the nodes owning their slots, each node an *endpoint*
+with connections and health of its own, in the same round as the plain masters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
 from redis.exceptions import ResponseError
 
-from .._core.effects import Fanout, Reply
+from .._core.cluster import Backoff, Endpoints, NodeCommands, NodeRound, route
+from .._core.effects import Call, Early, Fanout, Reply
 from .._core.fanout import (
     Behind,
     FanoutRound,
@@ -40,6 +46,7 @@ from .._core.fanout import (
     wire_packer,
 )
 from .._core.masters import master_name
+from .cluster import NodeClients
 
 #: how far past the round's deadline (a share of the master timeout) a read may wait
 #: when it waits on the socket's own time-out
@@ -66,17 +73,42 @@ def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
     return fan.packed(i, how, pack or (lambda commands: _pack(conn, commands)))
 
 
+def _no_connection() -> Any:
+    raise RuntimeError("a cluster member is reached through its nodes")
+
+
 class SyncTransport:
-    """Runs script calls on N redis-py clients at once."""
+    """Runs script calls on N members at once: redis-py clients, or Redis Clusters
+    (:class:`~redreentrant._core.cluster.ClusterMember`) whose nodes' clients come from
+    ``nodes``.
+
+    Its tables are per endpoint (see :class:`~redreentrant._core.cluster.Endpoints`):
+    endpoint ``i`` is plain master ``i``; the nodes of cluster members are added as
+    they are first routed to."""
 
     def __init__(
-        self, clients: Sequence[redis.Redis], timeout: float, probe_interval: float = 1.0
+        self,
+        members: Sequence[Any],
+        timeout: float,
+        probe_interval: float = 1.0,
+        nodes: NodeClients | None = None,
     ) -> None:
-        self.clients = list(clients)
         self.timeout = timeout
         self.probe_interval = probe_interval
-        self._names = [master_name(c) for c in self.clients]
-        self._getters = [connection_getter(c.connection_pool) for c in self.clients]
+        self._ends = Endpoints(members, probe_interval, threading.Lock)
+        self._nodes = nodes or NodeClients(members, timeout)
+        self._grow_lock = threading.Lock()
+        #: per endpoint: its client (None for a cluster member's own number), name, getter
+        self.clients: list[Any] = []
+        self._names: list[str] = []
+        self._getters: list[Any] = []
+        for i, member in enumerate(members):
+            plain = self._ends.cluster(i) is None
+            self.clients.append(member if plain else None)
+            self._names.append(master_name(member))
+            self._getters.append(
+                connection_getter(member.connection_pool) if plain else _no_connection
+            )
         self._reset()
 
     def _reset(self) -> None:
@@ -84,6 +116,21 @@ class SyncTransport:
         self._masters = [MasterHealth(self.probe_interval) for _ in self.clients]
         self._connector: ThreadPoolExecutor | None = None
         self._closed = False
+
+    def _grow(self, size: int) -> None:
+        """Tables for the endpoints below ``size`` (nodes routed to for the first time)."""
+        if size <= len(self._masters):
+            return
+        with self._grow_lock:
+            while len(self._masters) < size:
+                i, node = self._ends.table[len(self._masters)]
+                assert node is not None
+                client = self._nodes.client(i, node)
+                self.clients.append(client)
+                self._names.append(f"{self._names[i]} node {node[0]}:{node[1]}")
+                self._getters.append(connection_getter(client.connection_pool))
+                # Last: the endpoint is in use once its health is there.
+                self._masters.append(MasterHealth(self.probe_interval))
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._connector is None:
@@ -117,8 +164,36 @@ class SyncTransport:
     def fanout(self, fanout: Fanout) -> list[list[Reply]]:
         if self._pid != os.getpid():
             self._reset()  # a forked child must not share the parent's sockets
-        calls = fanout.calls
-        fan = FanoutRound(calls, fanout.early)
+        if not self._ends.clustered:
+            return self._round(fanout.calls, fanout.early, None, fanout.cleanup)
+        steps = route(fanout, self._ends, time.monotonic, self.timeout)
+        result: object = None
+        try:
+            while True:
+                effect = steps.send(result)
+                if isinstance(effect, NodeRound):
+                    self._grow(len(effect.calls))
+                    result = self._round(effect.calls, effect.early, effect.voters, effect.cleanup)
+                elif isinstance(effect, NodeCommands):
+                    self._grow(effect.endpoint + 1)
+                    deadline = time.monotonic() + self.timeout
+                    result = self._run(effect.endpoint, list(effect.commands), deadline)
+                elif isinstance(effect, Backoff):
+                    time.sleep(effect.seconds)
+                    result = None
+        except StopIteration as stop:
+            replies: list[list[Reply]] = stop.value
+            return replies
+
+    def _round(
+        self,
+        calls: Sequence[Sequence[Call]],
+        early: Early | None,
+        voters: Collection[int] | None,
+        cleanup: bool,
+    ) -> list[list[Reply]]:
+        """One round over endpoints: ``calls[i]`` to endpoint ``i``."""
+        fan = FanoutRound(calls, early, voters)
         now = time.monotonic()
         sent: list[_Pending] = []
         late: list[_Pending] = []
@@ -129,7 +204,7 @@ class SyncTransport:
             if behind is not None and m.lagging(behind, now, self.timeout):
                 # Clean-ups are queued behind the owed replies (they reach the master
                 # in order), not waited for; nothing else is sent to a suspect.
-                send, close = m.queue_for_suspect(behind, fan.count(i), fanout.cleanup)
+                send, close = m.queue_for_suspect(behind, fan.count(i), cleanup)
                 for b in close:
                     self._drop(i, b.conn)
                 for b in send:
@@ -312,6 +387,8 @@ class SyncTransport:
         if self._connector is not None:
             self._connector.shutdown(wait=False)
         for i, m in enumerate(self._masters):
+            if self.clients[i] is None:
+                continue
             pool = self.clients[i].connection_pool
             while m.idle:
                 pool.release(m.idle.pop())

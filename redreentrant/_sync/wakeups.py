@@ -7,6 +7,10 @@ master must hear, which release messages are new, and which waiters they wake. E
 waiting thread sleeps on a condition of its own until its count of wake-ups moves on.
 No connection or thread is made per waiter, and nobody polls: a waiter sleeps until a
 release wakes it, or until the holder's TTL runs out (expiry announces nothing).
+
+A member that is a Redis Cluster is heard on one of its nodes (a classic ``PUBLISH``
+reaches every node of a cluster, on Redis 6.2 too): its maker of pub/sub connections
+picks the next node at each reconnect, so a node that died is left for another.
 """
 
 from __future__ import annotations
@@ -17,22 +21,21 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
-
-import redis
 
 from .._core.errors import ManagerClosedError
 from .._core.subscriptions import RECONNECT_DELAY, Subscriptions, Waiter
 
 
 class WakeupHub:
-    """Per-manager hub of release wake-ups over N masters."""
+    """Per-manager hub of release wake-ups over N masters; ``pubsubs[i]()`` makes a
+    pub/sub connection to master ``i`` (``client.pubsub``, or one node's of a cluster)."""
 
     def __init__(
-        self, clients: Sequence[redis.Redis], confirm_timeout: float, home_channel: str
+        self, pubsubs: Sequence[Callable[[], Any]], confirm_timeout: float, home_channel: str
     ) -> None:
-        self._clients = list(clients)
+        self._pubsubs_of = list(pubsubs)
         self._confirm_timeout = confirm_timeout
         self._home = home_channel
         self._closed = False
@@ -46,13 +49,13 @@ class WakeupHub:
         # The home channel keeps every pub/sub connection subscribed to something:
         # redis-py stops reading one with no subscription, and unread replies would
         # spin the selector.
-        self._subs = Subscriptions(len(self._clients), self._home)
+        self._subs = Subscriptions(len(self._pubsubs_of), self._home)
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        n = len(self._clients)
+        n = len(self._pubsubs_of)
         self._pubsubs: list[Any] = [None] * n
         self._retry_at = [0.0] * n
 
@@ -158,7 +161,7 @@ class WakeupHub:
                     if self._closed:
                         return
                 self._keep_subscriptions()
-                for i in range(len(self._clients)):
+                for i in range(len(self._pubsubs_of)):
                     sock = self._socket(i)
                     if registered.get(i) is not sock:
                         if i in registered:
@@ -191,12 +194,12 @@ class WakeupHub:
     def _keep_subscriptions(self) -> None:
         """Connect the masters that need it and send each what it must (un)subscribe."""
         now = time.monotonic()
-        for i, client in enumerate(self._clients):
+        for i, make in enumerate(self._pubsubs_of):
             try:
                 if self._pubsubs[i] is None:
                     if now < self._retry_at[i]:
                         continue
-                    ps = client.pubsub()  # type: ignore[no-untyped-call]
+                    ps = make()
                     with self._lock:
                         channels = self._subs.connected(i)
                     self._pubsubs[i] = ps

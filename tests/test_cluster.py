@@ -1,0 +1,524 @@
+"""Quorum members that are Redis Clusters: real multi-node clusters started here (three
+``--cluster-enabled yes`` nodes each on 127.0.0.1, slots split by the harness), mixed
+with plain masters or on their own; locks on every node, mutual exclusion, a held
+lock's slot resharded (MOVED, ASK), a node killed, wake-ups, the asyncio twin, and the
+routing in the core without a server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio.cluster
+import redis.cluster
+
+import redreentrant.asyncio as aio
+from redreentrant import LockLostError, LockManager, QuorumUnavailableError
+from redreentrant._core.cluster import (
+    ClusterMember,
+    Endpoints,
+    NodeCommands,
+    NodeRound,
+    parse_cluster_url,
+    redirect_of,
+    route,
+)
+from redreentrant._core.effects import Call, Fanout
+from redreentrant._core.keys import PREFIX, key_slot, lock_key
+from redreentrant._core.scripts import RENEW
+from redreentrant._core.settings import master_url, master_urls
+from redreentrant.testing import LocalCluster, LocalEnsemble
+
+LEASE = 3.0
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+# -- fixtures: three clusters of three nodes, shared by the module ------------------------
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[list[LocalCluster]]:
+    made = [LocalCluster(3) for _ in range(3)]
+    try:
+        for c in made:
+            c.start()
+        yield made
+    finally:
+        for c in made:
+            c.stop()
+
+
+def _heal(c: LocalCluster) -> None:
+    down = [s for s in c.servers if not s.running]
+    for s in down:
+        s.start()
+    if down:
+        c.wait_stable(30)
+
+
+@pytest.fixture
+def cluster(clusters: list[LocalCluster]) -> Iterator[LocalCluster]:
+    """The first cluster, whole, empty, and checked for leaked lock keys after the test."""
+    c = clusters[0]
+    _heal(c)
+    c.flushall()
+    yield c
+    _heal(c)
+    leaked = {k: v for k, v in c.keys(PREFIX + "*").items() if v}
+    c.flushall()
+    if leaked:
+        pytest.fail(f"lock keys left behind: {leaked}")
+
+
+@pytest.fixture
+def three(clusters: list[LocalCluster]) -> Iterator[list[LocalCluster]]:
+    for c in clusters:
+        _heal(c)
+        c.flushall()
+    yield clusters
+    for c in clusters:
+        _heal(c)
+        c.flushall()
+
+
+@pytest.fixture
+def plain(ensemble: LocalEnsemble) -> list[str]:
+    """Two plain masters to mix with a cluster member."""
+    return ensemble.urls[:2]
+
+
+def node_keys(c: LocalCluster) -> dict[int, list[str]]:
+    return {k: v for k, v in c.keys(PREFIX + "*").items() if v}
+
+
+def member(mgr: Any, i: int) -> ClusterMember:
+    m = mgr._transport._ends.members[i]
+    assert isinstance(m, ClusterMember)
+    return m
+
+
+def node_pttl(c: LocalCluster, index: int, name: str) -> int:
+    """The lock key's PTTL on one node (ASKING first: it may be importing the slot)."""
+    with redis.Redis(host="127.0.0.1", port=c[index].port) as r:
+        pipe = r.pipeline(transaction=False)
+        pipe.execute_command("ASKING")
+        pipe.pttl(lock_key(name))
+        return int(pipe.execute()[1])
+
+
+# -- mixed with plain masters ----------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_a_cluster_member_is_one_vote_beside_plain_masters(
+    cluster: LocalCluster, plain: list[str]
+) -> None:
+    names = [cluster.names_on(k, 1)[0] for k in range(3)]
+    assert len({cluster.owner(cluster.slot_of(n)) for n in names}) == 3  # one per node
+    with LockManager([cluster.url, *plain], lease=LEASE) as mgr:
+        assert mgr.masters[0].startswith("cluster:127.0.0.1:") and mgr.quorum == 2
+        locks = [mgr.lock(n) for n in names]
+        for lock in locks:
+            assert lock.acquire()
+        # Each lock's keys went to the node that owns its slot.
+        assert node_keys(cluster) == {k: [lock_key(n)] for k, n in enumerate(names)}
+        for n in names:
+            views = mgr.inspect(n)
+            assert all(v.error is None and v.locks for v in views), views
+        mgr._watchdog.tick()  # one renewal round: one call per slot on the cluster member
+        assert all(node_pttl(cluster, k, n) > (LEASE - 0.5) * 1000 for k, n in enumerate(names))
+        with LockManager([cluster.url, *plain], lease=LEASE) as other:
+            assert not other.lock(names[1]).acquire(blocking=False)
+            assert other.force_unlock(names[2])  # through the member too
+        for lock in locks[:2]:
+            lock.release()
+        with pytest.raises(LockLostError):
+            locks[2].release()
+    assert not node_keys(cluster)
+
+
+@pytest.mark.integration
+def test_fencing_tokens_grow_through_cluster_members(three: list[LocalCluster]) -> None:
+    with LockManager([c.url for c in three], lease=LEASE, fencing=True) as mgr:
+        tokens = []
+        for _ in range(3):
+            with mgr.lock("fenced") as lock:
+                tokens.append(lock.token)
+        assert tokens == sorted(tokens) and len(set(tokens)) == 3, tokens
+
+
+@pytest.mark.integration
+def test_threads_exclude_each_other_on_three_cluster_members(three: list[LocalCluster]) -> None:
+    urls = [c.url for c in three]
+    counter = {"value": 0}
+    names = [three[0].names_on(k, 1, "count")[0] for k in range(3)]
+    per_thread = 15
+
+    def work(mgr: LockManager, name: str) -> None:
+        lock = mgr.lock(name)
+        for _ in range(per_thread):
+            with lock:
+                seen = counter["value"]
+                time.sleep(0.0005)  # read, sleep, write: any overlap loses an update
+                counter["value"] = seen + 1
+
+    with LockManager(urls, lease=LEASE) as a, LockManager(urls, lease=LEASE) as b:
+        for name in names:
+            counter["value"] = 0
+            threads = [threading.Thread(target=work, args=(m, name)) for m in (a, b, a, b)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            assert counter["value"] == 4 * per_thread
+    for c in three:
+        assert not node_keys(c)
+
+
+# -- resharding --------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_renewals_follow_a_held_locks_slot_to_its_new_node(
+    cluster: LocalCluster, plain: list[str]
+) -> None:
+    name = cluster.names_on(0, 1, "moving")[0]
+    slot = cluster.slot_of(name)
+    with LockManager([cluster.url, *plain], lease=LEASE) as mgr:
+        lock = mgr.lock(name)
+        assert lock.acquire()
+        assert member(mgr, 0).owner(slot) == cluster.addresses[0]
+        cluster.migrate_slot(slot, 2)
+        assert node_keys(cluster) == {2: [lock_key(name)]}
+        time.sleep(0.3)
+        mgr._watchdog.tick()  # MOVED: the renewal goes to node 2, which knows the slot now
+        assert member(mgr, 0).owner(slot) == cluster.addresses[2]
+        assert node_pttl(cluster, 2, name) > (LEASE - 0.2) * 1000
+        with LockManager([cluster.url, *plain], lease=LEASE) as other:
+            assert not other.lock(name).acquire(blocking=False)  # no second holder
+            assert all(v.error is None and v.locks for v in other.inspect(name))
+        lock.release()
+    assert not node_keys(cluster)
+    cluster.migrate_slot(slot, 0)  # as it was, for the other tests
+
+
+@pytest.mark.integration
+def test_renewals_ask_the_importing_node_during_a_migration(
+    cluster: LocalCluster, plain: list[str]
+) -> None:
+    name = cluster.names_on(1, 1, "asking")[0]
+    slot = cluster.slot_of(name)
+    with LockManager([cluster.url, *plain], lease=LEASE) as mgr:
+        lock = mgr.lock(name)
+        assert lock.acquire()
+        source = cluster.begin_migration(slot, 0)
+        try:
+            assert source == 1
+            assert cluster.move_keys(slot, 1, 0) == 1
+            time.sleep(0.3)
+            mgr._watchdog.tick()  # ASK: node 1 no longer has the key; node 0 imports it
+            assert node_pttl(cluster, 0, name) > (LEASE - 0.2) * 1000
+            # ASK leaves the map as it is: the slot is still node 1's until it moves.
+            assert member(mgr, 0).owner(slot) == cluster.addresses[1]
+        finally:
+            cluster.finish_migration(slot, 0)
+        mgr._watchdog.tick()  # now MOVED
+        assert member(mgr, 0).owner(slot) == cluster.addresses[0]
+        lock.release()
+    assert not node_keys(cluster)
+    cluster.migrate_slot(slot, 1)
+
+
+# -- a node killed ----------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_a_killed_node_fails_its_slots_on_that_member_only(
+    cluster: LocalCluster, plain: list[str]
+) -> None:
+    dead, alive = cluster.names_on(2, 1, "dead")[0], cluster.names_on(0, 1, "alive")[0]
+    with LockManager([cluster.url, *plain], lease=LEASE) as mgr:
+        assert mgr.lock(alive).acquire()  # the member knows its map and nodes now
+        cluster[2].kill()
+        lock = mgr.lock(dead)
+        assert lock.acquire()  # the plain masters are a quorum
+        views = mgr.inspect(dead)
+        assert views[0].error is not None and all(v.error is None for v in views[1:])
+        assert mgr.inspect(alive)[0].locks  # node 0 still serves the member
+        lock.release()
+        mgr.lock(alive).release()
+    with LockManager([cluster.url, plain[0]], lease=LEASE) as two:
+        with pytest.raises(QuorumUnavailableError) as caught:
+            two.lock(dead).acquire(blocking=False)
+        assert any(m.startswith("cluster:") for m in caught.value.errors)
+
+
+@pytest.mark.integration
+def test_three_cluster_members_keep_a_quorum_with_one_node_down(three: list[LocalCluster]) -> None:
+    name = three[1].names_on(1, 1, "down")[0]
+    with LockManager([c.url for c in three], lease=LEASE) as mgr:
+        three[1][three[1].owner(three[1].slot_of(name))].kill()
+        lock = mgr.lock(name)
+        with lock:
+            views = mgr.inspect(name)
+            assert [v.error is None for v in views] == [True, False, True]
+            time.sleep(0.2)
+            mgr._watchdog.tick()
+            assert lock.is_owned() and lock.remaining() > LEASE - 0.5
+    for c in (three[0], three[2]):
+        assert not node_keys(c)
+
+
+# -- wake-ups ---------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["lock", "fair", "write"])
+def test_wakeups_reach_a_waiter_through_cluster_members(
+    three: list[LocalCluster], kind: str
+) -> None:
+    urls = [c.url for c in three]
+    lease = 30.0  # only a wake-up, not an expiry, hands the lock over in time
+
+    def make(mgr: LockManager, name: str) -> Any:
+        if kind == "fair":
+            return mgr.fair_lock(name)
+        if kind == "write":
+            return mgr.rw_lock(name).write
+        return mgr.lock(name)
+
+    with LockManager(urls, lease=lease) as a, LockManager(urls, lease=lease) as b:
+        for k in range(3):  # a lock on each node: most are heard through another node
+            name = three[0].names_on(k, 1, f"wake-{kind}")[0]
+            held = make(a, name)
+            assert held.acquire()
+            got: list[float] = []
+
+            def waiter(name: str = name, got: list[float] = got) -> None:
+                lock = make(b, name)
+                if lock.acquire(timeout=10):
+                    got.append(time.monotonic())
+                    lock.release()
+
+            t = threading.Thread(target=waiter)
+            t.start()
+            time.sleep(0.3)  # the waiter is blocked by now
+            released = time.monotonic()
+            held.release()
+            t.join(timeout=15)
+            assert got and got[0] - released < 2.0, (kind, name)
+    for c in three:
+        assert not node_keys(c)
+
+
+@pytest.mark.integration
+def test_the_wakeup_subscriber_moves_to_another_node_when_its_node_dies(
+    cluster: LocalCluster,
+) -> None:
+    lease = 30.0  # only a wake-up, not an expiry, hands the lock over in time
+    with LockManager([cluster.url], lease=lease) as a, LockManager([cluster.url], lease=lease) as b:
+        with a.lock("warm-up"):
+            assert not b.lock("warm-up").acquire(timeout=0.2)  # b's subscriber starts
+        hub = b._hub
+        assert wait_for(lambda: hub._pubsubs[0] is not None)
+        port = hub._pubsubs[0].connection.port
+        dead = next(k for k, s in enumerate(cluster.servers) if s.port == port)
+        name = cluster.names_on((dead + 1) % 3, 1, "moving-hub")[0]
+        cluster[dead].kill()
+        assert wait_for(
+            lambda: (
+                hub._pubsubs[0] is not None
+                and hub._pubsubs[0].connection.port != port
+                and 0 in hub._subs.home_confirmed
+            )
+        )
+        held = a.lock(name)
+        assert held.acquire()
+        got: list[float] = []
+
+        def waiter() -> None:
+            lock = b.lock(name)
+            if lock.acquire(timeout=15):
+                got.append(time.monotonic())
+                lock.release()
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        time.sleep(0.3)
+        released = time.monotonic()
+        held.release()
+        t.join(timeout=20)
+        assert got and got[0] - released < 2.0
+
+
+# -- clients, URLs and the asyncio twin --------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) -> None:
+    host, port = cluster.addresses[1]
+    client = redis.cluster.RedisCluster(host=host, port=port)
+    try:
+        with LockManager([plain[0], client, plain[1]], lease=LEASE) as mgr:
+            assert mgr.masters[1].startswith("cluster:127.0.0.1:")
+            for k in range(3):
+                with mgr.lock(cluster.names_on(k, 1, "client")[0]) as lock:
+                    assert mgr.inspect(lock.name)[1].locks
+        with pytest.raises(ValueError, match="given twice"):
+            LockManager([cluster.url, client, plain[0]])
+    finally:
+        client.close()
+
+
+@pytest.mark.integration
+def test_valkey_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) -> None:
+    valkey_cluster = pytest.importorskip("valkey.cluster")
+    host, port = cluster.addresses[2]
+    vclient = valkey_cluster.ValkeyCluster(host=host, port=port)
+    try:
+        name = cluster.names_on(2, 1, "valkey")[0]
+        with LockManager([vclient, *plain], lease=LEASE) as mgr, mgr.lock(name) as lock:
+            assert mgr.inspect(lock.name)[0].locks
+    finally:
+        vclient.close()
+
+
+@pytest.mark.integration
+def test_asyncio_twin_on_cluster_members(three: list[LocalCluster], plain: list[str]) -> None:
+    c = three[0]
+    host, port = c.addresses[0]
+
+    async def main() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host=host, port=port)
+        counter = {"value": 0}
+        try:
+            async with (
+                aio.LockManager([client, three[1].url, plain[0]], lease=LEASE) as a,
+                aio.LockManager([three[0].url, three[1].url, plain[0]], lease=LEASE) as b,
+            ):
+                names = [c.names_on(k, 1, "aio")[0] for k in range(3)]
+
+                async def work(mgr: aio.LockManager, name: str) -> None:
+                    for _ in range(10):
+                        async with mgr.lock(name):
+                            seen = counter["value"]
+                            await asyncio.sleep(0.001)
+                            counter["value"] = seen + 1
+
+                for name in names:
+                    counter["value"] = 0
+                    await asyncio.gather(*(work(m, name) for m in (a, b, a, b)))
+                    assert counter["value"] == 40
+                # hand-off through the members, and renewals after a resharding
+                name = names[0]
+                slot = c.slot_of(name)
+                lock = a.lock(name)
+                assert await lock.acquire()
+                got: list[float] = []
+
+                async def waiter() -> None:
+                    other = b.lock(name)
+                    assert await other.acquire(timeout=10)
+                    got.append(time.monotonic())
+                    await asyncio.to_thread(c.migrate_slot, slot, 1)
+                    await b._watchdog.tick()
+                    assert member(b, 0).owner(slot) == c.addresses[1]
+                    assert other.is_owned() and other.remaining() > LEASE - 0.5
+                    await other.release()
+
+                task = asyncio.ensure_future(waiter())
+                await asyncio.sleep(0.3)
+                started = time.monotonic()
+                await lock.release()
+                await asyncio.wait_for(task, 15)
+                assert got and got[0] - started < 2.0
+                await asyncio.to_thread(c.migrate_slot, slot, 0)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+    for cl in three:
+        assert not node_keys(cl)
+
+
+# -- the URL form and the routing, without a server ------------------------------------------
+
+
+def test_cluster_urls_are_parsed_and_checked() -> None:
+    url = "rediss+cluster://user:p%40ss@10.0.0.1:7000/0?node=10.0.0.2:7001&ssl_cert_reqs=none"
+    seeds, options = parse_cluster_url(url)
+    assert seeds == (("10.0.0.1", 7000), ("10.0.0.2", 7001))
+    assert options == {"username": "user", "password": "p@ss", "ssl": True, "ssl_cert_reqs": "none"}
+    assert master_url("redis+cluster://localhost:7000") == "redis+cluster://localhost:7000"
+    assert master_urls("h:1, redis+cluster://h:7000") == ["redis://h:1/0", "redis+cluster://h:7000"]
+    for bad in (
+        "redis+cluster://h:7000/3",
+        "redis+cluster://h:7000?db=1",
+        "redis+cluster://h:7000?node=nope",
+        "redis+cluster:///x",
+    ):
+        with pytest.raises(ValueError):
+            master_url(bad)
+
+
+def test_redirects_are_read_from_replies() -> None:
+    from redis.exceptions import AskError, MovedError, ResponseError
+
+    assert redirect_of(MovedError("3999 127.0.0.1:7002"), ("h", 1)) is not None
+    moved = redirect_of(MovedError("3999 :7002"), ("10.0.0.5", 7000))
+    assert moved is not None and not moved.ask and moved.node == ("10.0.0.5", 7002)
+    ask = redirect_of(AskError("12 127.0.0.1:7001"), ("h", 1))
+    assert ask is not None and ask.ask and ask.slot == 12
+    assert redirect_of(ResponseError("MOVED 5 localhost:7009"), ("h", 1)) is not None
+    assert redirect_of(ResponseError("WRONGTYPE"), ("h", 1)) is None
+    assert redirect_of(ConnectionError("MOVED 1 h:2"), ("h", 1)) is None
+
+
+def test_route_follows_moved_and_ask_and_keeps_votes_per_member() -> None:
+    from redis.exceptions import AskError, MovedError
+
+    a, b = ("127.0.0.1", 7000), ("127.0.0.1", 7001)
+    m = ClusterMember([a], {})
+    ends = Endpoints([m, object()], refresh_interval=1.0)
+    key = lock_key("x")
+    call = Call(RENEW, (key,), (1000, "owner"))
+    fan = Fanout(((call,), (call,)))
+    steps = route(fan, ends, time.monotonic, 0.25)
+    effect = steps.send(None)
+    assert isinstance(effect, NodeCommands) and effect.commands == (("CLUSTER", "SLOTS"),)
+    effect = steps.send([[[0, 16383, [b"127.0.0.1", 7000, b"id"]]]])
+    assert isinstance(effect, NodeCommands) and effect.commands[0][:2] == ("SCRIPT", "LOAD")
+    end_a = effect.endpoint
+    effect = steps.send([b"sha"] * len(effect.commands))
+    assert isinstance(effect, NodeRound) and effect.voters == {1, end_a}
+    assert effect.calls[1] == (call,) and effect.calls[end_a] == (call,)
+    replies: list[list[object]] = [[] for _ in effect.calls]
+    replies[1] = [[1]]
+    slot = key_slot(key)
+    replies[end_a] = [MovedError(f"{slot} 127.0.0.1:7001")]
+    effect = steps.send(replies)  # read in full: a NOSCRIPT there is redone in the round
+    assert isinstance(effect, NodeRound) and effect.early is None
+    end_b = ends.of(0, b)
+    assert effect.calls[end_b] == (call,) and m.owner(slot) == b
+    replies = [[] for _ in effect.calls]
+    replies[end_b] = [AskError(f"{slot} 127.0.0.1:7000")]
+    effect = steps.send(replies)
+    assert isinstance(effect, NodeCommands) and effect.endpoint == end_a
+    assert effect.commands[0] == ("ASKING",) and effect.commands[1][0] == "EVAL"
+    with pytest.raises(StopIteration) as done:
+        steps.send([b"OK", [1]])
+    assert done.value.value == [[[1]], [[1]]]
+    assert m.owner(slot) == b  # ASK does not change the map
