@@ -7,6 +7,8 @@ routing in the core without a server."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +22,7 @@ import redis.cluster
 import redreentrant.asyncio as aio
 from redreentrant import LockLostError, LockManager, QuorumUnavailableError
 from redreentrant._core.cluster import (
+    Backoff,
     ClusterMember,
     Endpoints,
     NodeCommands,
@@ -364,6 +367,22 @@ def test_the_wakeup_subscriber_moves_to_another_node_when_its_node_dies(
         assert got and got[0] - released < 2.0
 
 
+@pytest.mark.integration
+def test_the_command_line_takes_a_cluster_url(
+    cluster: LocalCluster, plain: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from redreentrant.cli.app import main
+
+    name = cluster.names_on(1, 1, "cli")[0]
+    masters = ",".join([cluster.url, *plain])
+    with LockManager([cluster.url, *plain], lease=LEASE) as mgr, mgr.lock(name):
+        assert main(["inspect", "--masters", masters, "--json", name]) == 0
+        document = json.loads(capsys.readouterr().out)
+        assert document["state"] == "held"
+        assert document["masters"][0]["master"].startswith("cluster:127.0.0.1:")
+        assert document["masters"][0]["locks"]
+
+
 # -- clients, URLs and the asyncio twin --------------------------------------------------------
 
 
@@ -522,3 +541,76 @@ def test_route_follows_moved_and_ask_and_keeps_votes_per_member() -> None:
         steps.send([b"OK", [1]])
     assert done.value.value == [[[1]], [[1]]]
     assert m.owner(slot) == b  # ASK does not change the map
+
+
+def test_tryagain_is_sent_again_while_the_round_lasts() -> None:
+    from redis.exceptions import TryAgainError
+
+    a = ("127.0.0.1", 7000)
+    m = ClusterMember([a], {})
+    ends = Endpoints([m], refresh_interval=1.0)
+    m.load([[0, 16383, [b"127.0.0.1", 7000, b"id"]]], a)
+    ends.loaded.add(ends.of(0, a))
+    call = Call(RENEW, (lock_key("x"),), (1000, "owner"))
+    steps = route(Fanout(((call,),)), ends, time.monotonic, 0.25)
+    effect = steps.send(None)
+    assert isinstance(effect, NodeRound)
+    end = ends.of(0, a)
+    replies: list[list[object]] = [[] for _ in effect.calls]
+    replies[end] = [TryAgainError("Multiple keys request during rehashing of slot")]
+    effect = steps.send(replies)
+    assert isinstance(effect, Backoff)
+    effect = steps.send(None)
+    assert isinstance(effect, NodeRound) and effect.calls[end] == (call,)
+    replies = [[] for _ in effect.calls]
+    replies[end] = [[1]]
+    with pytest.raises(StopIteration) as done:
+        steps.send(replies)
+    assert done.value.value == [[[1]]]
+    # Out of time: the refusal stands, as that member's failure.
+    late = iter([0.0, 1.0, 1.0, 1.0])
+    steps = route(Fanout(((call,),)), ends, lambda: next(late), 0.25)
+    effect = steps.send(None)
+    replies = [[] for _ in effect.calls]  # type: ignore[union-attr]
+    replies[end] = [TryAgainError("again")]
+    with pytest.raises(StopIteration) as done:
+        steps.send(replies)
+    assert isinstance(done.value.value[0][0], TryAgainError)
+
+
+def test_valkey_is_an_optional_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    from redreentrant._async.cluster import cluster_types as async_types
+    from redreentrant._sync.cluster import cluster_types as sync_types
+
+    for name in ("valkey", "valkey.cluster", "valkey.asyncio", "valkey.asyncio.cluster"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails
+    assert sync_types() == (redis.cluster.RedisCluster,)
+    assert async_types() == (redis.asyncio.cluster.RedisCluster,)
+    with pytest.raises(TypeError, match="RedisCluster"):
+        LockManager([object()])  # type: ignore[list-item]
+
+
+def test_renewals_split_per_slot_and_go_to_each_node_in_one_pipeline() -> None:
+    from redreentrant._core.holds import Hold
+    from redreentrant._core.kinds import EXCLUSIVE
+    from redreentrant._core.quorum import Quorum
+    from redreentrant._core.rounds import renew_steps
+
+    a, b = ("127.0.0.1", 7000), ("127.0.0.1", 7001)
+    m = ClusterMember([a], {})
+    m.load([[0, 8191, [b"127.0.0.1", 7000, b"a"]], [8192, 16383, [b"127.0.0.1", 7001, b"b"]]], a)
+    ends = Endpoints([m], refresh_interval=1.0)
+    ends.loaded.update({ends.of(0, a), ends.of(0, b)})
+    names = [f"n{k}" for k in range(12)]
+    holds = [Hold(EXCLUSIVE, n, "owner", 1, 3.0, True, 1.0) for n in names]
+    renew = renew_steps(Quorum(("c",), 0.01, 0.05), holds, 3.0, {0})
+    fanout = renew.send(None)
+    assert len(fanout.calls[0]) == len({key_slot(lock_key(n)) for n in names})  # per slot
+    steps = route(fanout, ends, time.monotonic, 0.25)
+    effect = steps.send(None)
+    assert isinstance(effect, NodeRound)
+    on_a = effect.calls[ends.of(0, a)]
+    on_b = effect.calls[ends.of(0, b)]
+    assert len(on_a) + len(on_b) == len(fanout.calls[0]) and on_a and on_b
+    assert all(key_slot(c.keys[0]) < 8192 for c in on_a)  # each node's calls, one pipeline
+    assert all(key_slot(c.keys[0]) >= 8192 for c in on_b)
