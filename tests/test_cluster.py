@@ -614,3 +614,25 @@ def test_renewals_split_per_slot_and_go_to_each_node_in_one_pipeline() -> None:
     assert len(on_a) + len(on_b) == len(fanout.calls[0]) and on_a and on_b
     assert all(key_slot(c.keys[0]) < 8192 for c in on_a)  # each node's calls, one pipeline
     assert all(key_slot(c.keys[0]) >= 8192 for c in on_b)
+
+
+def test_a_member_whose_map_cannot_be_read_is_asked_again_only_after_an_interval() -> None:
+    a = ("127.0.0.1", 7000)
+    m = ClusterMember([a], {})
+    ends = Endpoints([m], refresh_interval=1.0)
+    call = Call(RENEW, (lock_key("x"),), (1000, "owner"))
+    now = [0.0]
+    for t, asks in ((0.0, True), (0.5, False), (1.5, True)):
+        now[0] = t
+        steps = route(Fanout(((call,),)), ends, lambda: now[0], 0.25)
+        effect = steps.send(None)
+        if asks:
+            assert isinstance(effect, NodeCommands) and effect.commands == (("CLUSTER", "SLOTS"),)
+            effect = steps.send([ConnectionError("refused")])
+        # The seed is tried all the same (it would redirect if it answered).
+        assert isinstance(effect, NodeRound) and effect.calls[ends.of(0, a)] == (call,)
+        replies: list[list[object]] = [[] for _ in effect.calls]
+        replies[ends.of(0, a)] = [ConnectionError("refused")]
+        with pytest.raises(StopIteration):
+            steps.send(replies)
+    assert m.stale and a in m.down

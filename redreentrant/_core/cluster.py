@@ -190,11 +190,12 @@ class ClusterMember:
         return (up or self.nodes)[0]
 
     def refresh_due(self, now: float, interval: float) -> bool:
-        """Whether to read the slot map now: never read yet, or stale and not read
-        within ``interval``. True takes the turn (another round will not also)."""
+        """Whether to read the slot map now: stale (or never read) and not tried within
+        ``interval``, so that a member whose nodes do not answer does not hold up every
+        round. True takes the turn (another round will not also)."""
         if not self.stale:
             return False
-        if self._loaded and self._refreshed_at is not None and now - self._refreshed_at < interval:
+        if self._refreshed_at is not None and now - self._refreshed_at < interval:
             return False
         self._refreshed_at = now
         return True
