@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import threading
 import time
@@ -375,12 +376,18 @@ def test_the_command_line_takes_a_cluster_url(
 
     name = cluster.names_on(1, 1, "cli")[0]
     masters = ",".join([cluster.url, *plain])
-    with LockManager([cluster.url, *plain], lease=LEASE) as mgr, mgr.lock(name):
-        assert main(["inspect", "--masters", masters, "--json", name]) == 0
-        document = json.loads(capsys.readouterr().out)
-        assert document["state"] == "held"
-        assert document["masters"][0]["master"].startswith("cluster:127.0.0.1:")
-        assert document["masters"][0]["locks"]
+    logger = logging.getLogger("redreentrant")  # the command sets up its logging
+    handlers, propagate = list(logger.handlers), logger.propagate
+    try:
+        with LockManager([cluster.url, *plain], lease=LEASE) as mgr, mgr.lock(name):
+            assert main(["inspect", "--masters", masters, "--json", name]) == 0
+    finally:
+        logger.handlers[:] = handlers
+        logger.propagate = propagate
+    document = json.loads(capsys.readouterr().out)
+    assert document["state"] == "held"
+    assert document["masters"][0]["master"].startswith("cluster:127.0.0.1:")
+    assert document["masters"][0]["locks"]
 
 
 # -- clients, URLs and the asyncio twin --------------------------------------------------------
@@ -636,3 +643,19 @@ def test_a_member_whose_map_cannot_be_read_is_asked_again_only_after_an_interval
         with pytest.raises(StopIteration):
             steps.send(replies)
     assert m.stale and a in m.down
+
+
+def test_a_cluster_client_is_read_for_its_nodes_and_settings() -> None:
+    from redreentrant._core.cluster import connect_timeout
+    from redreentrant._core.masters import cluster_of_client
+
+    client = redis.asyncio.cluster.RedisCluster(
+        host="localhost", port=7000, password="secret", ssl=True, ssl_cert_reqs="none"
+    )  # not initialised: nothing is connected
+    m = cluster_of_client(client)
+    assert m.seeds == (("127.0.0.1", 7000),) and m.client is client
+    assert m.options["password"] == "secret" and m.options["ssl"] is True
+    assert m.options["ssl_cert_reqs"] == "none"
+    assert "connection_class" not in m.options and "retry" not in m.options
+    assert connect_timeout(m, 0.25) == 0.25  # the client's 5 s default is capped
+    assert connect_timeout(ClusterMember([("h", 1)], {"socket_connect_timeout": 0.1}), 1) == 0.1

@@ -12,7 +12,7 @@ import redis.asyncio.cluster
 import redis.asyncio.connection
 from redis.asyncio.connection import AbstractConnection
 
-from .._core.cluster import Address, ClusterMember
+from .._core.cluster import Address, ClusterMember, connect_timeout
 from .._core.masters import no_handshake
 
 
@@ -31,8 +31,8 @@ def cluster_types() -> tuple[type, ...]:
 class NodeClients:
     """One ``redis.asyncio.Redis`` per node of each cluster member, made when needed.
 
-    No socket time-out unless the member's options set one: the transport bounds every
-    read itself (as for the clients it makes from URLs)."""
+    No socket time-out: the transport bounds every read itself (as for the clients it
+    makes from URLs), and the connect time-out is at most the master timeout."""
 
     def __init__(self, members: Sequence[object], timeout: float) -> None:
         self._members = list(members)
@@ -46,9 +46,9 @@ class NodeClients:
             member = self._members[i]
             assert isinstance(member, ClusterMember)
             options: dict[str, Any] = {
-                "socket_timeout": None,
-                "socket_connect_timeout": self._timeout,
                 **member.options,
+                "socket_timeout": None,
+                "socket_connect_timeout": connect_timeout(member, self._timeout),
                 **no_handshake(AbstractConnection),
             }
             if options.pop("ssl", False):

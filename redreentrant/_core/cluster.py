@@ -252,6 +252,14 @@ class ClusterMember:
         return up[self._pick % len(up)]
 
 
+def connect_timeout(member: ClusterMember, master_timeout: float) -> float:
+    """The connect time-out of a node connection: the member's own, at most the master
+    timeout (a round waits for its connects before it reads: redis-py's asyncio cluster
+    client, for one, defaults to 5 s)."""
+    own = member.options.get("socket_connect_timeout")
+    return master_timeout if not isinstance(own, (int, float)) else min(own, master_timeout)
+
+
 def _node_address(entry: object, replier: Address) -> Address:
     if not isinstance(entry, list) or len(entry) < 2:
         raise ValueError(f"odd node entry {entry!r}")

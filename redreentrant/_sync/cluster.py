@@ -17,7 +17,7 @@ import redis.cluster
 import redis.connection
 from redis.connection import AbstractConnection
 
-from .._core.cluster import Address, ClusterMember
+from .._core.cluster import Address, ClusterMember, connect_timeout
 from .._core.masters import no_handshake
 
 
@@ -51,8 +51,8 @@ class NodeClients:
                 assert isinstance(member, ClusterMember)
                 options: dict[str, Any] = {
                     "socket_timeout": self._timeout,
-                    "socket_connect_timeout": self._timeout,
                     **member.options,
+                    "socket_connect_timeout": connect_timeout(member, self._timeout),
                     **no_handshake(AbstractConnection),
                 }
                 if options.pop("ssl", False):

@@ -16,9 +16,10 @@ A read never times out inside redis-py (which would close the connection): the
 transport polls with ``can_read`` and reads only what has come, so a connection whose
 replies are late stays open and behind.
 
-A member that is a Redis Cluster is routed by the core (:func:`~redreentrant._core.
-cluster.route`): its calls go to the nodes owning their slots, each node an *endpoint*
-with connections and health of its own, in the same round as the plain masters.
+A member that is a Redis Cluster is routed by the core
+(:func:`redreentrant._core.cluster.route`): its calls go to the nodes owning their
+slots, each node an *endpoint* with connections and health of its own, in the same
+round as the plain masters.
 """
 
 from __future__ import annotations
