@@ -54,3 +54,6 @@ FAIRLOCK = load("fairlock")
 FENCE = load("fence")
 EXTEND = load("extend")
 FENCED_WRITE = load("fenced_write")
+
+#: the scripts the masters run (the fenced write runs on the protected resource)
+LOCK_SCRIPTS = (ACQUIRE, RELEASE, RENEW, PROBE, RWLOCK, FAIRLOCK, FENCE, EXTEND)
