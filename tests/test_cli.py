@@ -174,7 +174,7 @@ def test_help_and_version_exit_0() -> None:
     assert helped.returncode == 0
     assert "lost" in helped.stdout and "SIGTERM" in helped.stdout
     assert "--conflict-exit-code" in helped.stdout and "--wait-masters" in helped.stdout
-    for command in ("demo", "inspect", "unlock", "ensemble"):
+    for command in ("demo", "inspect", "top", "unlock", "ensemble"):
         assert run_cli(command, "--help").returncode == 0
 
 
@@ -185,7 +185,8 @@ def test_the_console_script_and_python_m_run_the_same_main() -> None:
     assert script.load() is cli_main is cli_app.main is dunder_main.main
     helped = run_cli("--help")
     assert helped.returncode == 0
-    assert all(c in helped.stdout for c in ("demo", "run", "inspect", "unlock", "ensemble"))
+    commands = ("demo", "run", "inspect", "top", "unlock", "ensemble")
+    assert all(c in helped.stdout for c in commands)
 
 
 # -- run ----------------------------------------------------------------------------

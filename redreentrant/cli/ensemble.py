@@ -3,7 +3,8 @@
 ``up`` starts a :class:`redreentrant.testing.LocalEnsemble`, detaches it and records its
 description in a state file; ``status`` and ``down`` read that file, in later
 processes, through :func:`redreentrant.testing.detached_status` and
-:func:`redreentrant.testing.stop_detached`.
+:func:`redreentrant.testing.stop_detached`; ``top`` finds the masters there when it is
+given none (:func:`local_masters`).
 
 The state file is per user: it names pids that ``down`` signals and a directory it
 removes, so nobody else may write it. By default it lives in a directory of the user's
@@ -37,6 +38,7 @@ __all__ = [
     "cmd_ensemble_status",
     "cmd_ensemble_up",
     "default_state_path",
+    "local_masters",
     "register",
     "state_dir",
 ]
@@ -70,7 +72,7 @@ them and removes their directory and the state file.
 The state file (pids, ports, directory) is --state FILE, else $REDREENTRANT_ENSEMBLE_STATE,
 else ensemble.json in a directory of your own: $XDG_RUNTIME_DIR/redreentrant/, else
 redreentrant-<uid> in the temp directory (mode 0700; one owned by someone else is
-refused).
+refused). 'redreentrant top' reads it to find the masters when given none.
 """
 
 
@@ -199,6 +201,16 @@ def _state_path(args: argparse.Namespace, create: bool = False) -> tuple[str, bo
             print(f"{PROG}: using the state file of an earlier release, {legacy}", file=sys.stderr)
             return legacy, True
     return path, True
+
+
+def local_masters(args: argparse.Namespace) -> tuple[list[str], str] | None:
+    """The masters of the local ensemble that ``ensemble up`` recorded (its URLs, and the
+    state file), or None when there is no state file."""
+    path, default = _state_path(args)
+    state = _load_state(path, default)
+    if state is None:
+        return None
+    return [f"redis://{HOST}:{port}/0" for port, _ in _servers(state)], path
 
 
 def _load_state(path: str, default: bool = False) -> dict[str, Any] | None:
