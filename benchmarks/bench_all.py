@@ -66,6 +66,7 @@ from benchlibs import (
     RR,
     RR_ASYNC,
     RR_FENCED,
+    RR_LISTENED,
     AsyncRawFloor,
     LibSpec,
     NotRunnable,
@@ -270,6 +271,12 @@ def measure_raw_async(masters: Sequence[str], name: str, duration: float, ping: 
     return asyncio.run(_measure_raw_async(masters, name, duration, ping))
 
 
+def _noop_listener() -> Any:
+    from redreentrant import LockListener
+
+    return LockListener()  # every method a no-op: what a listener's calls cost
+
+
 def uncontended_plan(urls: Sequence[str]) -> list[tuple[int, str, Callable[..., float]]]:
     """(masters, library label, measure(masters, name, duration)) in interleaving order."""
     plan: list[tuple[int, str, Callable[..., float]]] = []
@@ -279,6 +286,13 @@ def uncontended_plan(urls: Sequence[str]) -> list[tuple[int, str, Callable[..., 
         plan += [
             (n, RAW_SYNC, lambda m, nm, d: measure_raw(m, nm, d, False)),
             (n, RR, lambda m, nm, d: measure_sync_lib(LibSpec(RR, RR), m, nm, d)),
+            (
+                n,
+                RR_LISTENED,
+                lambda m, nm, d: measure_sync_lib(
+                    LibSpec(RR, RR_LISTENED, {"listener": _noop_listener()}), m, nm, d
+                ),
+            ),
             (
                 n,
                 RR_FENCED,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,9 +26,10 @@ import redreentrant.__main__ as dunder_main
 from redreentrant import LockLostError, LockManager, __version__
 from redreentrant._core.errors import RedisServerNotFound
 from redreentrant.cli import app as cli_app
+from redreentrant.cli import ensemble as cli_ensemble
 from redreentrant.cli import main as cli_main
 from redreentrant.cli import run as cli_run
-from redreentrant.cli.common import MASTERS_ENV
+from redreentrant.cli.common import MASTERS_ENV, CliError
 from redreentrant.cli.ensemble import STATE_ENV
 from redreentrant.testing import LocalEnsemble, find_redis_server
 
@@ -170,7 +174,7 @@ def test_help_and_version_exit_0() -> None:
     assert helped.returncode == 0
     assert "lost" in helped.stdout and "SIGTERM" in helped.stdout
     assert "--conflict-exit-code" in helped.stdout and "--wait-masters" in helped.stdout
-    for command in ("demo", "inspect", "unlock", "ensemble"):
+    for command in ("demo", "inspect", "top", "unlock", "ensemble"):
         assert run_cli(command, "--help").returncode == 0
 
 
@@ -181,7 +185,8 @@ def test_the_console_script_and_python_m_run_the_same_main() -> None:
     assert script.load() is cli_main is cli_app.main is dunder_main.main
     helped = run_cli("--help")
     assert helped.returncode == 0
-    assert all(c in helped.stdout for c in ("demo", "run", "inspect", "unlock", "ensemble"))
+    commands = ("demo", "run", "inspect", "top", "unlock", "ensemble")
+    assert all(c in helped.stdout for c in commands)
 
 
 # -- run ----------------------------------------------------------------------------
@@ -730,6 +735,72 @@ def test_ensemble_up_status_down(redis_binary: str, tmp_path: Path) -> None:
         for pid in pids:
             if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _default_state(monkeypatch: pytest.MonkeyPatch, tmp: Path, runtime: Path | None) -> str:
+    """Where the state file goes by default, with ``tmp`` as the temp directory and
+    ``runtime`` as $XDG_RUNTIME_DIR (None: unset); its directory is made."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    if runtime is None:
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    else:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    path, default = cli_ensemble._state_path(argparse.Namespace(state=None), create=True)
+    assert default
+    return path
+
+
+def test_the_state_file_is_in_a_directory_of_the_users_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    path = _default_state(monkeypatch, tmp_path, runtime)
+    assert path == str(runtime / "redreentrant" / "ensemble.json")
+    assert stat.S_IMODE(os.stat(runtime / "redreentrant").st_mode) == 0o700
+
+    # No runtime directory (or none of ours): one of our own in the temp directory.
+    path = _default_state(monkeypatch, tmp_path, None)
+    own = tmp_path / f"redreentrant-{os.getuid()}"
+    assert path == str(own / "ensemble.json")
+    assert stat.S_IMODE(os.stat(own).st_mode) == 0o700
+    own.chmod(0o777)  # loosened by hand: tightened again
+    _default_state(monkeypatch, tmp_path, tmp_path / "missing")
+    assert stat.S_IMODE(os.stat(own).st_mode) == 0o700
+
+    # Someone else's directory (seen as ours by another uid), or a link: refused.
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(own).st_uid + 1)
+    theirs = tmp_path / f"redreentrant-{os.getuid()}"
+    theirs.mkdir(mode=0o700)
+    with pytest.raises(CliError, match="not by you"):
+        _default_state(monkeypatch, tmp_path, None)
+    monkeypatch.undo()
+    own.rmdir()
+    own.symlink_to(theirs)
+    with pytest.raises(CliError, match="not a directory"):
+        _default_state(monkeypatch, tmp_path, None)
+
+
+def test_an_earlier_releases_state_file_is_still_read(redis_binary: str, tmp_path: Path) -> None:
+    # Where an earlier release kept it: the temp directory, shared by every user.
+    legacy = tmp_path / "redreentrant-ensemble.json"
+    port = free_port()
+    legacy.write_text(json.dumps({"servers": [{"port": port, "pid": 2**22 + 1}]}))
+    env = {"TMPDIR": str(tmp_path), "XDG_RUNTIME_DIR": ""}
+    status = run_cli("ensemble", "status", env=env)
+    assert status.returncode == 1  # its server is down
+    assert f"127.0.0.1:{port}" in status.stdout and "down" in status.stdout
+    assert "earlier release" in status.stderr and str(legacy) in status.stderr
+    # 'up' finds it stale, removes it, and writes the new place.
+    up = run_cli("ensemble", "up", "--size", "1", env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert not legacy.exists()
+        assert (tmp_path / f"redreentrant-{os.getuid()}" / "ensemble.json").is_file()
+    finally:
+        down = run_cli("ensemble", "down", env=env)
+        assert down.returncode == 0, down.stderr
+        assert "earlier release" not in down.stderr
 
 
 # -- demo ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from .._core.fanout import (
     FanoutRound,
     MasterHealth,
     connection_getter,
+    preload_commands,
     read_failed,
     suspect_error_text,
     wire_packer,
@@ -106,9 +107,27 @@ class AsyncTransport:
 
     async def _new_connection(self, i: int) -> Any:
         try:
-            return await self._getters[i]()
+            conn = await self._getters[i]()
         except Exception as error:
             return error
+        commands = preload_commands()
+        owed = len(commands)
+        loop = asyncio.get_running_loop()
+        since = loop.time()
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            async with timeout_at(since + self.timeout):
+                while owed:
+                    await conn.read_response(timeout=math.inf, disconnect_on_error=False)
+                    owed -= 1
+        except asyncio.TimeoutError:
+            # Kept as behind: once its replies come in, the master rejoins.
+            self._masters[i].behind.append(Behind(conn, owed, since))
+            return RedisTimeoutError(f"{self._names[i]}: no answer to SCRIPT LOAD")
+        except Exception as error:
+            await self._drop(i, conn)
+            return error
+        return conn
 
     async def _give(self, i: int, conn: Any) -> None:
         if self._closed:
@@ -117,9 +136,11 @@ class AsyncTransport:
             self._masters[i].idle.append(conn)
 
     async def _drop(self, i: int, conn: Any) -> None:
+        # Back to the client's pool (see the sync transport): the next connection
+        # comes through _new_connection, which loads the scripts.
         with contextlib.suppress(Exception):
             await conn.disconnect(nowait=True)
-        await self._give(i, conn)
+        await self.clients[i].connection_pool.release(conn)
 
     async def fanout(self, fanout: Fanout) -> list[list[Reply]]:
         if not self._ends.clustered:

@@ -39,7 +39,6 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .effects import UNREAD, Call, Early, Fanout, Reply
 from .keys import key_slot
-from .scripts import LOCK_SCRIPTS
 
 #: a node's address
 Address = tuple[str, int]
@@ -169,7 +168,6 @@ class ClusterMember:
         self.down: set[Address] = set()
         #: the map needs reading again (a node failed or said CLUSTERDOWN)
         self.stale = True
-        self._loaded = False
         self._refreshed_at: float | None = None
         self._pick = 0
 
@@ -221,7 +219,6 @@ class ClusterMember:
         except (TypeError, ValueError, IndexError):
             return False
         self._owners = owners
-        self._loaded = True
         self.stale = False
         return True
 
@@ -349,8 +346,6 @@ class Endpoints:
         #: what each endpoint is: (member, node address), the address None for a plain one
         self.table: list[tuple[int, Address | None]] = [(i, None) for i in range(len(members))]
         self._index: dict[tuple[int, Address], int] = {}
-        #: the node endpoints that were sent the scripts (see :func:`route`)
-        self.loaded: set[int] = set()
         self._guard = guard()
         self.clustered = any(isinstance(m, ClusterMember) for m in self.members)
 
@@ -435,15 +430,6 @@ def route(
         for end, items in per_end.items()
         if len(items) == len(fanout.calls[items[0][1]])
     }
-    # A node's first call would find no script there (NOSCRIPT, then a redo), and a
-    # round that ends early would not even read that: the scripts go first, once.
-    # Not on a node that failed lately: that would hold up the round for nothing.
-    for end in per_end:
-        if end >= len(fanout.calls) and end not in ends.loaded:
-            i, node = ends.table[end]
-            member = ends.cluster(i)
-            if member is not None and node is not None and node not in member.down:
-                yield from _load_scripts(end, ends)
     size = max(per_end, default=-1) + 1
     round_calls: list[tuple[Call, ...]] = [()] * size
     for end, items in per_end.items():
@@ -524,18 +510,6 @@ def route(
         if not pending:
             break
     return results
-
-
-def _load_scripts(end: int, ends: Endpoints) -> Generator[RouteEffect, Any, None]:
-    out = yield NodeCommands(end, tuple(("SCRIPT", "LOAD", s.source) for s in LOCK_SCRIPTS))
-    error = next((r for r in out if isinstance(r, Exception)), None)
-    if error is None:
-        ends.loaded.add(end)
-        return
-    i, node = ends.table[end]
-    member = ends.cluster(i)
-    if member is not None and node is not None and not is_reply_error(error):
-        member.failed(node, down=True)
 
 
 def _refresh(i: int, member: ClusterMember, ends: Endpoints) -> Generator[RouteEffect, Any, None]:

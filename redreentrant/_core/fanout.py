@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .effects import UNREAD, Call, Early, Reply
+from .scripts import LOCK_SCRIPTS
 
 T = TypeVar("T")
 
@@ -67,6 +68,14 @@ def wire_packer(
         return [b"".join(pack_command(c) for c in commands)]  # type: ignore[arg-type,unused-ignore]
 
     return pack
+
+
+def preload_commands() -> list[tuple[object, ...]]:
+    """``SCRIPT LOAD`` of every script the masters run, sent on each new connection
+    before anything else: a master that restarted (or never ran a script) then knows
+    them all, so a call whose reply a round does not read (an undo, a release decided
+    without it) cannot be dropped there as NOSCRIPT."""
+    return [("SCRIPT", "LOAD", script.source) for script in LOCK_SCRIPTS]
 
 
 def evalsha_args(call: Call) -> tuple[object, ...]:

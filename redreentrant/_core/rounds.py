@@ -19,7 +19,6 @@ from .holds import Hold
 from .keys import key_slot
 from .kinds import LockKind
 from .quorum import (
-    NO_WAIT,
     Quorum,
     Tally,
     is_wrong_type,
@@ -87,10 +86,13 @@ def acquire_steps(
     early = Early(q.needed, kept_counter) if fenced else q.until_granted
 
     def undo() -> Fanout:  # made only when needed: the usual grant never undoes
-        # Nobody reads an undo's replies: the round does not wait for them (they are
-        # read before the next round's on each connection).
+        # The undo's replies are read before the owner's next round: a master that
+        # forgot the scripts (NOSCRIPT) is then sent the undo again rather than left
+        # holding the grant, and the owner's next try, which may go out on another
+        # connection, cannot reach a master before this undo did. (A master that does
+        # not answer in time fails fast from then on: see .fanout.)
         undo_call = kind.undo(name, owner, count - 1, release_id(owner))
-        return q.everywhere(undo_call, early=NO_WAIT, cleanup=True)
+        return q.everywhere(undo_call, cleanup=True)
 
     channel = kind.wake_channel(name, owner)
     key = kind.key(name)
@@ -149,7 +151,7 @@ def acquire_steps(
                 if tally.granted:
                     settle = kind.settle(name, owner, replies, release_id(owner))
                 if settle is not None:
-                    yield q.everywhere(settle, early=NO_WAIT, cleanup=True)
+                    yield q.everywhere(settle, cleanup=True)
             if tally.wrong_type is not None:
                 raise tally.wrong_type
             if len(tally.failed) > q.tolerated:

@@ -55,5 +55,5 @@ FENCE = load("fence")
 EXTEND = load("extend")
 FENCED_WRITE = load("fenced_write")
 
-#: the scripts a lock manager runs (loaded on a cluster node before its first call)
+#: the scripts the masters run (the fenced write runs on the protected resource)
 LOCK_SCRIPTS = (ACQUIRE, RELEASE, RENEW, PROBE, RWLOCK, FAIRLOCK, FENCE, EXTEND)

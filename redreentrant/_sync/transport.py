@@ -42,6 +42,7 @@ from .._core.fanout import (
     FanoutRound,
     MasterHealth,
     connection_getter,
+    preload_commands,
     read_failed,
     suspect_error_text,
     wire_packer,
@@ -148,9 +149,25 @@ class SyncTransport:
 
     def _new_connection(self, i: int) -> Any:
         try:
-            return self._getters[i]()
+            conn = self._getters[i]()
         except Exception as error:
             return error
+        commands = preload_commands()
+        owed = len(commands)
+        try:
+            since = time.monotonic()
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            while owed:
+                if not conn.can_read(timeout=self.timeout):
+                    # Kept as behind: once its replies come in, the master rejoins.
+                    self._masters[i].behind.append(Behind(conn, owed, since))
+                    return redis.TimeoutError(f"{self._names[i]}: no answer to SCRIPT LOAD")
+                conn.read_response()
+                owed -= 1
+        except Exception as error:
+            self._drop(i, conn)
+            return error
+        return conn
 
     def _give(self, i: int, conn: Any) -> None:
         if self._closed:
@@ -159,8 +176,11 @@ class SyncTransport:
             self._masters[i].idle.append(conn)
 
     def _drop(self, i: int, conn: Any) -> None:
+        # Back to the client's pool, not to the idle list: the next connection then
+        # comes through _new_connection, which loads the scripts (the master may have
+        # restarted without them).
         conn.disconnect()
-        self._give(i, conn)
+        self.clients[i].connection_pool.release(conn)
 
     def fanout(self, fanout: Fanout) -> list[list[Reply]]:
         if self._pid != os.getpid():

@@ -5,6 +5,7 @@ Commands, one module each::
     redreentrant demo [--quick]                       a guided tour on local masters
     redreentrant run NAME [options] -- CMD ARGS...    a distributed flock(1)
     redreentrant inspect NAME [--json]                what every master holds for NAME
+    redreentrant top [PATTERN] [--once | --json]      a live view of the locks and masters
     redreentrant unlock --force NAME                  delete NAME's lock, whoever holds it
     redreentrant fence NAME --at-least TOKEN          raise NAME's fencing counters
     redreentrant ensemble up|down|status              local masters for development
@@ -12,7 +13,8 @@ Commands, one module each::
 Masters come from ``--masters URL,URL,...`` (accepted before or after the command) or
 the ``REDREENTRANT_MASTERS`` environment variable, parsed by the library's own parser
 (``redreentrant._core.settings.master_urls``): a bare ``host:port`` means
-``redis://host:port/0``, and a malformed entry is a usage error.
+``redis://host:port/0``, and a malformed entry is a usage error. ``top`` given neither
+uses the local ensemble that ``ensemble up`` recorded in its (per-user) state file.
 
 Exit status: 0 on success; 1 when a lock is not obtained, the masters are unavailable,
 or a demo check failed (``run --conflict-exit-code N`` makes the first two N); 2 for
@@ -27,11 +29,13 @@ it is killed with SIGKILL (Linux: ``PR_SET_PDEATHSIG``; local masters: the reape
 The modules: :mod:`~redreentrant.cli.app` (the parser, the dispatch, exit statuses,
 logging), :mod:`~redreentrant.cli.common` (errors, masters, names, signals), and one
 per command: :mod:`~redreentrant.cli.run`, :mod:`~redreentrant.cli.inspect`,
-:mod:`~redreentrant.cli.unlock`, :mod:`~redreentrant.cli.fence`,
+:mod:`~redreentrant.cli.top`, :mod:`~redreentrant.cli.unlock`, :mod:`~redreentrant.cli.fence`,
 :mod:`~redreentrant.cli.ensemble`,
 :mod:`~redreentrant.cli.demo`. The CLI uses the library through its public names
 (:mod:`redreentrant`, :mod:`redreentrant.testing`) and a few pieces of its core (the
-masters' parser, lock-name checks); nothing in the library imports the CLI.
+masters' parser, lock-name checks, the key schema for ``top``'s scan); nothing in the
+library imports the CLI. ``top``'s live view needs ``rich`` (the ``cli`` extra); nothing
+else in the CLI does.
 """
 
 from .app import main

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from redreentrant import LockError, QuorumUnavailableError, RedisServerNotFound, __version__
 
-from . import demo, ensemble, fence, inspect, run, unlock
+from . import demo, ensemble, fence, inspect, run, top, unlock
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in (demo, run, inspect, unlock, fence, ensemble):
+    for command in (demo, run, inspect, top, unlock, fence, ensemble):
         command.register(commands.add_parser, [common])
     return parser
 

@@ -3,14 +3,26 @@
 ``up`` starts a :class:`redreentrant.testing.LocalEnsemble`, detaches it and records its
 description in a state file; ``status`` and ``down`` read that file, in later
 processes, through :func:`redreentrant.testing.detached_status` and
-:func:`redreentrant.testing.stop_detached`.
+:func:`redreentrant.testing.stop_detached`; ``top`` finds the masters there when it is
+given none (:func:`local_masters`).
+
+The state file is per user: it names pids that ``down`` signals and a directory it
+removes, so nobody else may write it. By default it lives in a directory of the user's
+own, ``$XDG_RUNTIME_DIR/redreentrant/`` (when that is a directory of the user's), else
+``redreentrant-<uid>`` in the temp directory, made with mode 0700; a directory owned by
+someone else, or a symbolic link, is refused, and so is a state file there owned by
+someone else. A state file at an earlier release's default place (shared by every user
+of the temp directory) is still read when it is the user's own and the new one is
+absent, so an ensemble started by that release can still be stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -20,10 +32,21 @@ from redreentrant.testing import LocalEnsemble, detached_servers, detached_statu
 
 from .common import EXIT_FAILED, EXIT_OK, MASTERS_ENV, PROG, CliError, Parser, first_line
 
-__all__ = ["STATE_ENV", "cmd_ensemble_down", "cmd_ensemble_status", "cmd_ensemble_up", "register"]
+__all__ = [
+    "STATE_ENV",
+    "cmd_ensemble_down",
+    "cmd_ensemble_status",
+    "cmd_ensemble_up",
+    "default_state_path",
+    "local_masters",
+    "register",
+    "state_dir",
+]
 
 STATE_ENV = "REDREENTRANT_ENSEMBLE_STATE"
-STATE_FILE = "redreentrant-ensemble.json"
+STATE_FILE = "ensemble.json"
+#: the state file's name at an earlier release's default place (see :func:`_legacy_path`)
+LEGACY_STATE_FILE = "redreentrant-ensemble.json"
 HOST = "127.0.0.1"
 
 _STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL for ``ensemble down``
@@ -47,8 +70,9 @@ prints the REDREENTRANT_MASTERS=... line to use (the only line on stdout, so
 them and removes their directory and the state file.
 
 The state file (pids, ports, directory) is --state FILE, else $REDREENTRANT_ENSEMBLE_STATE,
-else $XDG_RUNTIME_DIR/redreentrant-ensemble.json, else redreentrant-ensemble.json in the
-temp directory.
+else ensemble.json in a directory of your own: $XDG_RUNTIME_DIR/redreentrant/, else
+redreentrant-<uid> in the temp directory (mode 0700; one owned by someone else is
+refused). 'redreentrant top' reads it to find the masters when given none.
 """
 
 
@@ -96,18 +120,105 @@ def register(
     status.set_defaults(func=cmd_ensemble_status)
 
 
-def _state_path(args: argparse.Namespace) -> str:
-    if args.state:
-        return os.path.abspath(str(args.state))
-    from_env = os.environ.get(STATE_ENV)
-    if from_env:
-        return os.path.abspath(from_env)
+def state_dir() -> str:
+    """The user's own directory for the state file (not made here):
+    ``$XDG_RUNTIME_DIR/redreentrant`` when ``$XDG_RUNTIME_DIR`` is a directory owned by
+    the user, else ``redreentrant-<uid>`` in the temp directory."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and _owned_dir(runtime):
+        return os.path.join(runtime, "redreentrant")
+    return os.path.join(tempfile.gettempdir(), f"redreentrant-{os.getuid()}")
+
+
+def default_state_path() -> str:
+    """Where the state file is when neither ``--state`` nor the variable says."""
+    return os.path.join(state_dir(), STATE_FILE)
+
+
+def _owned_dir(path: str) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+
+
+def _check_private_dir(path: str, create: bool) -> None:
+    """Make sure ``path`` is a directory of the user's that nobody else may write:
+    made with mode 0700 when missing (``create``), its mode tightened when it is the
+    user's; a symbolic link, or a directory owned by someone else, is an error."""
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        if create:
+            raise
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        raise CliError(f"{path} is not a directory (a state directory must be one of yours)")
+    if info.st_uid != os.getuid():
+        raise CliError(
+            f"{path} is owned by uid {info.st_uid}, not by you: refusing to use it for the "
+            f"state file (remove it, or give --state FILE or ${STATE_ENV})"
+        )
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+
+
+def _legacy_path() -> str:
+    """Where an earlier release kept the state file by default (shared by every user of
+    the temp directory when there is no ``$XDG_RUNTIME_DIR``)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = runtime if runtime and os.path.isdir(runtime) else tempfile.gettempdir()
-    return os.path.join(base, STATE_FILE)
+    return os.path.join(base, LEGACY_STATE_FILE)
 
 
-def _load_state(path: str) -> dict[str, Any] | None:
+def _own_file(path: str) -> bool:
+    """Whether ``path`` is a regular file (not a link) owned by the user."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
+
+
+def _state_path(args: argparse.Namespace, create: bool = False) -> tuple[str, bool]:
+    """(the state file, whether it is at a default place, to be checked for ownership).
+
+    The default place is the user's :func:`state_dir` (made when ``create``); an earlier
+    release's file is used instead when the new one is absent and it is the user's."""
+    given = getattr(args, "state", None) or os.environ.get(STATE_ENV)
+    if given:
+        return os.path.abspath(str(given)), False
+    directory = state_dir()
+    _check_private_dir(directory, create)
+    path = os.path.join(directory, STATE_FILE)
+    if not os.path.lexists(path):
+        legacy = _legacy_path()
+        if _own_file(legacy):
+            print(f"{PROG}: using the state file of an earlier release, {legacy}", file=sys.stderr)
+            return legacy, True
+    return path, True
+
+
+def local_masters(args: argparse.Namespace) -> tuple[list[str], str] | None:
+    """The masters of the local ensemble that ``ensemble up`` recorded (its URLs, and the
+    state file), or None when there is no state file."""
+    path, default = _state_path(args)
+    state = _load_state(path, default)
+    if state is None:
+        return None
+    return [f"redis://{HOST}:{port}/0" for port, _ in _servers(state)], path
+
+
+def _load_state(path: str, default: bool = False) -> dict[str, Any] | None:
+    """The state file at ``path``, or None if there is none. At a default place it must
+    be a regular file of the user's: pids and a directory from it get signalled and
+    removed."""
+    if default and os.path.lexists(path) and not _own_file(path):
+        raise CliError(f"the state file {path} is not a regular file of yours: refusing to use it")
     try:
         with open(path, encoding="utf-8") as f:
             state = json.load(f)
@@ -144,8 +255,8 @@ def _masters_line(ports: Sequence[int]) -> str:
 
 def cmd_ensemble_up(args: argparse.Namespace) -> int:
     """``ensemble up``: start detached local masters and record them in a state file."""
-    path = _state_path(args)
-    old = _load_state(path)
+    path, default = _state_path(args, create=True)
+    old = _load_state(path, default)
     if old is not None:
         if any(word != "down" for _, _, word in _status(old)):
             raise CliError(
@@ -155,6 +266,8 @@ def cmd_ensemble_up(args: argparse.Namespace) -> int:
         stop_detached(old)  # nothing is up: this only removes its directory
         os.unlink(path)
         print(f"{PROG}: removed the stale state file {path} (no server was up)", file=sys.stderr)
+        if default:
+            path = default_state_path()  # an earlier release's place: never written again
     ensemble = LocalEnsemble(args.size)
     try:
         ensemble.start()
@@ -186,8 +299,8 @@ def _status(state: dict[str, Any]) -> list[tuple[int, int, str]]:
 
 def cmd_ensemble_status(args: argparse.Namespace) -> int:
     """``ensemble status``: each recorded server up, down or not answering."""
-    path = _state_path(args)
-    state = _load_state(path)
+    path, default = _state_path(args)
+    state = _load_state(path, default)
     if state is None:
         print(f"no ensemble: no state file {path}")
         return EXIT_FAILED
@@ -201,8 +314,8 @@ def cmd_ensemble_status(args: argparse.Namespace) -> int:
 
 def cmd_ensemble_down(args: argparse.Namespace) -> int:
     """``ensemble down``: stop the recorded servers, remove their files."""
-    path = _state_path(args)
-    state = _load_state(path)
+    path, default = _state_path(args)
+    state = _load_state(path, default)
     if state is None:
         print(f"no ensemble to stop: no state file {path}")
         return EXIT_OK

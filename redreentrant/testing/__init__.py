@@ -30,8 +30,12 @@ The modules, one concern each: :mod:`~redreentrant.testing.binary` (finding the 
 (N of them), :mod:`~redreentrant.testing.cluster` (a local Redis Cluster of N nodes, and
 the resharding of a slot), :mod:`~redreentrant.testing.detached` (detached ensembles),
 :mod:`~redreentrant.testing.cleanup` (the exit-time safety net),
-:mod:`~redreentrant.testing.reaper` (the safety net after a hard kill) and
-:mod:`~redreentrant.testing.deathsig` (:func:`die_with_parent`, for other children).
+:mod:`~redreentrant.testing.reaper` (the safety net after a hard kill),
+:mod:`~redreentrant.testing.deathsig` (:func:`die_with_parent`, for other children),
+:mod:`~redreentrant.testing.faults` (faults on an ensemble's masters by index, and healing)
+and :mod:`~redreentrant.testing.plugin` (the pytest plugin, registered through the
+``pytest11`` entry point; the only module here that imports pytest, and not imported by
+this package).
 """
 
 from .binary import RedisServerNotFound, find_redis_server, redis_server_version

@@ -1,0 +1,746 @@
+"""``redreentrant top [PATTERN]``: a live view of the locks whose names match a pattern.
+
+Every refresh takes a snapshot (:meth:`Watcher.snapshot`):
+
+1. every master is sent a ``PING`` (its latency) and scanned (``SCAN``) for the library's
+   keys, ``redreentrant:v1:{NAME}...``, whose names match PATTERN (a glob, as
+   :func:`fnmatch.fnmatchcase` reads it; a name that has nothing but fencing counters
+   left is not a lock);
+2. the first ``--limit`` names in sorted order are read with
+   :meth:`redreentrant.LockManager.inspect` (every master's view, as ``inspect`` shows it:
+   no quorum is needed to see what each master says), and a plain lock's registered
+   waiters from its ``:waiters`` set; the other names are counted, not read.
+
+One row per holder and waiter of each lock kind under a name: its role, host, pid and
+thread or task (:func:`redreentrant.parse_owner`), hold count and on how many masters.
+
+The live view redraws in place through ``rich`` (the ``cli`` extra). ``--once`` prints
+one plain snapshot, ``--json`` one JSON document; neither needs ``rich``, and neither
+does the plain snapshot printed every interval when stdout is not a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import re
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.connection import AbstractConnection
+
+from redreentrant import LockManager, LockView, MasterView, OwnerInfo, parse_owner
+from redreentrant._core import keys
+from redreentrant._core.masters import no_handshake
+
+from .common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    PROG,
+    CliError,
+    first_line,
+    masters,
+    open_manager,
+    raise_interrupted,
+    require_masters,
+    signals,
+)
+from .ensemble import local_masters
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+__all__ = ["LockRow", "MasterState", "Snapshot", "Watcher", "cmd_top", "register"]
+
+#: the extra that brings ``rich``, for the live view
+EXTRA = "cli"
+DEFAULT_LIMIT = 50
+DEFAULT_INTERVAL = 1.0
+MIN_INTERVAL = 0.1
+#: seconds a master has to answer a PING, a SCAN page or the waiters' read
+MASTER_TIMEOUT = 1.0
+#: keys asked for per SCAN call
+SCAN_COUNT = 1000
+#: the most names taken from one master's SCAN in one refresh (the rest: not counted)
+SCAN_CAP = 10_000
+
+# The keys of a name that are no lock: fencing counters outlive their locks on purpose.
+_FENCE_SUFFIXES = frozenset({":fence", ":rw:fence", ":fair:fence"})
+# Characters that make a pattern unfit for the masters' own MATCH: a glob of these
+# would not match the escaped form of a name holding "}" (see keys.tag), or is read
+# differently by Redis and by fnmatch. Such a pattern is applied here only.
+_LOCAL_ONLY = frozenset("[]\\}%?")
+# A read/write lock's view names each holder once per side: "<owner id> (read)".
+_SIDE = re.compile(r"^(.*) \((read|write)\)$")
+
+
+def register(
+    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
+) -> None:
+    """Add the ``top`` command with ``add`` (a subparsers action's ``add_parser``)."""
+    top = add(
+        "top",
+        parents=parents,
+        help="a live view of the locks matching a pattern, and of the masters",
+        description="Show the locks whose names match PATTERN (a glob; default '*'), "
+        "refreshed in place: for each lock kind under a name, its mode, state and TTL, "
+        "and every holder and waiter (host, pid, thread or task, hold count, on how many "
+        "masters); and each master's health and PING latency. Every master's view is "
+        "shown, no quorum is needed. Masters: --masters, else $REDREENTRANT_MASTERS, "
+        "else the local ensemble of 'redreentrant ensemble up'. The live view needs "
+        f"'rich' (pip install 'redreentrant[{EXTRA}]'); --once and --json do not. "
+        "Ctrl-C quits (exit 0).",
+    )
+    top.add_argument(
+        "pattern", metavar="PATTERN", nargs="?", default="*", help="a glob of lock names"
+    )
+    top.add_argument(
+        "--interval",
+        type=_interval,
+        default=DEFAULT_INTERVAL,
+        metavar="S",
+        help=f"seconds between refreshes (default {DEFAULT_INTERVAL:g}, at least {MIN_INTERVAL:g})",
+    )
+    top.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"read at most N names per refresh, the first in sorted order (default "
+        f"{DEFAULT_LIMIT}); the others are counted",
+    )
+    top.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
+    top.add_argument("--json", action="store_true", help="print one JSON snapshot and exit")
+    top.set_defaults(func=cmd_top)
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= MIN_INTERVAL:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL:g}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+# -- the snapshot -----------------------------------------------------------------------
+
+
+@dataclass
+class MasterState:
+    """One master's health in a snapshot."""
+
+    master: str
+    up: bool
+    latency_ms: float | None = None
+    """The PING's round trip (None when it failed)."""
+    error: str | None = None
+
+
+@dataclass
+class Owner:
+    """A holder or waiter of one lock, over all masters."""
+
+    owner: str
+    """The owner id (a read/write lock's side taken off: see ``side``)."""
+    on: int
+    """On how many masters it holds the lock, or waits."""
+    side: str | None = None
+    """``"read"`` or ``"write"`` for a read/write lock's holder."""
+    count: int = 0
+    """The hold count (the largest any master records; 0 for a waiter)."""
+
+    @property
+    def info(self) -> OwnerInfo | None:
+        return parse_owner(self.owner)
+
+
+@dataclass
+class PerMaster:
+    """What one master says about one lock kind under a name."""
+
+    master: str
+    error: str | None = None
+    view: LockView | None = None
+    waiters: list[str] = field(default_factory=list)
+    """Who waits: a fair lock's queue, a read/write lock's waiting writers, a plain
+    lock's registered waiters (in the order their registrations end)."""
+
+
+@dataclass
+class LockRow:
+    """One lock kind under one name, as every master sees it."""
+
+    name: str
+    kind: str
+    """``"lock"``, ``"rw"`` or ``"fair"``."""
+    state: str
+    """``held`` (by a quorum), ``partial`` (holders, none on a quorum), ``free`` (only
+    waiters) or ``unknown`` (fewer than a quorum of masters answered)."""
+    mode: str | None
+    ttl: tuple[float, float] | None
+    """The smallest and largest TTL on the masters that have the lock's key."""
+    holders: list[Owner]
+    waiters: list[Owner]
+    masters: list[PerMaster]
+
+
+@dataclass
+class Snapshot:
+    """One refresh: the masters' health and the locks matching the pattern."""
+
+    pattern: str
+    quorum: int
+    time: float
+    masters: list[MasterState]
+    locks: list[LockRow]
+    matched: int
+    """How many names matched (names past ``SCAN_CAP`` on a master not counted)."""
+    limit: int
+    truncated: bool
+    """Some master had more matching names than ``SCAN_CAP``: ``matched`` is a floor."""
+    source: str | None = None
+    """Where the masters came from, when not from ``--masters`` or the variable."""
+
+    @property
+    def cut(self) -> int:
+        """Matching names not read (over ``limit``)."""
+        return max(0, self.matched - self.limit)
+
+    @property
+    def answered(self) -> int:
+        return sum(1 for m in self.masters if m.up)
+
+
+@dataclass
+class _Scan:
+    state: MasterState
+    names: set[str] = field(default_factory=set)
+    truncated: bool = False
+
+
+def _error(error: BaseException) -> str:
+    return first_line(f"{type(error).__name__}: {error}")
+
+
+def _scan_match(pattern: str) -> str:
+    """The masters' MATCH for ``pattern``: it may let keys of other names through (all
+    names are matched here again), but never leaves out a key of a matching name."""
+    inner = "*" if any(c in _LOCAL_ONLY for c in pattern) else pattern
+    return f"{keys.PREFIX}{{{inner}}}*"
+
+
+class Watcher:
+    """Takes snapshots of the locks matching ``pattern`` on ``urls``."""
+
+    def __init__(self, urls: Sequence[str], pattern: str, limit: int) -> None:
+        self.pattern = pattern
+        self.limit = limit
+        self.manager: LockManager = open_manager(urls)
+        # Clients of our own for PING, SCAN and the waiters: with a time-out longer than
+        # a lock round's, so that a slow master is shown slow rather than down.
+        options = no_handshake(AbstractConnection)
+        self.clients = [
+            redis.Redis.from_url(
+                url,
+                socket_timeout=MASTER_TIMEOUT,
+                socket_connect_timeout=MASTER_TIMEOUT,
+                **options,
+            )
+            for url in urls
+        ]
+        self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="top")
+        self._connected: set[str] = set()  # masters whose client has a connection
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for client in self.clients:
+            client.close()
+        self.manager.close()
+
+    def __enter__(self) -> Watcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def snapshot(self) -> Snapshot:
+        """Look once: health, names, every master's views of the first ``limit``."""
+        scans = list(self._pool.map(self._scan, self.manager.masters, self.clients))
+        found: set[str] = set()
+        for scan in scans:
+            found |= scan.names
+        matching = sorted(n for n in found if fnmatch.fnmatchcase(n, self.pattern))
+        shown = matching[: self.limit]
+        views = {name: self.manager.inspect(name) for name in shown}
+        up = [scan.state.up for scan in scans]
+        waiters = list(self._pool.map(lambda c, u: self._waiters(c, u, shown), self.clients, up))
+        quorum = self.manager.quorum
+        locks: list[LockRow] = []
+        for name in shown:
+            per_master_waiters = [w.get(name, []) for w in waiters]
+            locks.extend(_rows(name, views[name], per_master_waiters, quorum))
+        return Snapshot(
+            pattern=self.pattern,
+            quorum=quorum,
+            time=time.time(),
+            masters=[scan.state for scan in scans],
+            locks=locks,
+            matched=len(matching),
+            limit=self.limit,
+            truncated=any(scan.truncated for scan in scans),
+        )
+
+    def _scan(self, master: str, client: redis.Redis) -> _Scan:
+        try:
+            if master not in self._connected:  # the latency is not a connect's
+                client.ping()
+                self._connected.add(master)
+            started = time.perf_counter()
+            client.ping()
+            latency = (time.perf_counter() - started) * 1000.0
+        except Exception as error:
+            self._connected.discard(master)
+            return _Scan(MasterState(master, False, None, _error(error)))
+        scan = _Scan(MasterState(master, True, latency))
+        try:
+            for raw in client.scan_iter(match=_scan_match(self.pattern), count=SCAN_COUNT):
+                key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+                try:
+                    name = keys.name_of(key)
+                except ValueError:
+                    continue
+                if key[len(keys.tag(name)) :] in _FENCE_SUFFIXES:
+                    continue
+                scan.names.add(name)
+                if len(scan.names) >= SCAN_CAP:
+                    scan.truncated = True
+                    break
+        except Exception as error:
+            scan.state.error = f"scan: {_error(error)}"
+        return scan
+
+    @staticmethod
+    def _waiters(client: redis.Redis, up: bool, names: Sequence[str]) -> dict[str, list[str]]:
+        """The registered waiters of each plain lock of ``names`` on one master, whose
+        registrations have not ended (their scores are ends, in the server's ms)."""
+        if not up or not names:
+            return {}
+        try:
+            pipe = client.pipeline(transaction=False)
+            pipe.time()
+            for name in names:
+                pipe.zrange(keys.waiters_key(name), 0, -1, withscores=True)
+            replies = pipe.execute()
+        except Exception:
+            return {}  # the master's views say what went wrong
+        seconds, micros = replies[0]
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        out: dict[str, list[str]] = {}
+        for name, members in zip(names, replies[1:], strict=True):
+            alive = [_text(member) for member, end in members if end > now_ms]
+            if alive:
+                out[name] = alive
+        return out
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _rows(
+    name: str, views: Sequence[MasterView], waiters: Sequence[list[str]], quorum: int
+) -> list[LockRow]:
+    """The lock kinds present under ``name`` on any master, each as a row."""
+    rows = []
+    answered = sum(1 for v in views if v.error is None)
+    for kind in ("lock", "rw", "fair"):
+        per_master = []
+        for view, registered in zip(views, waiters, strict=True):
+            if view.error is not None:
+                per_master.append(PerMaster(view.master, error=first_line(view.error)))
+                continue
+            lv = next((lv for lv in view.locks if lv.kind == kind), None)
+            waiting = registered if kind == "lock" else (list(lv.queue) if lv else [])
+            per_master.append(PerMaster(view.master, view=lv, waiters=waiting))
+        if not any(pm.view is not None or pm.waiters for pm in per_master):
+            continue
+        rows.append(_row(name, kind, per_master, answered, quorum))
+    return rows
+
+
+def _row(name: str, kind: str, per_master: list[PerMaster], answered: int, quorum: int) -> LockRow:
+    holders: dict[tuple[str, str | None], Owner] = {}
+    waiters: dict[str, Owner] = {}
+    modes: Counter[str] = Counter()
+    ttls: list[float] = []
+    for pm in per_master:
+        if pm.view is not None:
+            for key, count in pm.view.holders.items():
+                side_match = _SIDE.match(key) if kind == "rw" else None
+                owner, side = (side_match[1], side_match[2]) if side_match else (key, None)
+                holder = holders.setdefault((owner, side), Owner(owner, 0, side))
+                holder.on += 1
+                holder.count = max(holder.count, count)
+            if pm.view.mode is not None:
+                modes[pm.view.mode] += 1
+            if pm.view.ttl is not None:
+                ttls.append(pm.view.ttl)
+        for owner in pm.waiters:
+            waiters.setdefault(owner, Owner(owner, 0)).on += 1
+    if answered < quorum:
+        state = "unknown"
+    elif any(h.on >= quorum for h in holders.values()):
+        state = "held"
+    elif holders:
+        state = "partial"
+    else:
+        state = "free"
+    return LockRow(
+        name=name,
+        kind=kind,
+        state=state,
+        mode=modes.most_common(1)[0][0] if modes else None,
+        ttl=(min(ttls), max(ttls)) if ttls else None,
+        holders=list(holders.values()),
+        waiters=list(waiters.values()),
+        masters=per_master,
+    )
+
+
+# -- output -----------------------------------------------------------------------------
+
+MASTER_COLUMNS = ["MASTER", "STATUS", "LATENCY", "ERROR"]
+LOCK_COLUMNS = ["LOCK", "KIND", "MODE", "STATE", "TTL", "ROLE", "HOST", "PID", "THREAD/TASK",
+                "HOLDS", "ON"]  # fmt: skip
+
+
+def _ttl(ttl: tuple[float, float] | None) -> str:
+    if ttl is None:
+        return "-"
+    low, high = ttl
+    return f"{high:.1f}s" if high - low < 0.05 else f"{low:.1f}..{high:.1f}s"
+
+
+def _latency(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.2f} ms"
+
+
+def _who(owner: Owner) -> tuple[str, str, str]:
+    """(host, pid, thread or task) of an owner; ``?`` for an id that says not."""
+    info = owner.info
+    if info is None:
+        return "?", "?", owner.owner
+    return info.host, str(info.pid), f"{info.kind} {info.name or info.token}"
+
+
+def _role(row: LockRow, owner: Owner, position: int | None) -> str:
+    if position is not None:
+        return f"waiter {position}" if row.kind == "fair" else "waiter"
+    if owner.side is not None:
+        return "reader" if owner.side == "read" else "writer"
+    return "holder"
+
+
+def master_rows(snapshot: Snapshot) -> list[list[str]]:
+    """The masters' table, one row each (no header)."""
+    return [
+        [m.master, "up" if m.up else "down", _latency(m.latency_ms), m.error or "-"]
+        for m in snapshot.masters
+    ]
+
+
+def lock_rows(snapshot: Snapshot) -> list[list[list[str]]]:
+    """The locks' table: per lock, its rows (a holder or waiter each; the lock's own
+    columns on the first only)."""
+    total = len(snapshot.masters)
+    out = []
+    for row in snapshot.locks:
+        lines = []
+        first = [row.name, row.kind, row.mode or "-", row.state, _ttl(row.ttl)]
+        owners: list[tuple[Owner, int | None]] = [(h, None) for h in row.holders]
+        owners += [(w, i) for i, w in enumerate(row.waiters, 1)]
+        for owner, position in owners:
+            host, pid, who = _who(owner)
+            count = str(owner.count) if position is None else "-"
+            lines.append([_role(row, owner, position), host, pid, who, count,
+                          f"{owner.on}/{total}"])  # fmt: skip
+        if not lines:  # a view with neither holders nor waiters (none is made so)
+            lines.append(["-", "", "", "", "", ""])
+        out.append([first + lines[0], *(["", "", "", "", "", *line] for line in lines[1:])])
+    return out
+
+
+def title(snapshot: Snapshot) -> str:
+    clock = time.strftime("%H:%M:%S", time.localtime(snapshot.time))
+    total = len(snapshot.masters)
+    locks = len(snapshot.locks)
+    source = f" ({snapshot.source})" if snapshot.source else ""
+    return (
+        f"{PROG} top  {clock}  pattern {snapshot.pattern!r}  {total} masters{source}, "
+        f"{snapshot.answered} up, quorum {snapshot.quorum}  {locks} "
+        f"lock{'' if locks == 1 else 's'}"
+    )
+
+
+def footer(snapshot: Snapshot) -> str | None:
+    """What was left out, or None."""
+    notes = []
+    if snapshot.cut:
+        more = "+" if snapshot.truncated else ""
+        notes.append(
+            f"{snapshot.cut}{more} more matching name(s) not shown: only the first "
+            f"{snapshot.limit} in sorted order are read (--limit)"
+        )
+    elif snapshot.truncated:
+        notes.append(f"a master has more than {SCAN_CAP} matching names: not all were counted")
+    if not snapshot.locks and not snapshot.cut:
+        notes.append(f"no locks match {snapshot.pattern!r}")
+    return "; ".join(notes) or None
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def plain(snapshot: Snapshot) -> str:
+    """The snapshot as plain text (``--once``; also when stdout is not a terminal)."""
+    parts = [title(snapshot), _table([MASTER_COLUMNS, *master_rows(snapshot)])]
+    grouped = lock_rows(snapshot)
+    if grouped:
+        parts.append("")
+        parts.append(_table([LOCK_COLUMNS, *(line for lines in grouped for line in lines)]))
+    note = footer(snapshot)
+    if note:
+        parts.append(note)
+    return "\n".join(parts)
+
+
+def _owner_json(owner: Owner, hold: bool, position: int | None) -> dict[str, Any]:
+    info = owner.info
+    out: dict[str, Any] = {"owner": owner.owner}
+    if hold:
+        out.update(side=owner.side, hold_count=owner.count)
+    else:
+        out["position"] = position
+    out["on"] = owner.on
+    out["who"] = (
+        None
+        if info is None
+        else {
+            "host": info.host,
+            "pid": info.pid,
+            "kind": info.kind,
+            "token": info.token,
+            "name": info.name,
+        }
+    )
+    return out
+
+
+def to_json(snapshot: Snapshot) -> dict[str, Any]:
+    """The snapshot as a JSON-ready document (``--json``)."""
+    return {
+        "time": snapshot.time,
+        "pattern": snapshot.pattern,
+        "quorum": snapshot.quorum,
+        "masters": [
+            {
+                "master": m.master,
+                "up": m.up,
+                "latency_ms": None if m.latency_ms is None else round(m.latency_ms, 3),
+                "error": m.error,
+            }
+            for m in snapshot.masters
+        ],
+        "matched": snapshot.matched,
+        "limit": snapshot.limit,
+        "cut": snapshot.cut,
+        "truncated": snapshot.truncated,
+        "locks": [
+            {
+                "name": row.name,
+                "kind": row.kind,
+                "state": row.state,
+                "mode": row.mode,
+                "ttl": None if row.ttl is None else row.ttl[1],
+                "ttl_min": None if row.ttl is None else row.ttl[0],
+                "holders": [_owner_json(h, True, None) for h in row.holders],
+                "waiters": [_owner_json(w, False, i) for i, w in enumerate(row.waiters, 1)],
+                "masters": [
+                    {
+                        "master": pm.master,
+                        "error": pm.error,
+                        "present": pm.view is not None,
+                        "mode": pm.view.mode if pm.view else None,
+                        "ttl": pm.view.ttl if pm.view else None,
+                        "holders": dict(pm.view.holders) if pm.view else {},
+                        "waiters": list(pm.waiters),
+                    }
+                    for pm in row.masters
+                ],
+            }
+            for row in snapshot.locks
+        ],
+    }
+
+
+_STATE_STYLES = {"held": "green", "partial": "yellow", "unknown": "bold red", "free": "cyan"}
+
+
+def render(snapshot: Snapshot, interval: float) -> RenderableType:
+    """The live view of a snapshot: a title, the masters' table, the locks' table."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    def table() -> Table:
+        # Two spaces between columns, as in the plain text.
+        return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+
+    health = table()
+    for column in MASTER_COLUMNS:
+        health.add_column(column, no_wrap=column != "ERROR", overflow="fold")
+    for row in master_rows(snapshot):
+        status = Text(row[1], style="green" if row[1] == "up" else "bold red")
+        health.add_row(row[0], status, row[2], row[3])
+
+    grouped = lock_rows(snapshot)
+    lines = [line for group in grouped for line in group]
+    locks = table()
+    for i, column in enumerate(LOCK_COLUMNS):
+        # On a narrow terminal the thread or task wraps first, then the name folds: a
+        # pid, a host or a count is never cut (they are what an operator acts on).
+        if column == "LOCK":
+            locks.add_column(column, overflow="fold")
+        elif column == "THREAD/TASK":
+            locks.add_column(column)
+        else:
+            widest = max([len(column), *(len(line[i]) for line in lines)])
+            locks.add_column(column, no_wrap=True, min_width=widest)
+    for group in grouped:
+        for index, line in enumerate(group):
+            state = Text(line[3], style=_STATE_STYLES.get(line[3], ""))
+            locks.add_row(*line[:3], state, *line[4:], end_section=index == len(group) - 1)
+
+    parts: list[RenderableType] = [Text(title(snapshot), style="bold"), Text(), health]
+    if snapshot.locks:
+        parts += [Text(), locks]
+    note = footer(snapshot)
+    parts.append(Text())
+    if note:
+        parts.append(Text(note, style="yellow"))
+    parts.append(Text(f"refresh every {interval:g} s; Ctrl-C quits", style="dim"))
+    return Group(*parts)
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def _masters(args: argparse.Namespace) -> tuple[list[str], str | None]:
+    """The masters: --masters, $REDREENTRANT_MASTERS, else the local ensemble's."""
+    urls = masters(args)
+    if urls is not None:
+        return urls, None
+    found = local_masters(args)
+    if found is None:
+        return require_masters(args), None  # a usage error that says how to give them
+    urls, _ = found
+    return urls, "local ensemble"
+
+
+def _verdict(snapshot: Snapshot) -> int:
+    """Exit status of one snapshot: 1 (with a line on stderr) without a quorum."""
+    if snapshot.answered >= snapshot.quorum:
+        return EXIT_OK
+    down = next((m for m in snapshot.masters if not m.up), None)
+    first = f" ({down.master}: {down.error})" if down else ""
+    print(
+        f"{PROG}: masters unavailable: only {snapshot.answered} of {len(snapshot.masters)} "
+        f"answered, a quorum of {snapshot.quorum} is out of reach{first}",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """``top``: the live view, or one snapshot (``--once``, ``--json``)."""
+    urls, source = _masters(args)
+    live = not (args.once or args.json) and sys.stdout.isatty()
+    if live:
+        try:
+            import rich.live  # noqa: F401 - only checks that it is there
+        except ImportError:
+            raise CliError(
+                f"the live view needs the 'rich' package: pip install "
+                f"'redreentrant[{EXTRA}]' (or use --once or --json, which do not)"
+            ) from None
+    with Watcher(urls, args.pattern, args.limit) as watcher:
+        if args.once or args.json:
+            snapshot = watcher.snapshot()
+            snapshot.source = source
+            if args.json:
+                print(json.dumps(to_json(snapshot), indent=2))
+            else:
+                print(plain(snapshot))
+            return _verdict(snapshot)
+        # SIGTERM and SIGHUP unwind like Ctrl-C, so the terminal is left tidy; only
+        # Ctrl-C is the way to quit (exit 0).
+        with signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP):
+            try:
+                if live:
+                    _live(watcher, source, args.interval)
+                else:
+                    _batch(watcher, source, args.interval)
+            except KeyboardInterrupt:
+                return EXIT_OK
+    return EXIT_OK  # pragma: no cover - the loops end only by a signal
+
+
+def _batch(watcher: Watcher, source: str | None, interval: float) -> None:
+    """Not a terminal: a plain snapshot every ``interval``, a blank line between."""
+    first = True
+    while True:
+        snapshot = watcher.snapshot()
+        snapshot.source = source
+        print(("" if first else "\n") + plain(snapshot), flush=True)
+        first = False
+        time.sleep(interval)
+
+
+def _live(watcher: Watcher, source: str | None, interval: float) -> None:
+    """Redraw the view in place every ``interval`` until interrupted."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    with Live(console=console, auto_refresh=False, redirect_stderr=False) as live:
+        while True:
+            snapshot = watcher.snapshot()
+            snapshot.source = source
+            live.update(render(snapshot, interval), refresh=True)
+            time.sleep(interval)
