@@ -390,6 +390,39 @@ def test_the_command_line_takes_a_cluster_url(
     assert document["masters"][0]["locks"]
 
 
+@pytest.mark.integration
+def test_top_scans_every_node_of_a_cluster_member(cluster: LocalCluster) -> None:
+    from redreentrant.cli.top import Watcher
+
+    names = [cluster.names_on(k, 1, "top")[0] for k in range(3)]
+    urls = [cluster.url]  # what top sees comes from the cluster's nodes alone
+    with LockManager(urls, lease=LEASE) as mgr, LockManager(urls, lease=LEASE) as other:
+        locks = [mgr.lock(n) for n in names]
+        for lock in locks:
+            assert lock.acquire()
+
+        def wait_then_release() -> None:
+            lock = other.lock(names[1])
+            if lock.acquire(timeout=5):
+                lock.release()
+
+        waiting = threading.Thread(target=wait_then_release)
+        waiting.start()
+        try:
+            with Watcher(urls, "top-*", 50) as watcher:
+                # the waiter registered on the node owning names[1]'s slot is seen
+                assert wait_for(lambda: any(r.waiters for r in watcher.snapshot().locks), 5)
+                snap = watcher.snapshot()
+            assert [m.up for m in snap.masters] == [True]
+            assert snap.masters[0].master.startswith("cluster:127.0.0.1:")
+            assert sorted(row.name for row in snap.locks) == sorted(names)
+            assert all(row.state == "held" for row in snap.locks)
+        finally:
+            for lock in locks:
+                lock.release()
+            waiting.join(timeout=10)
+
+
 # -- clients, URLs and the asyncio twin --------------------------------------------------------
 
 

@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
+import redis.cluster
 from redis.connection import AbstractConnection
 
 from redreentrant import LockManager, LockView, MasterView, OwnerInfo, parse_owner
 from redreentrant._core import keys
+from redreentrant._core.cluster import is_cluster_url, parse_cluster_url
 from redreentrant._core.masters import no_handshake
 
 from .common import (
@@ -249,6 +251,66 @@ def _scan_match(pattern: str) -> str:
     return f"{keys.PREFIX}{{{inner}}}*"
 
 
+class _ClusterReads:
+    """``top``'s own reads on a cluster member: PING of every primary, a SCAN of every
+    node, the waiters by slot. Through a ``RedisCluster`` made at first use (it connects
+    when made) and made again after a failure, so a cluster down when ``top`` starts is
+    shown down, then up once it answers."""
+
+    def __init__(self, url: str) -> None:
+        self._seeds, self._options = parse_cluster_url(url)
+        self._client: redis.cluster.RedisCluster | None = None
+
+    def _get(self) -> redis.cluster.RedisCluster:
+        if self._client is None:
+            self._client = redis.cluster.RedisCluster(
+                startup_nodes=[
+                    redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                    for h, p in self._seeds
+                ],
+                socket_timeout=MASTER_TIMEOUT,
+                socket_connect_timeout=MASTER_TIMEOUT,
+                **self._options,
+            )
+        return self._client
+
+    def ping(self) -> object:
+        try:
+            return self._get().ping(target_nodes=redis.cluster.RedisCluster.PRIMARIES)
+        except Exception:
+            self.close()
+            raise
+
+    def scan_iter(self, match: str, count: int) -> Any:
+        return self._get().scan_iter(match=match, count=count)
+
+    def time_and_zranges(self, names: Sequence[str]) -> list[Any]:
+        """The server's TIME, then each name's waiters (a cluster pipeline routes the
+        reads by slot, and takes no TIME)."""
+        client = self._get()
+        pipe = client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
+        for name in names:
+            pipe.zrange(keys.waiters_key(name), 0, -1, withscores=True)
+        zranges = pipe.execute()
+        return [client.time(), *zranges]
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+def _time_and_zranges(client: Any, names: Sequence[str]) -> list[Any]:
+    """The server's TIME and each name's registered waiters, in one round trip."""
+    if isinstance(client, _ClusterReads):
+        return client.time_and_zranges(names)
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for name in names:
+        pipe.zrange(keys.waiters_key(name), 0, -1, withscores=True)
+    return list(pipe.execute())
+
+
 class Watcher:
     """Takes snapshots of the locks matching ``pattern`` on ``urls``."""
 
@@ -258,9 +320,12 @@ class Watcher:
         self.manager: LockManager = open_manager(urls)
         # Clients of our own for PING, SCAN and the waiters: with a time-out longer than
         # a lock round's, so that a slow master is shown slow rather than down.
+        # A cluster member's reads go through a cluster client (see _ClusterReads).
         options = no_handshake(AbstractConnection)
-        self.clients = [
-            redis.Redis.from_url(
+        self.clients: list[Any] = [
+            _ClusterReads(url)
+            if is_cluster_url(url)
+            else redis.Redis.from_url(
                 url,
                 socket_timeout=MASTER_TIMEOUT,
                 socket_connect_timeout=MASTER_TIMEOUT,
@@ -310,7 +375,7 @@ class Watcher:
             truncated=any(scan.truncated for scan in scans),
         )
 
-    def _scan(self, master: str, client: redis.Redis) -> _Scan:
+    def _scan(self, master: str, client: Any) -> _Scan:
         try:
             if master not in self._connected:  # the latency is not a connect's
                 client.ping()
@@ -340,17 +405,13 @@ class Watcher:
         return scan
 
     @staticmethod
-    def _waiters(client: redis.Redis, up: bool, names: Sequence[str]) -> dict[str, list[str]]:
+    def _waiters(client: Any, up: bool, names: Sequence[str]) -> dict[str, list[str]]:
         """The registered waiters of each plain lock of ``names`` on one master, whose
         registrations have not ended (their scores are ends, in the server's ms)."""
         if not up or not names:
             return {}
         try:
-            pipe = client.pipeline(transaction=False)
-            pipe.time()
-            for name in names:
-                pipe.zrange(keys.waiters_key(name), 0, -1, withscores=True)
-            replies = pipe.execute()
+            replies = _time_and_zranges(client, names)
         except Exception:
             return {}  # the master's views say what went wrong
         seconds, micros = replies[0]
