@@ -6,7 +6,7 @@ import inspect
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 import redis.asyncio
 from redis.asyncio.connection import AbstractConnection
@@ -19,7 +19,7 @@ from .._core.kinds import FAMILIES, LockKind
 from .._core.listeners import LockListener
 from .._core.locking import ReadWriteLock
 from .._core.manager import ManagerCore
-from .._core.masters import no_handshake
+from .._core.masters import no_handshake, with_valkey
 from .._core.settings import Settings
 from .._core.views import MasterView
 from .decorators import synchronize
@@ -30,7 +30,12 @@ from .transport import AsyncTransport
 from .wakeups import AsyncWakeupHub
 from .watchdog import AsyncWatchdog
 
-Master = str | redis.asyncio.Redis
+if TYPE_CHECKING:  # valkey-py is optional; its clients are masters too
+    from valkey.asyncio import Valkey
+
+    Master = str | redis.asyncio.Redis | Valkey
+else:
+    Master = str | redis.asyncio.Redis
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -51,7 +56,8 @@ def url_client(url: str, timeout: float) -> redis.asyncio.Redis:
 class LockManager(ManagerCore[Lock]):
     """The asyncio twin of :class:`redreentrant.LockManager`: locks owned by tasks.
 
-    ``masters`` are redis URLs or ``redis.asyncio.Redis`` clients; every other argument
+    ``masters`` are redis URLs or ``redis.asyncio.Redis`` (or valkey-py's
+    ``valkey.asyncio.Valkey``) clients; every other argument
     means what it means for the sync manager. ``on_lost`` may be a plain function or a
     coroutine function. Use ``async with LockManager(...)``, or ``await mgr.close()``.
 
@@ -80,7 +86,12 @@ class LockManager(ManagerCore[Lock]):
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.
         engine, clients, self._own_clients = Engine.connect(
-            masters, settings, redis.asyncio.Redis, url_client, task_token, threading.Lock
+            masters,
+            settings,
+            with_valkey(redis.asyncio.Redis, "valkey.asyncio", "Valkey"),
+            url_client,
+            task_token,
+            threading.Lock,
         )
         timeout = settings.master_timeout
         # Confirmations of a subscription may take a round trip from every master.

@@ -5,10 +5,13 @@ passes its client class and URL factory)."""
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .settings import master_url, master_urls
+
+T = TypeVar("T", bound=type)
 
 
 def master_name(client: Any) -> str:
@@ -32,6 +35,17 @@ def master_identity(client: Any) -> tuple[object, ...]:
     return (host, int(kw.get("port", 6379)))
 
 
+def with_valkey(redis_type: T, module: str, name: str) -> tuple[T, ...]:
+    """``redis_type`` (of redis-py), and its twin ``name`` in valkey-py's ``module``
+    when valkey-py is loaded: valkey-py is a fork of redis-py with the same client,
+    pool and connection API, so its clients serve as masters too, and its twin classes
+    stand in for redis-py's (typed as such). It stays optional: it is looked up among
+    the loaded modules, never imported here (whoever passes a valkey-py client has
+    imported it)."""
+    twin = getattr(sys.modules.get(module), name, None)
+    return (redis_type, cast(T, twin)) if isinstance(twin, type) else (redis_type,)
+
+
 def no_handshake(connection_class: Any) -> dict[str, Any]:
     """Client options that make connecting send nothing (no HELLO, no CLIENT SETINFO):
     on a frozen master a handshake would block every reconnect for a socket time-out.
@@ -44,10 +58,11 @@ def no_handshake(connection_class: Any) -> dict[str, Any]:
 
 
 def connect(
-    masters: object, client_type: type, from_url: Callable[[str], Any]
+    masters: object, client_type: type | tuple[type, ...], from_url: Callable[[str], Any]
 ) -> tuple[list[Any], list[Any]]:
-    """Clients for ``masters`` (URLs or ``client_type`` instances), checked for
-    duplicates. Returns (all clients, the ones made here from URLs).
+    """Clients for ``masters`` (URLs or ``client_type`` instances: one type or a tuple
+    of them), checked for duplicates. Returns (all clients, the ones made here from
+    URLs).
 
     One string may hold several masters separated by commas: never a silent quorum of
     one master when the list came from an environment variable."""
@@ -71,7 +86,9 @@ def connect(
         elif isinstance(m, client_type):
             clients.append(m)
         else:
-            raise TypeError(f"a master is a redis URL or a {client_type.__name__}, not {m!r}")
+            types = client_type if isinstance(client_type, tuple) else (client_type,)
+            names = " or ".join(t.__name__ for t in types)
+            raise TypeError(f"a master is a redis URL or a {names}, not {m!r}")
     own = [c for c, m in zip(clients, masters, strict=True) if isinstance(m, str)]
     seen: dict[tuple[object, ...], int] = {}
     for i, c in enumerate(clients):
