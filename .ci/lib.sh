@@ -57,7 +57,7 @@ summary() {
         printf "%-" w "s  %-" v "s  %8s  %6s\n", f[1], f[2], f[3], f[4]
         total += f[3]
       }
-      printf "%-" w "s  %-" v "s  %8s\n", "total (the steps)", "", total
+      printf "%-" w "s  %-" v "s  %8s\n", "sum of the parts (venvs overlap the checks)", "", total
     }' "$CI_SUMMARY"
   ! grep -qP '\t(FAIL|OVER BUDGET)' "$CI_SUMMARY"
 }
@@ -68,7 +68,7 @@ find_python() {
   local want=$1 pyenv root prefix candidate
   local -a candidates=()
   pyenv=$(command -v pyenv || true)
-  root=${PYENV_ROOT:-$HOME/.pyenv}
+  root=${PYENV_ROOT:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.pyenv}
   if [ -z "$pyenv" ] && [ -x "$root/bin/pyenv" ]; then pyenv=$root/bin/pyenv; fi
   if [ -n "$pyenv" ] && prefix=$("$pyenv" prefix "$want" 2>/dev/null); then
     candidates+=("$prefix/bin/python$want")
