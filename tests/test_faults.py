@@ -295,6 +295,9 @@ _FORK_STATE: dict[str, LockManager] = {}
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+# Forking a process that runs the watchdog's threads is the point here (Python 3.12+
+# warns of it).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_neither_releases_nor_renews_the_parents_lock(urls: list[str]) -> None:
     ctx = multiprocessing.get_context("fork")
     with LockManager(urls, lease=1.0) as mgr:

@@ -321,6 +321,9 @@ def _forked_child(conn: Any) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+# Forking a process that runs the watchdog's threads is the point here (Python 3.12+
+# warns of it).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_leaves_holds_of_threads_it_did_not_inherit(
     ensemble: LocalEnsemble,
 ) -> None:

@@ -6,7 +6,7 @@ import inspect
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 import redis.asyncio
 import redis.asyncio.cluster
@@ -21,7 +21,7 @@ from .._core.kinds import FAMILIES, LockKind
 from .._core.listeners import LockListener
 from .._core.locking import ReadWriteLock
 from .._core.manager import ManagerCore
-from .._core.masters import no_handshake
+from .._core.masters import no_handshake, with_valkey
 from .._core.settings import Settings
 from .._core.views import MasterView
 from .cluster import NodeClients, cluster_types
@@ -33,7 +33,12 @@ from .transport import AsyncTransport
 from .wakeups import AsyncWakeupHub
 from .watchdog import AsyncWatchdog
 
-Master = str | redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+if TYPE_CHECKING:  # valkey-py is optional; its clients are masters too
+    from valkey.asyncio import Valkey
+
+    Master = str | redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster | Valkey
+else:
+    Master = str | redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -54,7 +59,8 @@ def url_client(url: str, timeout: float) -> redis.asyncio.Redis:
 class LockManager(ManagerCore[Lock]):
     """The asyncio twin of :class:`redreentrant.LockManager`: locks owned by tasks.
 
-    ``masters`` are redis URLs or ``redis.asyncio.Redis`` clients, and cluster members:
+    ``masters`` are redis URLs or ``redis.asyncio.Redis`` (or valkey-py's
+    ``valkey.asyncio.Valkey``) clients, and cluster members:
     ``redis.asyncio.cluster.RedisCluster`` (or valkey-py's asyncio ``ValkeyCluster``)
     clients or ``redis+cluster://`` URLs; every other argument
     means what it means for the sync manager. ``on_lost`` may be a plain function or a
@@ -87,7 +93,7 @@ class LockManager(ManagerCore[Lock]):
         engine, clients, self._own_clients = Engine.connect(
             masters,
             settings,
-            redis.asyncio.Redis,
+            with_valkey(redis.asyncio.Redis, "valkey.asyncio", "Valkey"),
             url_client,
             task_token,
             threading.Lock,

@@ -38,7 +38,7 @@ from .._core.fanout import (
     suspect_error_text,
     wire_packer,
 )
-from .._core.masters import master_name
+from .._core.masters import master_name, with_valkey
 from .cluster import NodeClients
 
 if sys.version_info >= (3, 11):
@@ -90,6 +90,9 @@ class AsyncTransport:
             self._getters.append(
                 connection_getter(member.connection_pool) if plain else _no_connection
             )
+        # An error reply, and a connect that timed out, as redis-py or valkey-py raise them.
+        self._error_replies = with_valkey(ResponseError, "valkey.exceptions", "ResponseError")
+        self._timeouts = with_valkey(RedisTimeoutError, "valkey.exceptions", "TimeoutError")
         self._masters = [MasterHealth(probe_interval) for _ in self.clients]
         self._probes: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -214,7 +217,7 @@ class AsyncTransport:
                 conns = await asyncio.gather(*(self._new_connection(i) for i in unconnected))
                 for i, conn in zip(unconnected, conns, strict=True):
                     if isinstance(conn, Exception):
-                        if isinstance(conn, RedisTimeoutError):
+                        if isinstance(conn, self._timeouts):
                             self._masters[i].timed_out(now)
                         fan.failed(i, conn)
                     else:
@@ -278,7 +281,7 @@ class AsyncTransport:
                         reply = await conn.read_response(timeout=0, disconnect_on_error=False)
                         if reply is None:
                             break  # nothing more has come
-                    except ResponseError:
+                    except self._error_replies:
                         pass  # an error reply is a reply
                     behind.owed -= 1
             except Exception:
@@ -387,7 +390,7 @@ class AsyncTransport:
                     m.behind.append(Behind(conn, skip + count - len(out), since))
                     error = RedisTimeoutError(f"no reply within {self.timeout:.3f}s")
                     return read_failed(out, count, error)
-            except ResponseError as error:
+            except self._error_replies as error:
                 reply = error
             except Exception as error:  # broken: the stream is out of step
                 await self._drop(i, conn)

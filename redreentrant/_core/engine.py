@@ -104,7 +104,7 @@ class Engine:
         cls,
         masters: object,
         settings: Settings,
-        client_type: type,
+        client_type: type | tuple[type, ...],
         url_client: Callable[[str, float], Any],
         token: Callable[[], str],
         guard: Callable[[], AbstractContextManager[object]],

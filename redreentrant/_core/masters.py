@@ -9,11 +9,14 @@ URL)."""
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .cluster import KEPT_OPTIONS, Address, ClusterMember, is_cluster_url, parse_cluster_url
 from .settings import master_url, master_urls
+
+T = TypeVar("T", bound=type)
 
 
 def master_name(client: Any) -> str:
@@ -38,6 +41,17 @@ def master_identity(client: Any) -> tuple[object, ...]:
     if host in ("localhost", "::1"):
         host = "127.0.0.1"
     return (host, int(kw.get("port", 6379)))
+
+
+def with_valkey(redis_type: T, module: str, name: str) -> tuple[T, ...]:
+    """``redis_type`` (of redis-py), and its twin ``name`` in valkey-py's ``module``
+    when valkey-py is loaded: valkey-py is a fork of redis-py with the same client,
+    pool and connection API, so its clients serve as masters too, and its twin classes
+    stand in for redis-py's (typed as such). It stays optional: it is looked up among
+    the loaded modules, never imported here (whoever passes a valkey-py client has
+    imported it)."""
+    twin = getattr(sys.modules.get(module), name, None)
+    return (redis_type, cast(T, twin)) if isinstance(twin, type) else (redis_type,)
 
 
 def no_handshake(connection_class: Any) -> dict[str, Any]:
@@ -83,19 +97,20 @@ def cluster_of_client(client: Any) -> ClusterMember:
 
 def connect(
     masters: object,
-    client_type: type,
+    client_type: type | tuple[type, ...],
     from_url: Callable[[str], Any],
     cluster_types: tuple[type, ...] = (),
 ) -> tuple[list[Any], list[Any]]:
-    """Members for ``masters``: URLs, ``client_type`` instances (plain masters), or
-    instances of ``cluster_types`` and ``redis+cluster://`` URLs (cluster members),
-    checked for duplicates. Returns (all members, the clients made here from URLs).
+    """Members for ``masters``: URLs, ``client_type`` instances (plain masters; one
+    type or a tuple of them), or instances of ``cluster_types`` and
+    ``redis+cluster://`` URLs (cluster members), checked for duplicates. Returns (all
+    members, the clients made here from URLs).
 
     One string may hold several masters separated by commas: never a silent quorum of
     one master when the list came from an environment variable."""
     if isinstance(masters, str):
         masters = master_urls(masters)
-    elif isinstance(masters, (client_type, *cluster_types)):
+    elif isinstance(masters, (client_type, cluster_types)):
         masters = [masters]
     if not isinstance(masters, Sequence):
         raise TypeError("masters must be redis URLs or clients, or a sequence of them")
@@ -121,7 +136,8 @@ def connect(
         elif isinstance(m, ClusterMember):
             clients.append(m)
         else:
-            kinds = [client_type.__name__, *(t.__name__ for t in cluster_types)]
+            types = client_type if isinstance(client_type, tuple) else (client_type,)
+            kinds = [t.__name__ for t in (*types, *cluster_types)]
             raise TypeError(f"a master is a redis URL or a {' or '.join(kinds)}, not {m!r}")
     own = [
         c

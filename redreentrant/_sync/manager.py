@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 import redis
 import redis.cluster
@@ -18,7 +18,7 @@ from .._core.keys import validate_name
 from .._core.kinds import FAMILIES, LockKind
 from .._core.listeners import LockListener
 from .._core.manager import ManagerCore
-from .._core.masters import no_handshake
+from .._core.masters import no_handshake, with_valkey
 from .._core.settings import Settings
 from .._core.views import MasterView
 from .cluster import NodeClients, cluster_types
@@ -30,7 +30,12 @@ from .transport import SyncTransport
 from .wakeups import WakeupHub
 from .watchdog import Watchdog
 
-Master = str | redis.Redis | redis.cluster.RedisCluster
+if TYPE_CHECKING:  # valkey-py is optional; its clients are masters too
+    from valkey import Valkey
+
+    Master = str | redis.Redis | redis.cluster.RedisCluster | Valkey
+else:
+    Master = str | redis.Redis | redis.cluster.RedisCluster
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -48,11 +53,11 @@ def url_client(url: str, timeout: float) -> redis.Redis:
 class LockManager(ManagerCore[Lock]):
     """Locks over a Redlock quorum of N independent Redis masters (threads own locks).
 
-    ``masters`` are redis URLs or ``redis.Redis`` clients (a single one is legal), or one
-    string of URLs separated by commas (bare ``host:port`` allowed). A member may also
-    be a Redis Cluster, one vote like a master: a ``redis.cluster.RedisCluster`` (or
-    valkey-py's ``ValkeyCluster``) client, or a ``redis+cluster://host:port`` URL (see
-    the cluster page of the docs). A lock
+    ``masters`` are redis URLs or ``redis.Redis`` (or valkey-py's ``valkey.Valkey``)
+    clients (a single one is legal), or one string of URLs separated by commas (bare
+    ``host:port`` allowed). A member may also be a Redis Cluster, one vote like a
+    master: a ``redis.cluster.RedisCluster`` (or valkey-py's ``ValkeyCluster``) client,
+    or a ``redis+cluster://host:port`` URL (see the cluster page of the docs). A lock
     is held when a majority (``N // 2 + 1``) granted it within the lease's validity:
     ``lease - elapsed - (lease * drift_factor + 2 ms)``, measured on a monotonic clock.
 
@@ -96,7 +101,7 @@ class LockManager(ManagerCore[Lock]):
         engine, clients, self._own_clients = Engine.connect(
             masters,
             settings,
-            redis.Redis,
+            with_valkey(redis.Redis, "valkey", "Valkey"),
             url_client,
             thread_token,
             threading.Lock,

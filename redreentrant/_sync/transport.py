@@ -47,7 +47,7 @@ from .._core.fanout import (
     suspect_error_text,
     wire_packer,
 )
-from .._core.masters import master_name
+from .._core.masters import master_name, with_valkey
 from .cluster import NodeClients
 
 #: how far past the round's deadline (a share of the master timeout) a read may wait
@@ -111,6 +111,9 @@ class SyncTransport:
             self._getters.append(
                 connection_getter(member.connection_pool) if plain else _no_connection
             )
+        # An error reply, and a read that timed out, as redis-py or valkey-py raise them.
+        self._error_replies = with_valkey(ResponseError, "valkey.exceptions", "ResponseError")
+        self._timeouts = with_valkey(redis.TimeoutError, "valkey.exceptions", "TimeoutError")
         self._reset()
 
     def _reset(self) -> None:
@@ -255,7 +258,7 @@ class SyncTransport:
                 fan.failed(i, error)
         if unconnected:
             for i, conn in zip(unconnected, self._connect(unconnected), strict=True):
-                if isinstance(conn, redis.TimeoutError):
+                if isinstance(conn, self._timeouts):
                     self._masters[i].timed_out(now)
                 error = (
                     conn
@@ -298,7 +301,7 @@ class SyncTransport:
         conn = behind.conn
         try:
             while behind.owed and conn.can_read(timeout=0):
-                with contextlib.suppress(ResponseError):  # an error reply is a reply
+                with contextlib.suppress(*self._error_replies):  # an error reply is a reply
                     conn.read_response()
                 behind.owed -= 1
         except Exception:
@@ -380,9 +383,9 @@ class SyncTransport:
                     reply = conn.read_response()
                 else:
                     raise redis.TimeoutError(f"no reply within {self.timeout:.3f}s")
-            except ResponseError as error:
+            except self._error_replies as error:
                 reply = error
-            except redis.TimeoutError as error:
+            except self._timeouts as error:
                 # Late, not broken: the connection stays, behind (its replies are
                 # still owed).
                 m.timed_out(time.monotonic())

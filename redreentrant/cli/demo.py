@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import redis
 
 from redreentrant import LockError, LockLostError, LockManager
-from redreentrant.testing import LocalEnsemble, die_with_parent
+from redreentrant.testing import LocalEnsemble, die_with_parent, redis_server_version
 
 from .common import (
     EXIT_FAILED,
@@ -466,7 +466,8 @@ def register(
         description="Show, live, workers contending for a reentrant lock, a read/write "
         "lock, a fair lock, two masters crashing mid-run, and a holder killed with "
         "SIGKILL whose lock frees itself after its lease. Without masters (--masters or "
-        f"${MASTERS_ENV}) it starts 5 local redis-servers and stops them at the end; "
+        f"${MASTERS_ENV}) it starts 5 local servers (redis-server, or valkey-server) and "
+        "stops them at the end; "
         "with masters it skips the stage that kills masters. Exit 1 if a check failed.",
     )
     demo.add_argument("--quick", action="store_true", help="keep every stage short")
@@ -490,7 +491,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 except RuntimeError as error:  # a server did not come up; says why
                     raise CliError(f"cannot start the local masters: {error}") from None
                 urls = ensemble.urls
-                out.say("demo", f"started 5 local redis-server masters: {', '.join(urls)}")
+                binary = ensemble.servers[0].binary
+                try:
+                    server = f"{os.path.basename(binary)} masters (v"
+                    server += ".".join(map(str, redis_server_version(binary))) + ")"
+                except RuntimeError:  # it runs, but says no version
+                    server = f"{os.path.basename(binary)} masters"
+                out.say("demo", f"started 5 local {server}: {', '.join(urls)}")
             else:
                 out.say("demo", f"using your {len(urls)} masters: {', '.join(urls)}")
             demo = Demo(out, urls, ensemble, args.quick)

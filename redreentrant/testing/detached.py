@@ -109,7 +109,7 @@ def _alive(pid: int) -> bool:
 
 
 def _is_our_server(pid: int, port: int) -> bool:
-    """Whether ``pid`` is still the redis-server started on ``port``."""
+    """Whether ``pid`` is still the redis-server (or valkey-server) started on ``port``."""
     if not _alive(pid):
         return False
     if pid_on(port) == pid:
@@ -119,4 +119,6 @@ def _is_our_server(pid: int, port: int) -> bool:
             cmdline = f.read().replace(b"\0", b" ")
     except OSError:
         return False
-    return b"redis-server" in cmdline and str(port).encode() in cmdline
+    # The server's own title, "redis-server 127.0.0.1:PORT" (Valkey's: "valkey-server").
+    named = b"redis-server" in cmdline or b"valkey-server" in cmdline
+    return named and str(port).encode() in cmdline
