@@ -26,6 +26,7 @@ from redreentrant._core.watchdog import (
     RENEW_CHUNK,
     SPREAD,
     RoundTimes,
+    WatchdogBase,
     tick_steps,
     verdict_margin,
 )
@@ -798,6 +799,30 @@ def test_the_deadline_clock_follows_renewals_and_releases_without_scanning() -> 
     assert holds.next_deadline(margin) == pytest.approx(third.valid_until - margin)
     assert holds.overdue(third.valid_until - margin, margin) == [third]
     assert holds.next_deadline(margin) == pytest.approx(first.valid_until - margin)
+
+
+def test_the_deadline_clock_is_woken_only_by_a_hold_due_before_its_next_look() -> None:
+    w = World()
+    w.round_time = 0.0
+    watchdog = WatchdogBase(w.run, w.engine, lambda hold: None)
+    woken: list[Hold] = []
+    w.engine.on_managed_hold = lambda hold: (
+        woken.append(hold) if watchdog.clock_needed(hold) else None
+    )
+    # Idle (no hold): it looks again one renewal interval later, not only when woken.
+    lost, wait = watchdog._overdue()
+    assert lost == [] and wait == pytest.approx(LEASE / 3)
+    # A usual hold is due about a lease later: the clock needs no wake-up for it.
+    assert w.acquire()
+    assert woken == []
+    # A hold due before the next look (a short validity left) is told to it.
+    now = w.clock()
+    soon = Hold(EXCLUSIVE, "soon", "m:t2", 1, LEASE, True, now + 0.5)
+    late = Hold(EXCLUSIVE, "late", "m:t2", 1, LEASE, True, now + LEASE)
+    assert watchdog.clock_needed(soon) and not watchdog.clock_needed(late)
+    # While it looks, any new hold wakes it (it may have looked before the hold came).
+    watchdog.clock_looks_at = float("inf")
+    assert watchdog.clock_needed(late)
 
 
 def test_the_c_packer_packs_a_round_as_redis_py_would() -> None:

@@ -32,8 +32,8 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
         self._sweep = asyncio.Event()
         self._clock = asyncio.Event()
 
-    def ensure_started(self) -> None:
-        if self.clock_idle:
+    def ensure_started(self, hold: Hold) -> None:
+        if self.clock_needed(hold):
             self._clock.set()
         if self._stopping or (self._tasks and not any(t.done() for t in self._tasks)):
             return
@@ -64,11 +64,8 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
             lost, wait = self._overdue()
             for hold in lost:
                 self._deliver(hold)
-            if wait is None:
-                await self._clock.wait()
-            else:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._clock.wait(), wait)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._clock.wait(), wait)
 
     async def tick(self, renew: bool = True) -> None:
         """One round: free dead owners' holds, renew the others (``renew``)."""

@@ -96,8 +96,9 @@ class Engine:
         self.closed = False
         #: the members that are Redis Clusters (their renewals are split per hash slot)
         self.clusters: frozenset[int] = frozenset()
-        #: called when a watchdog-managed hold is taken (the flavour's watchdog starts)
-        self.on_managed_hold: Callable[[], None] = lambda: None
+        #: called with each watchdog-managed hold taken (the flavour's watchdog starts,
+        #: and its deadline clock looks again if the hold is due before its next look)
+        self.on_managed_hold: Callable[[Hold], None] = lambda hold: None
 
     @classmethod
     def connect(
@@ -294,7 +295,7 @@ class Engine:
         )
         self.holds.add(hold)
         if hold.managed:
-            self.on_managed_hold()
+            self.on_managed_hold(hold)
         return True
 
     def lose(self, hold: Hold, why: str) -> None:

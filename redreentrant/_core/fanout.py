@@ -65,6 +65,8 @@ def wire_packer(
 
     def pack(commands: list[tuple[object, ...]]) -> list[bytes]:
         # Our commands hold only str and int arguments, which hiredis packs as is.
+        if len(commands) == 1:
+            return [pack_command(commands[0])]  # type: ignore[arg-type,unused-ignore]
         return [b"".join(pack_command(c) for c in commands)]  # type: ignore[arg-type,unused-ignore]
 
     return pack

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -149,10 +150,10 @@ class WatchdogBase(Generic[R]):
         self.interval = engine.settings.lease / 3
         self.times = RoundTimes()
         self._sweep_pending = False
-        # Whether the deadline clock sleeps with no deadline (no managed hold): only
-        # then does a new hold need to wake it. Every managed hold has the same lease,
-        # so a new one never ends before the ones the clock already waits for.
-        self.clock_idle = True
+        # When the deadline clock looks next (monotonic clock; inf while it looks): a
+        # new hold wakes it only if it is due before then. Every managed hold has the
+        # same lease, so a new one seldom is: the usual acquire wakes no thread.
+        self.clock_looks_at = math.inf
         # members that are Redis Clusters, or masters found to be cluster nodes (a
         # CROSSSLOT reply): renewals are split by hash slot there
         self.cluster: set[int] = set(engine.clusters)
@@ -189,16 +190,25 @@ class WatchdogBase(Generic[R]):
         due, self._sweep_pending = self._sweep_pending, False
         return due
 
-    def _overdue(self) -> tuple[list[Hold], float | None]:
+    def clock_needed(self, hold: Hold) -> bool:
+        """Whether the deadline clock must look again now for the new ``hold``: it
+        becomes overdue before the clock's next look."""
+        return hold.valid_until - self.margin < self.clock_looks_at
+
+    def _overdue(self) -> tuple[list[Hold], float]:
         """The deadline clock's step: the holds found overdue now (marked lost), and
-        when to look again (None: when a new hold comes)."""
-        # Idle first, then look: a hold added after the look finds the clock idle.
-        self.clock_idle = True
+        in how many seconds to look again (at the latest: a new hold due earlier wakes
+        the clock, see :meth:`clock_needed`)."""
+        # Looking first, then look: a hold added during the look wakes the clock again.
+        self.clock_looks_at = math.inf
         now = self._engine.clock()
         lost = self._holds.overdue(now, self.margin)
         due = self._holds.next_deadline(self.margin)
-        self.clock_idle = due is None
-        return lost, None if due is None else max(0.0, due - now)
+        # With no hold, look again after a renewal interval anyway: a hold added then
+        # (due a lease later) needs no wake-up.
+        wait = self.interval if due is None else max(0.0, due - now)
+        self.clock_looks_at = now + wait
+        return lost, wait
 
     def _failed(self) -> None:
         """A round raised: quiet when the manager is closing, else logged."""

@@ -25,7 +25,6 @@ round as the plain masters.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Collection, Sequence
@@ -48,6 +47,7 @@ from .._core.fanout import (
     wire_packer,
 )
 from .._core.masters import master_name, with_valkey
+from .._core.owner import process_id
 from .cluster import NodeClients
 
 #: how far past the round's deadline (a share of the master timeout) a read may wait
@@ -117,7 +117,7 @@ class SyncTransport:
         self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
+        self._pid = process_id()
         self._masters = [MasterHealth(self.probe_interval) for _ in self.clients]
         self._connector: ThreadPoolExecutor | None = None
         self._closed = False
@@ -186,7 +186,7 @@ class SyncTransport:
         self.clients[i].connection_pool.release(conn)
 
     def fanout(self, fanout: Fanout) -> list[list[Reply]]:
-        if self._pid != os.getpid():
+        if self._pid != process_id():
             self._reset()  # a forked child must not share the parent's sockets
         if not self._ends.clustered:
             return self._round(fanout.calls, fanout.early, None, fanout.cleanup)
@@ -406,7 +406,7 @@ class SyncTransport:
     def close(self) -> None:
         """Hand the kept connections back to their pools."""
         self._closed = True
-        if self._pid != os.getpid():
+        if self._pid != process_id():
             return
         if self._connector is not None:
             self._connector.shutdown(wait=False)

@@ -33,8 +33,8 @@ class Watchdog(WatchdogBase[list[Hold]]):
         self._clock = threading.Event()  # a new hold: the deadline clock looks again
         self._threads: list[threading.Thread] = []
 
-    def ensure_started(self) -> None:
-        if self.clock_idle:
+    def ensure_started(self, hold: Hold) -> None:
+        if self.clock_needed(hold):
             self._clock.set()
         if self._threads:
             return
