@@ -1,5 +1,5 @@
 -- name: release
--- version: 3
+-- version: 4
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -22,14 +22,22 @@
 --            ARGV[6] home channel prefix, ARGV[7] '1' to end the owner's own
 --            registration too (a final release: a try that reached this master too
 --            late to count may have registered it), '0' to keep it (undoing a try that
---            failed elsewhere, while still waiting). The count is absolute, not a
---            decrement, so a repeated call cannot release twice.
---            Reply {1, ''} still held with the new count; {0, woken} the owner's hold
---            is gone (freed here); {-1, ''} the owner held nothing on this master
+--            failed elsewhere, while still waiting), ARGV[8] (optional) a hand-over
+--            lease in ms, '0' or absent for none: a waiter woken that belongs to the
+--            releasing owner's own manager is then also granted the lock at once (hold
+--            count 1, that PTTL; its registration ends), and nothing is published: the
+--            releasing manager, which reads this reply, tells it. A waiter of another
+--            manager is only woken (handing over to another process would make every
+--            hand-off wait for that process to be scheduled). The count is absolute,
+--            not a decrement, so a repeated call cannot release twice.
+--            Reply {1, ''} still held with the new count; {0, woken, ms} the owner's
+--            hold is gone (freed here), ms the hand-over lease if the woken waiter was
+--            granted the lock, else 0; {-1, ''} the owner held nothing on this master
 --   abandon  ARGV[2] owner, ARGV[3] wake channel, ARGV[4] release id, ARGV[5] home
---            prefix: a waiter gives up. Ends its registration and, if the lock is free
---            here, wakes the next waiter (the one giving up may have been woken, and
---            will not take the lock). Reply {0, woken}
+--            prefix: a waiter gives up. Ends its registration, takes back a hold it
+--            was handed meanwhile and, if the lock is free here, wakes the next waiter
+--            (the one giving up may have been woken, and will not take the lock).
+--            Reply {0, woken}
 --   force    ARGV[2] wake channel, ARGV[3] release id, ARGV[4] home prefix: deletes the
 --            lock whoever holds it and wakes one waiter. Reply {1, woken} a lock was
 --            deleted, {0, ''} there was none; a WRONGTYPE error for a non-hash key
@@ -38,12 +46,18 @@
 local op = ARGV[1]
 local hash, waiters = KEYS[1], KEYS[2]
 
-local function wake_next(channel, id, prefix)
+local function manager_of(owner)
+  return string.match(owner, '^(.*):[^:]*$') or owner
+end
+
+-- Wakes the next registered waiter; grants it the lock with the lease handover
+-- (0: never) if it belongs to local_manager. Returns (woken owner or '', lease granted).
+local function wake_next(channel, id, prefix, handover, local_manager)
   if redis.call('pubsub', 'numsub', channel)[2] > 0 then
     redis.call('publish', channel, id)
   end
   if redis.call('exists', waiters) == 0 then
-    return ''
+    return '', 0
   end
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -51,12 +65,17 @@ local function wake_next(channel, id, prefix)
   while true do
     local first = redis.call('zpopmin', waiters)
     if #first == 0 then
-      return ''
+      return '', 0
     end
     local owner = first[1]
-    local manager = string.match(owner, '^(.*):[^:]*$') or owner
+    local manager = manager_of(owner)
+    if handover > 0 and manager == local_manager then
+      redis.call('hset', hash, owner, 1)
+      redis.call('pexpire', hash, handover)
+      return owner, handover
+    end
     if redis.call('publish', prefix .. manager, id .. '\n' .. owner .. '\n' .. channel) > 0 then
-      return owner
+      return owner, 0
     end
   end
 end
@@ -70,15 +89,16 @@ if op == 'force' then
     return redis.error_reply('WRONGTYPE lock key holds a ' .. kind)
   end
   redis.call('del', hash)
-  return {1, wake_next(ARGV[2], ARGV[3], ARGV[4])}
+  return {1, (wake_next(ARGV[2], ARGV[3], ARGV[4], 0, ''))}
 end
 
 if op == 'abandon' then
   redis.call('zrem', waiters, ARGV[2])
+  redis.call('hdel', hash, ARGV[2])
   if redis.call('exists', hash) == 1 then
     return {0, ''}
   end
-  return {0, wake_next(ARGV[3], ARGV[4], ARGV[5])}
+  return {0, (wake_next(ARGV[3], ARGV[4], ARGV[5], 0, ''))}
 end
 
 -- op == 'release'
@@ -96,6 +116,7 @@ if count > 0 then
 end
 redis.call('hdel', hash, owner)
 if redis.call('exists', hash) == 1 then
-  return {0, ''}
+  return {0, '', 0}
 end
-return {0, wake_next(ARGV[4], ARGV[5], ARGV[6])}
+local woken, handed = wake_next(ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[8] or '0'), manager_of(owner))
+return {0, woken, handed}

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 import redis
 
-from redreentrant._core.effects import Call, Fanout, Reply, Steps
+from redreentrant._core.effects import Call, Fanout, Handover, Reply, Steps, Wait
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
 from redreentrant._core.holds import Hold, Holds
@@ -55,12 +55,18 @@ class Master:
         self.waiters[key] = live
         return sorted(live, key=lambda o: live[o])
 
-    def _wake_next(self, key: str) -> str:
+    def _wake_next(
+        self, key: str, lock: str = "", handover_ms: int = 0, manager: str = ""
+    ) -> tuple[str, int]:
         for owner in self.registered(key):
             del self.waiters[key][owner]
             if self.listening(owner):
-                return owner
-        return ""
+                if handover_ms and owner.rpartition(":")[0] == manager:
+                    self.hashes[lock] = {owner: 1}
+                    self.expires[lock] = self.clock() + handover_ms / 1000
+                    return owner, handover_ms
+                return owner, 0
+        return "", 0
 
     def _hash(self, key: str) -> dict[str, int]:
         if key in self.expires and self.clock() >= self.expires[key]:
@@ -88,11 +94,15 @@ class Master:
                 return [0, ""]
             self.hashes.pop(key, None)
             self.expires.pop(key, None)
-            return [1, self._wake_next(waiters)]
+            return [1, self._wake_next(waiters)[0]]
         if name == "release" and args[0] == "abandon":
             (key, waiters), owner = keys, str(args[1])
             self.waiters.get(waiters, {}).pop(owner, None)
-            return [0, "" if self._hash(key) else self._wake_next(waiters)]
+            self._hash(key).pop(owner, None)
+            if not self._hash(key):
+                self.hashes.pop(key, None)
+                self.expires.pop(key, None)
+            return [0, "" if self._hash(key) else self._wake_next(waiters)[0]]
         if name == "release":
             (key, waiters), owner, left, leave = keys, str(args[1]), int(args[2]), args[6]
             if leave == "1":
@@ -107,8 +117,10 @@ class Master:
             if not held:
                 self.hashes.pop(key, None)
                 self.expires.pop(key, None)
-                return [0, self._wake_next(waiters)]
-            return [0, ""]
+                handover = int(args[7]) if len(args) > 7 else 0
+                woken, handed = self._wake_next(waiters, key, handover, owner.rpartition(":")[0])
+                return [0, woken, handed]
+            return [0, "", 0]
         if name == "renew":
             out = []
             for key, owner in zip(keys, args[1:], strict=True):
@@ -133,6 +145,8 @@ class Hub:
         self.watches: list[tuple[str, str, bool, bool]] = []
         self.notices: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
         self.relays: list[tuple[str, str]] = []
+        #: the waiters handed the lock over to (as a hub hears it)
+        self.handed_over: dict[str, Handover] = {}
         #: how many of the next waits end with a wake-up
         self.wakes = 0
         self.slow = False
@@ -163,8 +177,19 @@ class Hub:
         self.pauses.append(seconds)
         self.clock.advance(seconds)
 
-    def notify(self, channels: Sequence[str], release_id: str, woken: Sequence[str] = ()) -> None:
+    def notify(
+        self,
+        channels: Sequence[str],
+        release_id: str,
+        woken: Sequence[str] = (),
+        handovers: Mapping[str, Handover] | None = None,
+        everyone: bool = False,
+    ) -> None:
         self.notices.append((tuple(channels), tuple(woken)))
+        self.handed_over.update(handovers or {})
+
+    def handed(self, channel: str, owner: str) -> Handover | None:
+        return self.handed_over.pop(owner, None)
 
     def relay(self, channel: str, owner: str) -> None:
         self.relays.append((channel, owner))
@@ -375,6 +400,93 @@ def test_a_woken_waiter_that_gives_up_relays_here_only_if_the_masters_woke_nobod
     else:
         assert w.hub.relays == [(wake_channel("x"), owner)]
         assert registered(w) == [["m-other:t7"]] * 5
+
+
+# -- hand-over on one master ---------------------------------------------------------------
+
+
+def test_a_release_on_one_master_hands_the_lock_to_its_managers_next_waiter() -> None:
+    w = World(size=1)
+    w.listening.add(w.engine.id)
+    waiter = f"{w.engine.id}:t2"
+    assert w.acquire()
+    w.masters[0].waiters[waiters_key("x")] = {waiter: w.clock() + 10.0}
+    started = w.clock()
+    w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
+    # Granted to the waiter in the release's own call, and told to it with the lease and
+    # a moment before the grant.
+    assert w.masters[0]._hash(lock_key("x")) == {waiter: 1}
+    assert w.hub.notices[-1] == ((wake_channel("x"),), (waiter,))
+    assert w.hub.handed_over[waiter] == Handover(lease_ms(LEASE), frozenset({0}), started)
+
+
+def test_a_release_on_several_masters_only_wakes() -> None:
+    w = World()
+    w.listening.add(w.engine.id)
+    waiter = f"{w.engine.id}:t2"
+    assert w.acquire()
+    for m in w.masters:
+        m.waiters[waiters_key("x")] = {waiter: w.clock() + 10.0}
+    w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
+    assert all(not m._hash(lock_key("x")) for m in w.masters)  # free everywhere
+    assert w.hub.notices[-1] == ((wake_channel("x"),), (waiter,)) and not w.hub.handed_over
+
+
+def handed_to(w: World, lease: int) -> Callable[[], None]:
+    """A wait during which a release of the lock hands it over to the waiter."""
+
+    def on_wait() -> None:
+        owner = w.engine.owner_id()
+        w.masters[0].hashes[lock_key("x")] = {owner: 1}
+        w.masters[0].expires[lock_key("x")] = w.clock() + lease / 1000
+        w.hub.handed_over[owner] = Handover(lease, frozenset({0}))
+        w.hub.wakes = 1
+        w.hub.on_wait = lambda: None
+
+    return on_wait
+
+
+def test_a_waiter_handed_the_lock_holds_it_without_a_round_of_its_own() -> None:
+    w = World(size=1)
+    w.take_elsewhere([0], ttl=20.0)
+    first_try = w.clock()
+    w.hub.on_wait = handed_to(w, lease_ms(LEASE))
+    assert w.acquire(blocking=True, timeout=10)
+    assert len(w.transport.rounds) == 1  # the refused try only
+    hold = w.hold()
+    # Valid from the first try that registered it (before any grant), less the drift.
+    assert hold is not None and hold.valid_until == pytest.approx(first_try + LEASE - DRIFT)
+
+
+def test_a_lock_handed_over_with_another_lease_is_taken_by_a_try() -> None:
+    w = World(size=1)
+    w.take_elsewhere([0], ttl=20.0)
+    w.hub.on_wait = handed_to(w, lease_ms(LEASE) + 1000)
+    assert w.acquire(blocking=True, timeout=10)
+    assert len(w.transport.rounds) == 2  # the handed lock is confirmed by its own round
+    assert w.masters[0].expires[lock_key("x")] == pytest.approx(w.clock() + LEASE, abs=0.02)
+
+
+def test_a_waiter_giving_up_after_a_hand_over_gives_the_lock_back() -> None:
+    w = World(size=1)
+    w.take_elsewhere([0], ttl=20.0)
+    owner = w.engine.owner_id()
+    steps = w.engine.acquire(EXCLUSIVE, "x", owner, True, 10, None)
+    with pytest.raises(KeyboardInterrupt):
+        w.driver.run(interrupt_at_wait(steps, handed_to(w, lease_ms(LEASE))))
+    assert not w.masters[0]._hash(lock_key("x"))  # the abandon took it back
+
+
+def interrupt_at_wait(steps: Steps[bool], before: Callable[[], None]) -> Steps[bool]:
+    """``steps``, with ``before()`` and then a KeyboardInterrupt at its first wait."""
+    effect = next(steps)
+    while True:
+        if isinstance(effect, Wait):
+            before()
+            effect = steps.throw(KeyboardInterrupt())
+        else:
+            result = yield effect
+            effect = steps.send(result)
 
 
 def test_too_many_failures_raise_quorum_unavailable_and_undo() -> None:
@@ -593,6 +705,36 @@ def test_a_targeted_wake_up_before_the_watch_is_kept_for_it() -> None:
     subs.unwatch("lock\nx", "o1")
     subs.watch("lock\nx", "o1", targeted=True)
     assert subs.waiter("lock\nx", "o1").wakes == 0  # used up
+
+
+def test_a_local_hand_over_wakes_its_waiter_with_the_lock_and_no_one_else() -> None:
+    subs = home_ready(1)
+    for owner in ("m:o1", "m:o2"):
+        subs.watch("lock\nx", owner, targeted=True)
+    handover = Handover(7000, frozenset({0}), 1.0)
+    woken = subs.released_here("lock\nx", "r1", ("m:o2",), {"m:o2": handover})
+    assert [w.owner for w in woken] == ["m:o2"]
+    assert subs.take_handover("lock\nx", "m:o2") == handover
+    assert subs.take_handover("lock\nx", "m:o2") is None  # taken
+    assert subs.take_handover("lock\nx", "m:o1") is None
+
+
+def test_a_hand_over_whose_reply_was_lost_wakes_every_local_waiter() -> None:
+    subs = home_ready(1)
+    for owner in ("m:o1", "m:o2"):
+        subs.watch("lock\nx", owner, targeted=True)
+    woken = subs.released_here("lock\nx", "r1", (), None, everyone=True)
+    assert sorted(w.owner for w in woken) == ["m:o1", "m:o2"]
+
+
+def test_a_local_hand_over_before_the_watch_is_kept_for_it_with_the_lock() -> None:
+    subs = home_ready(1)
+    handover = Handover(7000, frozenset({0}), 1.0)
+    assert subs.released_here("lock\nx", "r1", ("m:o1",), {"m:o1": handover}) == []
+    # The watch that follows the try gets the wake-up with the lock.
+    subs.watch("lock\nx", "m:o1", targeted=True)
+    assert subs.waiter("lock\nx", "m:o1").wakes == 1
+    assert subs.take_handover("lock\nx", "m:o1") == handover
 
 
 def test_a_targeted_watch_before_the_home_channel_is_heard_counts_as_woken() -> None:

@@ -15,7 +15,7 @@ from redreentrant._core.keys import HOME_PREFIX, home_channel, lock_key, waiters
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
     "acquire": (3, "a1c12996cd89ca07"),
-    "release": (3, "7932cd83d743b91b"),
+    "release": (4, "ec36bf2e2e602299"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (2, "997474ce8e091d11"),
@@ -68,8 +68,12 @@ def acquire(r: fakeredis.FakeRedis, owner: str, count: int = 1, wait: int = 0) -
     return run(r, scripts.ACQUIRE, KEYS, owner, 5000, count, wait)
 
 
-def release(r: fakeredis.FakeRedis, owner: str, left: int, rid: str, leave: str = "1") -> object:
-    return run(r, scripts.RELEASE, KEYS, "release", owner, left, CHANNEL, rid, HOME_PREFIX, leave)
+def release(
+    r: fakeredis.FakeRedis, owner: str, left: int, rid: str, leave: str = "1", handover: int = 0
+) -> object:
+    return run(
+        r, scripts.RELEASE, KEYS, "release", owner, left, CHANNEL, rid, HOME_PREFIX, leave, handover
+    )
 
 
 def home(r: fakeredis.FakeRedis, manager: str) -> Any:
@@ -130,7 +134,7 @@ def test_release_sets_the_count_and_frees_at_zero_waking_one_waiter_by_name(
     assert release(r, "m0:a", 1, "r1") == [1, b""]
     assert r.hget(KEY, "m0:a") == b"1"
     assert hub1.get_message(timeout=0.05) is None  # not freed yet: no wake-up
-    assert release(r, "m0:a", 0, "r2") == [0, b"m1:b"]
+    assert release(r, "m0:a", 0, "r2") == [0, b"m1:b", 0]
     assert not r.exists(KEY)
     message = hub1.get_message(timeout=1)
     assert message is not None and message["channel"] == home_channel("m1").encode()
@@ -145,10 +149,64 @@ def test_a_waiter_whose_manager_hears_nothing_is_skipped(r: fakeredis.FakeRedis)
     acquire(r, "m0:a")
     acquire(r, "dead:b", wait=3000)  # nobody subscribes to its home channel
     acquire(r, "m2:c", wait=4000)
-    assert release(r, "m0:a", 0, "r1") == [0, b"m2:c"]
+    assert release(r, "m0:a", 0, "r1") == [0, b"m2:c", 0]
     message = hub2.get_message(timeout=1)
     assert message is not None and message["data"].startswith(b"r1\nm2:c\n")
     assert not r.exists(KEY) and not r.exists(WAITERS)  # nothing left behind
+
+
+def test_a_release_with_a_hand_over_grants_the_lock_to_its_own_managers_waiter(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub1 = home(r, "m1")
+    acquire(r, "m1:a")
+    acquire(r, "dead:x", wait=2000)  # its manager hears nothing: skipped, not granted
+    acquire(r, "m1:b", wait=3000)
+    acquire(r, "m1:c", wait=4000)
+    assert release(r, "m1:a", 0, "r1", handover=7000) == [0, b"m1:b", 7000]
+    # Granted to b as a first hold, with the lease handed over; its wait is over.
+    assert r.hgetall(KEY) == {b"m1:b": b"1"} and 5000 < r.pttl(KEY) <= 7000
+    assert r.zrange(WAITERS, 0, -1) == [b"m1:c"]
+    # Nothing published: the releasing manager reads the reply and tells b itself.
+    assert hub1.get_message(timeout=0.05) is None
+    # The releasing owner coming back is refused (and registers behind c).
+    assert acquire(r, "m1:a", wait=5000)[0] == 0  # type: ignore[index]
+    # b holds it as its own: its next try is a grant, and so is its release.
+    assert acquire(r, "m1:b", wait=3000) == [1, 1]
+    assert release(r, "m1:b", 0, "r2", handover=7000) == [0, b"m1:c", 7000]
+    assert r.hgetall(KEY) == {b"m1:c": b"1"}
+
+
+def test_a_hand_over_only_wakes_a_waiter_of_another_manager(r: fakeredis.FakeRedis) -> None:
+    hub2 = home(r, "m2")
+    acquire(r, "m1:a")
+    acquire(r, "m2:b", wait=3000)
+    assert release(r, "m1:a", 0, "r1", handover=7000) == [0, b"m2:b", 0]
+    assert not r.exists(KEY)  # free: b tries, as may anyone
+    message = hub2.get_message(timeout=1)
+    assert message is not None and message["data"] == b"r1\nm2:b\n" + CHANNEL.encode()
+
+
+def test_a_hand_over_with_nobody_waiting_frees_the_lock(r: fakeredis.FakeRedis) -> None:
+    acquire(r, "m0:a")
+    assert release(r, "m0:a", 0, "r1", handover=7000) == [0, b"", 0]
+    assert not r.exists(KEY) and not r.exists(WAITERS)
+
+
+def test_abandon_takes_back_a_lock_handed_over_to_the_waiter_giving_up(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub2 = home(r, "m2")
+    acquire(r, "m1:a")
+    acquire(r, "m1:b", wait=3000)
+    acquire(r, "m2:c", wait=4000)
+    assert release(r, "m1:a", 0, "r1", handover=7000)[2] == 7000  # type: ignore[index]
+    # b gave up meanwhile: its abandon frees the lock and wakes c.
+    reply = run(r, scripts.RELEASE, KEYS, "abandon", "m1:b", CHANNEL, "r2", HOME_PREFIX)
+    assert reply == [0, b"m2:c"]
+    assert not r.exists(KEY)
+    message = hub2.get_message(timeout=1)
+    assert message is not None and message["data"].startswith(b"r2\nm2:c\n")
 
 
 def test_release_publishes_on_the_lock_channel_only_for_subscribers_of_it(

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._core.effects import Fanout, Notify, Pause, Relay, Steps, Wait, Watch
+from .._core.effects import Fanout, Handed, Notify, Pause, Relay, Steps, Wait, Watch
 from .._core.seams import AsyncHub, AsyncTransport
 
 T = TypeVar("T")
@@ -76,11 +76,19 @@ class AsyncDriver:
                 effect.channel, effect.owner, effect.generation, effect.timeout
             )
         if isinstance(effect, Notify):
-            self.hub.notify(effect.channels, effect.release_id, effect.woken)
+            self.hub.notify(
+                effect.channels,
+                effect.release_id,
+                effect.woken,
+                dict(effect.handovers),
+                effect.everyone,
+            )
             return None
         if isinstance(effect, Pause):
             await self.hub.pause(effect.seconds)
             return None
+        if isinstance(effect, Handed):
+            return self.hub.handed(effect.channel, effect.owner)
         if isinstance(effect, Relay):
             self.hub.relay(effect.channel, effect.owner)
             return None

@@ -103,6 +103,19 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Handover:
+    """A grant that a release made to a waiter directly (see :class:`Handed`): the
+    lease in ms the waiter was granted with, the masters that granted it, and a moment
+    before the grants on this process's monotonic clock (the release's start), or None
+    when it is not known here (the waiter then counts from its first try that
+    registered it, which came before any grant)."""
+
+    lease_ms: int
+    masters: frozenset[int]
+    since: float | None = None
+
+
+@dataclass(frozen=True)
 class Notify:
     """Effect: a release made here freed a lock: wake local waiters on ``channels`` now.
 
@@ -116,6 +129,21 @@ class Notify:
     channels: tuple[str, ...]
     release_id: str
     woken: tuple[str, ...] = ()
+    #: the woken waiters the masters also handed the lock over to
+    handovers: tuple[tuple[str, Handover], ...] = ()
+    #: wake every local waiter: a hand-over was asked for, and some master's reply
+    #: was lost (so a waiter may hold the lock without knowing)
+    everyone: bool = False
+
+
+@dataclass(frozen=True)
+class Handed:
+    """Effect: ``owner`` was woken on ``channel``: the :class:`Handover` it was given
+    with that wake-up, if any (taken: asked again, it is None). Result:
+    ``Handover | None``."""
+
+    channel: str
+    owner: str
 
 
 @dataclass(frozen=True)
@@ -134,5 +162,5 @@ class Relay:
     owner: str
 
 
-Effect = Fanout | Watch | Wait | Notify | Relay | Pause
+Effect = Fanout | Watch | Wait | Notify | Relay | Pause | Handed
 Steps = Generator[Effect, Any, T]

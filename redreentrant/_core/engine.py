@@ -445,7 +445,7 @@ class Engine:
         if hold.count == 0:
             # Off the watchdog before the release runs, so it is never renewed after.
             self.holds.remove(hold)
-        steps = release_steps(self.quorum, kind, name, owner, hold.count)
+        steps = release_steps(self.quorum, kind, name, owner, hold.count, hold.lease)
         if hold.lost is not None:
             if hold.count == 0:
                 # Already reported as lost: remove what is left where it still is; what

@@ -41,6 +41,10 @@ class LockKind:
     #: grants of this kind may carry a fencing token (``lua/fence.lua``)
     fenced = True
 
+    #: a final release may hand the lock over to the waiter it wakes (see
+    #: :func:`~redreentrant._core.rounds.release_steps`)
+    hands_over = True
+
     @property
     def upgrade_from(self) -> LockKind | None:
         """A kind whose holder may not take this one (it would wait for itself)."""
@@ -67,20 +71,27 @@ class LockKind:
         A refused take registers the owner as a waiter for ``wait_ms`` (0: not at all)."""
         return Call(scripts.ACQUIRE, self._keys(name), (owner, lease_ms, count, wait_ms))
 
-    def release(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+    def release(
+        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+    ) -> Call:
         """Set the owner's count to ``count_left`` (0 frees); replies ``{1, ''}``,
-        ``{0, woken}`` or ``{-1, ''}``, where ``woken`` is the waiter the masters woke.
+        ``{0, woken, ms}`` or ``{-1, ''}``, where ``woken`` is the waiter the masters
+        woke and ``ms`` the lease it was handed the lock with (0: only woken).
 
-        ``release_id`` is the payload of the wake-up sent when the lock is freed."""
-        return self._release(name, owner, count_left, release_id, "1")
+        ``release_id`` is the payload of the wake-up sent when the lock is freed;
+        ``handover_ms`` > 0 hands the lock over to the waiter woken, with that lease."""
+        return self._release_call(name, owner, count_left, release_id, "1", handover_ms)
 
     def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
         """Take back a try that failed to reach a quorum, keeping any place the owner
         holds as a waiter (it is still waiting)."""
-        return self._release(name, owner, count_left, release_id, "0")
+        return self._release_call(name, owner, count_left, release_id, "0")
 
-    def _release(self, name: str, owner: str, left: int, rid: str, leave: str) -> Call:
-        args = ("release", owner, left, keys.wake_channel(name), rid, keys.HOME_PREFIX, leave)
+    def _release_call(
+        self, name: str, owner: str, left: int, rid: str, leave: str, handover_ms: int = 0
+    ) -> Call:
+        channel = keys.wake_channel(name)
+        args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, leave, handover_ms)
         return Call(scripts.RELEASE, self._keys(name), args)
 
     def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
@@ -158,6 +169,7 @@ class _ReadWriteKind(LockKind):
     family = "rw"
     side = ""
     targeted = False
+    hands_over = False
 
     def _keys(self, name: str) -> tuple[str, str, str]:
         return (
@@ -186,7 +198,9 @@ class _ReadWriteKind(LockKind):
             ("acquire", self.side, owner, lease_ms, count, wait_ms),
         )
 
-    def release(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+    def release(
+        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+    ) -> Call:
         return self._release(name, owner, count_left, release_id, "1")
 
     def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
@@ -275,6 +289,7 @@ class FairKind(LockKind):
     family = "fair"
     queued = True
     targeted = False
+    hands_over = False
 
     def _keys(self, name: str) -> tuple[str, str, str]:
         return (
@@ -303,7 +318,9 @@ class FairKind(LockKind):
             scripts.FAIRLOCK, self._keys(name), ("acquire", owner, lease_ms, count, wait_ms)
         )
 
-    def release(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+    def release(
+        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+    ) -> Call:
         return self._release(name, owner, count_left, release_id, "1")
 
     def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:

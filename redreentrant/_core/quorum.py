@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .effects import UNREAD, Call, Early, Fanout, Reply
+from .effects import UNREAD, Call, Early, Fanout, Handover, Reply
 from .errors import LockKeyTypeError, QuorumUnavailableError
 
 #: A monotonic clock (seconds): ``time.monotonic`` unless a test injects another.
@@ -179,6 +179,22 @@ def woken_by(replies: Sequence[Sequence[Reply]], call: int = 0) -> tuple[str, ..
             woken = reply[1]
             out[woken.decode() if isinstance(woken, bytes) else str(woken)] = None
     return tuple(out)
+
+
+def handed_over(replies: Sequence[Sequence[Reply]]) -> dict[str, Handover]:
+    """The waiters the masters handed the lock over to, from release replies
+    ``{0, woken, ms}`` with ``ms > 0``: per waiter, its lease and the masters that
+    granted it (``since`` is left for the caller)."""
+    out: dict[str, tuple[int, set[int]]] = {}
+    for i, per_master in enumerate(replies):
+        reply = per_master[0] if per_master else None
+        if isinstance(reply, list) and len(reply) >= 3 and reply[1] and reply[2]:
+            woken = reply[1]
+            owner = woken.decode() if isinstance(woken, bytes) else str(woken)
+            ms, masters = out.setdefault(owner, (int(reply[2]), set()))
+            if int(reply[2]) == ms:
+                masters.add(i)
+    return {o: Handover(ms, frozenset(masters)) for o, (ms, masters) in out.items()}
 
 
 def note_failure(q: Quorum, t: Tally, i: int, key: str, reply: Reply) -> None:

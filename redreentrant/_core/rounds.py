@@ -12,7 +12,20 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .effects import Call, Early, Fanout, Notify, Pause, Relay, Reply, Steps, Wait, Watch
+from .effects import (
+    Call,
+    Early,
+    Fanout,
+    Handed,
+    Handover,
+    Notify,
+    Pause,
+    Relay,
+    Reply,
+    Steps,
+    Wait,
+    Watch,
+)
 from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .fencing import FENCE_TTL_MS, kept_counter, token_of
 from .holds import Hold
@@ -21,6 +34,7 @@ from .kinds import LockKind
 from .quorum import (
     Quorum,
     Tally,
+    handed_over,
     is_wrong_type,
     lease_ms,
     status_of,
@@ -103,6 +117,12 @@ def acquire_steps(
     # Whether a try may have left the owner's place as a waiter on a master: a waiter
     # that gives up then takes it back.
     registered = False
+    # When the first try that may have registered the owner went out: a master can
+    # hand the lock over to a registered waiter only after that.
+    first_try: float | None = None
+    # Whether a release may hand this acquire the lock (see release_steps): a
+    # fenced one needs a token, which only a round of its own steps.
+    handing = kind.hands_over and count == 1 and not fenced
     splits = 0
     try:
         while True:
@@ -115,6 +135,8 @@ def acquire_steps(
                 wait_s = lease if deadline is None else min(lease, deadline - started)
             wait_ms = lease_ms(wait_s) if wait_s > 0 else 0
             registered = registered or wait_ms > 0
+            if registered and first_try is None:
+                first_try = started
             calls = [kind.acquire(name, owner, ms, count, wait_ms)]
             if fenced:
                 calls.append(kind.fence_next(name, owner, FENCE_TTL_MS))
@@ -195,11 +217,34 @@ def acquire_steps(
             before = generation
             generation = yield Wait(channel, owner, generation, min(remaining, pause))
             woken = generation != before
+            if woken and handing:
+                handover = yield Handed(channel, owner)
+                if handover is not None:
+                    grant = _handed_grant(q, handover, first_try, ms)
+                    if grant is not None:
+                        return grant
+                    # Not usable as it is (another lease, too little validity left, or
+                    # too few masters): the next try takes it, as the owner's own hold.
     except GeneratorExit:
         raise
     except BaseException:
         yield from _give_up(q, kind, name, owner, channel, woken, registered)
         raise
+
+
+def _handed_grant(q: Quorum, handover: Handover, first_try: float | None, ms: int) -> Grant | None:
+    """The grant a waiter was handed by a release (see :func:`release_steps`), if it
+    can keep it as it is: granted with its own lease, by a quorum, with at least two
+    thirds of the lease left. Its validity counts from a moment before the grants (the
+    release's start, or the waiter's first try that registered it), less the drift."""
+    since = handover.since if handover.since is not None else first_try
+    if since is None or handover.lease_ms != ms or len(handover.masters) < q.needed:
+        return None
+    lease = ms / 1000.0
+    valid_until = since + lease - q.drift(lease)
+    if valid_until - q.clock() < lease * 2 / 3:
+        return None
+    return Grant(valid_until, None, len(handover.masters))
 
 
 def _write_back(q: Quorum, kind: LockKind, name: str, token: int) -> Steps[bool]:
@@ -232,18 +277,40 @@ def _give_up(
         yield Relay(channel, owner)
 
 
-def release_steps(q: Quorum, kind: LockKind, name: str, owner: str, count_left: int) -> Steps[None]:
+def release_steps(
+    q: Quorum, kind: LockKind, name: str, owner: str, count_left: int, lease: float = 0.0
+) -> Steps[None]:
     """Release one hold level; at ``count_left == 0`` free the owner's hold everywhere.
+
+    A final release on a single master (with the hold's ``lease``, of a kind that
+    :attr:`~.kinds.LockKind.hands_over`) hands the lock over to the registered waiter it
+    wakes: the master grants it to that waiter with the same lease in the same script
+    call, and the waiter's acquire returns once it hears so, with no round of its own
+    (see :func:`acquire_steps`). The releasing owner coming straight back is then
+    refused like any other newcomer, so waiters are served in the order they
+    registered. On several masters a release only wakes: independent masters could
+    hand the lock to different waiters, splitting the vote.
 
     Raises :class:`LockLostError` when the owner's hold was no longer on a quorum, and
     :class:`QuorumUnavailableError` when too many masters failed to tell.
     """
     rid = release_id(owner)
-    release = kind.release(name, owner, count_left, rid)
+    hand = count_left == 0 and lease > 0 and q.size == 1 and kind.hands_over
+    handover_ms = lease_ms(lease) if hand else 0
+    started = q.clock()
+    release = kind.release(name, owner, count_left, rid, handover_ms)
     replies = yield q.everywhere(release, early=q.until_held, cleanup=True)
     tally = tally_holds(q, kind.key(name), replies)
     if count_left == 0 and kind.notify_channels(name):
-        yield Notify(kind.notify_channels(name), rid, woken_by(replies))
+        handed: tuple[tuple[str, Handover], ...] = ()
+        lost = False
+        if handover_ms:
+            handed = tuple(
+                (waiter, Handover(h.lease_ms, h.masters, started))
+                for waiter, h in handed_over(replies).items()
+            )
+            lost = any(not isinstance(r[0], list) for r in replies)
+        yield Notify(kind.notify_channels(name), rid, woken_by(replies), handed, lost)
     if len(tally.granted) >= q.needed:
         return
     if tally.wrong_type is not None:

@@ -8,10 +8,10 @@ of :mod:`redreentrant._sync` and :mod:`redreentrant._async`, or the in-memory
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from .effects import Fanout, Reply
+from .effects import Fanout, Handover, Reply
 
 
 class Transport(Protocol):
@@ -44,8 +44,15 @@ class Hub(Protocol):
     def pause(self, seconds: float) -> None: ...
 
     def notify(
-        self, channels: Sequence[str], release_id: str, woken: Sequence[str] = ()
+        self,
+        channels: Sequence[str],
+        release_id: str,
+        woken: Sequence[str] = (),
+        handovers: Mapping[str, Handover] | None = None,
+        everyone: bool = False,
     ) -> None: ...
+
+    def handed(self, channel: str, owner: str) -> Handover | None: ...
 
     def relay(self, channel: str, owner: str) -> None: ...
 
@@ -66,8 +73,15 @@ class AsyncHub(Protocol):
     async def pause(self, seconds: float) -> None: ...
 
     def notify(
-        self, channels: Sequence[str], release_id: str, woken: Sequence[str] = ()
+        self,
+        channels: Sequence[str],
+        release_id: str,
+        woken: Sequence[str] = (),
+        handovers: Mapping[str, Handover] | None = None,
+        everyone: bool = False,
     ) -> None: ...
+
+    def handed(self, channel: str, owner: str) -> Handover | None: ...
 
     def relay(self, channel: str, owner: str) -> None: ...
 

@@ -39,9 +39,11 @@ The rules that keep the subscriptions right whatever the interleaving:
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .effects import Handover
 
 #: how long a master whose pub/sub connection failed is left alone before a retry
 RECONNECT_DELAY = 0.5
@@ -63,6 +65,8 @@ class Waiter:
     refs: int = 0
     #: the flavour's means of waking it while it sleeps (a condition, or a future)
     signal: Any = None
+    #: the lock, handed over to it with its last wake-up (taken by its acquire)
+    handover: Handover | None = None
 
 
 @dataclass(eq=False)
@@ -113,7 +117,9 @@ class Subscriptions:
         self._rejoining: set[int] = set()
         self._recent: deque[tuple[str, str]] = deque()
         self._recent_set: set[tuple[str, str]] = set()
-        self._unclaimed: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        # Targeted wake-ups for owners not watching yet (a try registered them a moment
+        # before), with the lock if it was handed over to them.
+        self._unclaimed: OrderedDict[tuple[str, str], Handover | None] = OrderedDict()
 
     # -- the waiters' side --------------------------------------------------------------
 
@@ -128,9 +134,10 @@ class Subscriptions:
         waiter = chan.waiters.get(owner)
         if waiter is None:
             waiter = chan.waiters[owner] = Waiter(owner)
-            if chan.targeted and (
-                self._unclaimed.pop((channel, owner), False) or not self.settled(chan)
-            ):
+            unclaimed = (channel, owner) in self._unclaimed
+            if unclaimed:
+                waiter.handover = self._unclaimed.pop((channel, owner))
+            if chan.targeted and (unclaimed or not self.settled(chan)):
                 waiter.wakes = 1
             start = 0
         else:
@@ -167,22 +174,54 @@ class Subscriptions:
         return chan if chan is not None and chan.waiters else None
 
     def released_here(
-        self, channel: str, release_id: str, woken: Sequence[str] = ()
+        self,
+        channel: str,
+        release_id: str,
+        woken: Sequence[str] = (),
+        handovers: Mapping[str, Handover] | None = None,
+        everyone: bool = False,
     ) -> list[Waiter]:
         """A release made in this process freed a lock: the local waiters to wake now.
 
         On a targeted channel that is the first of ``woken`` (the waiters the masters
         chose) that waits here, and nobody if they all wait elsewhere; when the masters
-        chose nobody, one local waiter, as on a subscribed channel."""
-        chan = self.waited_on(channel)
-        if chan is None or not self._accept(channel, release_id):
+        chose nobody, one local waiter, as on a subscribed channel. A waiter woken here
+        gets its entry of ``handovers`` (the lock, handed over to it: the masters send
+        no message then), kept for its watch if it does not watch yet. ``everyone``
+        (some masters' replies were lost, so a hand-over made there is not known here):
+        every local waiter, so that the one that may have been handed the lock finds
+        it with its next try."""
+        chan = self.channels.get(channel)
+        if not (chan is not None and chan.waiters) and not handovers:
             return []
-        if chan.targeted and woken:
+        if not self._accept(channel, release_id):
+            return []
+        handovers = handovers or {}
+        if chan is not None and everyone:
+            return self._wake(chan, list(chan.waiters))
+        if woken and (chan is None or chan.targeted):
             for owner in woken:
-                if owner in chan.waiters:
+                if chan is not None and owner in chan.waiters:
+                    chan.waiters[owner].handover = handovers.get(owner)
                     return self._wake(chan, [owner])
+            for owner in woken:
+                if owner in handovers:
+                    # Its try's watch is still to come: keep the lock for the watch.
+                    self._keep_unclaimed(channel, owner, handovers[owner])
+            return []
+        if chan is None:
             return []
         return self._wake(chan, self._next(chan))
+
+    def take_handover(self, channel: str, owner: str) -> Handover | None:
+        """The lock, if it was handed over to ``owner`` with its last wake-up on
+        ``channel`` (taken: None the next time)."""
+        chan = self.channels.get(channel)
+        waiter = chan.waiters.get(owner) if chan is not None else None
+        if waiter is None:
+            return None
+        handover, waiter.handover = waiter.handover, None
+        return handover
 
     def relay(self, channel: str, owner: str) -> list[Waiter]:
         """``owner`` was woken but gives up: the other local waiter to wake instead."""
@@ -279,11 +318,14 @@ class Subscriptions:
         chan = self.channels.get(channel)
         if chan is None or owner not in chan.waiters:
             # Registered by a try whose watch is still to come: keep it for the watch.
-            self._unclaimed[(channel, owner)] = True
-            while len(self._unclaimed) > UNCLAIMED:
-                self._unclaimed.popitem(last=False)
+            self._keep_unclaimed(channel, owner, None)
             return []
         return self._wake(chan, [owner])
+
+    def _keep_unclaimed(self, channel: str, owner: str, handover: Handover | None) -> None:
+        self._unclaimed[(channel, owner)] = handover
+        while len(self._unclaimed) > UNCLAIMED:
+            self._unclaimed.popitem(last=False)
 
     @staticmethod
     def _next(chan: Channel) -> list[str]:

@@ -21,9 +21,10 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._core.effects import Handover
 from .._core.errors import ManagerClosedError
 from .._core.subscriptions import RECONNECT_DELAY, Subscriptions, Waiter
 
@@ -116,14 +117,29 @@ class WakeupHub:
             if not self._closed:
                 self._confirmations.wait_for(lambda: self._closed, seconds)
 
-    def notify(self, channels: Sequence[str], release_id: str, woken: Sequence[str] = ()) -> None:
+    def notify(
+        self,
+        channels: Sequence[str],
+        release_id: str,
+        woken: Sequence[str] = (),
+        handovers: Mapping[str, Handover] | None = None,
+        everyone: bool = False,
+    ) -> None:
         """A release made in this process freed a lock: wake its waiters here at once
-        (on a targeted channel, the one the masters woke, if it waits here)."""
-        if not any(c in self._subs.channels for c in channels):
+        (on a targeted channel, the one the masters woke, if it waits here, with the
+        lock if they handed it over to it)."""
+        if not handovers and not any(c in self._subs.channels for c in channels):
             return  # nobody here waits: skip the lock on the release path
         with self._lock:
             for channel in channels:
-                self._wake(self._subs.released_here(channel, release_id, woken))
+                self._wake(
+                    self._subs.released_here(channel, release_id, woken, handovers, everyone)
+                )
+
+    def handed(self, channel: str, owner: str) -> Handover | None:
+        """The lock, if it was handed over to ``owner`` with its last wake-up."""
+        with self._lock:
+            return self._subs.take_handover(channel, owner)
 
     def relay(self, channel: str, owner: str) -> None:
         """``owner`` was woken but gave up: wake another waiter here in its place."""
