@@ -1,5 +1,5 @@
 -- name: release
--- version: 4
+-- version: 5
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -23,13 +23,13 @@
 --            registration too (a final release: a try that reached this master too
 --            late to count may have registered it), '0' to keep it (undoing a try that
 --            failed elsewhere, while still waiting), ARGV[8] (optional) a hand-over
---            lease in ms, '0' or absent for none: a waiter woken that belongs to the
---            releasing owner's own manager is then also granted the lock at once (hold
---            count 1, that PTTL; its registration ends), and nothing is published: the
---            releasing manager, which reads this reply, tells it. A waiter of another
---            manager is only woken (handing over to another process would make every
---            hand-off wait for that process to be scheduled). The count is absolute,
---            not a decrement, so a repeated call cannot release twice.
+--            lease in ms, '0' or absent for none: when the waiter to wake belongs to
+--            the releasing owner's own manager, it is granted the lock at once instead
+--            (hold count 1, that PTTL; its registration ends) and nothing is published:
+--            that manager reads this reply and tells it. A waiter of another manager
+--            is only woken (handing over to another process would make every hand-off
+--            wait for that process to be scheduled). The count is absolute, not a
+--            decrement, so a repeated call cannot release twice.
 --            Reply {1, ''} still held with the new count; {0, woken, ms} the owner's
 --            hold is gone (freed here), ms the hand-over lease if the woken waiter was
 --            granted the lock, else 0; {-1, ''} the owner held nothing on this master
@@ -50,8 +50,9 @@ local function manager_of(owner)
   return string.match(owner, '^(.*):[^:]*$') or owner
 end
 
--- Wakes the next registered waiter; grants it the lock with the lease handover
--- (0: never) if it belongs to local_manager. Returns (woken owner or '', lease granted).
+-- Wakes the next registered waiter, or grants it the lock with the lease handover
+-- (0: never) if it belongs to local_manager. Returns (the owner woken or '', the lease
+-- it was granted or 0).
 local function wake_next(channel, id, prefix, handover, local_manager)
   if redis.call('pubsub', 'numsub', channel)[2] > 0 then
     redis.call('publish', channel, id)

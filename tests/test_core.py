@@ -432,14 +432,16 @@ def test_a_release_on_several_masters_only_wakes() -> None:
     assert w.hub.notices[-1] == ((wake_channel("x"),), (waiter,)) and not w.hub.handed_over
 
 
-def handed_to(w: World, lease: int) -> Callable[[], None]:
-    """A wait during which a release of the lock hands it over to the waiter."""
+def handed_to(w: World, lease: int, since: float | None = None) -> Callable[[], None]:
+    """A wait during which a release of the lock, which went out at ``since`` (default:
+    as the wait begins), hands it over to the waiter."""
 
     def on_wait() -> None:
         owner = w.engine.owner_id()
         w.masters[0].hashes[lock_key("x")] = {owner: 1}
         w.masters[0].expires[lock_key("x")] = w.clock() + lease / 1000
-        w.hub.handed_over[owner] = Handover(lease, frozenset({0}))
+        sent = w.clock() if since is None else since
+        w.hub.handed_over[owner] = Handover(lease, frozenset({0}), sent)
         w.hub.wakes = 1
         w.hub.on_wait = lambda: None
 
@@ -449,13 +451,37 @@ def handed_to(w: World, lease: int) -> Callable[[], None]:
 def test_a_waiter_handed_the_lock_holds_it_without_a_round_of_its_own() -> None:
     w = World(size=1)
     w.take_elsewhere([0], ttl=20.0)
-    first_try = w.clock()
-    w.hub.on_wait = handed_to(w, lease_ms(LEASE))
+    released: list[float] = []
+    hand = handed_to(w, lease_ms(LEASE))
+
+    def on_wait() -> None:
+        released.append(w.clock())
+        hand()
+
+    w.hub.on_wait = on_wait
     assert w.acquire(blocking=True, timeout=10)
     assert len(w.transport.rounds) == 1  # the refused try only
     hold = w.hold()
-    # Valid from the first try that registered it (before any grant), less the drift.
-    assert hold is not None and hold.valid_until == pytest.approx(first_try + LEASE - DRIFT)
+    # Valid from when the release went out (before the grant), less the drift.
+    assert hold is not None and hold.valid_until == pytest.approx(released[0] + LEASE - DRIFT)
+
+
+def test_a_hand_over_told_late_is_not_taken_for_a_later_acquire() -> None:
+    w = World(size=1)
+    w.take_elsewhere([0], ttl=20.0)
+    owner = w.engine.owner_id()
+    before = w.clock() - 0.001  # a release that went out before this acquire began
+
+    def on_wait() -> None:
+        # Told only now, and meant for an earlier acquire of this owner: the lock is
+        # someone else's (the earlier acquire's hold was given back long ago).
+        w.hub.handed_over[owner] = Handover(lease_ms(LEASE), frozenset({0}), before)
+        w.hub.wakes = 1
+        w.hub.on_wait = lambda: None
+
+    w.hub.on_wait = on_wait
+    assert not w.acquire(blocking=True, timeout=0.5)
+    assert len(w.transport.rounds) >= 2 and w.hold() is None  # it asked the master
 
 
 def test_a_lock_handed_over_with_another_lease_is_taken_by_a_try() -> None:
@@ -665,12 +691,12 @@ def test_a_lost_master_is_not_waited_for_and_rejoins_on_reconnect() -> None:
     assert not subs.settled(chan)  # back: its confirmation counts again
 
 
-def home_ready(size: int) -> Subscriptions:
+def home_ready(size: int, home: str = "home") -> Subscriptions:
     """A state machine whose masters all confirmed the home channel."""
-    subs = Subscriptions(size, "home")
+    subs = Subscriptions(size, home)
     for i in range(size):
         subs.connected(i)
-        assert subs.on_message(i, message("subscribe", "home")) == ([], True)
+        assert subs.on_message(i, message("subscribe", home)) == ([], True)
     return subs
 
 
@@ -727,14 +753,15 @@ def test_a_hand_over_whose_reply_was_lost_wakes_every_local_waiter() -> None:
     assert sorted(w.owner for w in woken) == ["m:o1", "m:o2"]
 
 
-def test_a_local_hand_over_before_the_watch_is_kept_for_it_with_the_lock() -> None:
-    subs = home_ready(1)
+def test_a_local_hand_over_before_the_watch_is_kept_for_it_as_a_wake_up() -> None:
+    subs = home_ready(1, home="prefix:m")  # the home channel of manager m
     handover = Handover(7000, frozenset({0}), 1.0)
     assert subs.released_here("lock\nx", "r1", ("m:o1",), {"m:o1": handover}) == []
-    # The watch that follows the try gets the wake-up with the lock.
+    # The watch that follows the try is woken at once, without the lock: that watch may
+    # be a later acquire's, so its try finds out whether the lock is its own.
     subs.watch("lock\nx", "m:o1", targeted=True)
     assert subs.waiter("lock\nx", "m:o1").wakes == 1
-    assert subs.take_handover("lock\nx", "m:o1") == handover
+    assert subs.take_handover("lock\nx", "m:o1") is None
 
 
 def test_a_targeted_watch_before_the_home_channel_is_heard_counts_as_woken() -> None:

@@ -15,7 +15,7 @@ from redreentrant._core.keys import HOME_PREFIX, home_channel, lock_key, waiters
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
     "acquire": (3, "a1c12996cd89ca07"),
-    "release": (4, "ec36bf2e2e602299"),
+    "release": (5, "0d76978d55137112"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (2, "997474ce8e091d11"),

@@ -104,15 +104,14 @@ class Wait:
 
 @dataclass(frozen=True)
 class Handover:
-    """A grant that a release made to a waiter directly (see :class:`Handed`): the
-    lease in ms the waiter was granted with, the masters that granted it, and a moment
-    before the grants on this process's monotonic clock (the release's start), or None
-    when it is not known here (the waiter then counts from its first try that
-    registered it, which came before any grant)."""
+    """A grant that a release made in this process to a waiter of its manager directly
+    (see :class:`Handed`): the lease in ms the waiter was granted with, the masters
+    that granted it, and when the release went out (before the grants), on the
+    monotonic clock."""
 
     lease_ms: int
     masters: frozenset[int]
-    since: float | None = None
+    since: float
 
 
 @dataclass(frozen=True)

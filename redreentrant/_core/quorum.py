@@ -181,10 +181,10 @@ def woken_by(replies: Sequence[Sequence[Reply]], call: int = 0) -> tuple[str, ..
     return tuple(out)
 
 
-def handed_over(replies: Sequence[Sequence[Reply]]) -> dict[str, Handover]:
+def handed_over(replies: Sequence[Sequence[Reply]], since: float) -> dict[str, Handover]:
     """The waiters the masters handed the lock over to, from release replies
     ``{0, woken, ms}`` with ``ms > 0``: per waiter, its lease and the masters that
-    granted it (``since`` is left for the caller)."""
+    granted it; ``since``: when the release went out."""
     out: dict[str, tuple[int, set[int]]] = {}
     for i, per_master in enumerate(replies):
         reply = per_master[0] if per_master else None
@@ -194,7 +194,7 @@ def handed_over(replies: Sequence[Sequence[Reply]]) -> dict[str, Handover]:
             ms, masters = out.setdefault(owner, (int(reply[2]), set()))
             if int(reply[2]) == ms:
                 masters.add(i)
-    return {o: Handover(ms, frozenset(masters)) for o, (ms, masters) in out.items()}
+    return {o: Handover(ms, frozenset(masters), since) for o, (ms, masters) in out.items()}
 
 
 def note_failure(q: Quorum, t: Tally, i: int, key: str, reply: Reply) -> None:

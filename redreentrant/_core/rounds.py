@@ -233,12 +233,16 @@ def acquire_steps(
 
 
 def _handed_grant(q: Quorum, handover: Handover, first_try: float | None, ms: int) -> Grant | None:
-    """The grant a waiter was handed by a release (see :func:`release_steps`), if it
-    can keep it as it is: granted with its own lease, by a quorum, with at least two
-    thirds of the lease left. Its validity counts from a moment before the grants (the
-    release's start, or the waiter's first try that registered it), less the drift."""
-    since = handover.since if handover.since is not None else first_try
-    if since is None or handover.lease_ms != ms or len(handover.masters) < q.needed:
+    """The grant a waiter was handed by a release of its own manager (see
+    :func:`release_steps`), if it can keep it as it is: made for this acquire (the
+    release went out after its first try: a hand-over told late may have been meant
+    for an earlier acquire of the same owner, whose hold was given back since), with
+    its own lease, by a quorum, and with at least two thirds of the lease left. Its
+    validity counts from the release's start (before the grants), less the drift."""
+    since = handover.since
+    if first_try is None or since < first_try:
+        return None
+    if handover.lease_ms != ms or len(handover.masters) < q.needed:
         return None
     lease = ms / 1000.0
     valid_until = since + lease - q.drift(lease)
@@ -283,13 +287,16 @@ def release_steps(
     """Release one hold level; at ``count_left == 0`` free the owner's hold everywhere.
 
     A final release on a single master (with the hold's ``lease``, of a kind that
-    :attr:`~.kinds.LockKind.hands_over`) hands the lock over to the registered waiter it
-    wakes: the master grants it to that waiter with the same lease in the same script
-    call, and the waiter's acquire returns once it hears so, with no round of its own
-    (see :func:`acquire_steps`). The releasing owner coming straight back is then
-    refused like any other newcomer, so waiters are served in the order they
-    registered. On several masters a release only wakes: independent masters could
-    hand the lock to different waiters, splitting the vote.
+    :attr:`~.kinds.LockKind.hands_over`) hands the lock over when the registered waiter
+    it would wake belongs to this same manager: the master grants it to that waiter
+    with the same lease in the same script call, and the waiter, told here, holds it
+    with no round of its own (see :func:`acquire_steps`). The releasing owner coming
+    straight back is then refused like any newcomer, so the threads (or tasks) of one
+    manager take turns in the order they registered, at the cost of one round trip per
+    turn. A waiter of another manager is only woken: a turn that waits for another
+    process to be scheduled costs more than the round trip it saves. On several
+    masters a release only wakes: independent masters could hand the lock to different
+    waiters, splitting the vote.
 
     Raises :class:`LockLostError` when the owner's hold was no longer on a quorum, and
     :class:`QuorumUnavailableError` when too many masters failed to tell.
@@ -305,10 +312,7 @@ def release_steps(
         handed: tuple[tuple[str, Handover], ...] = ()
         lost = False
         if handover_ms:
-            handed = tuple(
-                (waiter, Handover(h.lease_ms, h.masters, started))
-                for waiter, h in handed_over(replies).items()
-            )
+            handed = tuple(handed_over(replies, started).items())
             lost = any(not isinstance(r[0], list) for r in replies)
         yield Notify(kind.notify_channels(name), rid, woken_by(replies), handed, lost)
     if len(tally.granted) >= q.needed:

@@ -118,8 +118,10 @@ class Subscriptions:
         self._recent: deque[tuple[str, str]] = deque()
         self._recent_set: set[tuple[str, str]] = set()
         # Targeted wake-ups for owners not watching yet (a try registered them a moment
-        # before), with the lock if it was handed over to them.
-        self._unclaimed: OrderedDict[tuple[str, str], Handover | None] = OrderedDict()
+        # before). Never with a hand-over: the watch that claims one may belong to a
+        # later acquire (the one it was meant for may have ended, its hold given back
+        # or taken by a try of its own), so its try finds out whether it holds the lock.
+        self._unclaimed: OrderedDict[tuple[str, str], bool] = OrderedDict()
 
     # -- the waiters' side --------------------------------------------------------------
 
@@ -134,9 +136,7 @@ class Subscriptions:
         waiter = chan.waiters.get(owner)
         if waiter is None:
             waiter = chan.waiters[owner] = Waiter(owner)
-            unclaimed = (channel, owner) in self._unclaimed
-            if unclaimed:
-                waiter.handover = self._unclaimed.pop((channel, owner))
+            unclaimed = self._unclaimed.pop((channel, owner), False)
             if chan.targeted and (unclaimed or not self.settled(chan)):
                 waiter.wakes = 1
             start = 0
@@ -187,7 +187,8 @@ class Subscriptions:
         chose) that waits here, and nobody if they all wait elsewhere; when the masters
         chose nobody, one local waiter, as on a subscribed channel. A waiter woken here
         gets its entry of ``handovers`` (the lock, handed over to it: the masters send
-        no message then), kept for its watch if it does not watch yet. ``everyone``
+        no message then); one of ours that does not watch yet gets a wake-up kept for
+        its watch (its try then finds the lock its own). ``everyone``
         (some masters' replies were lost, so a hand-over made there is not known here):
         every local waiter, so that the one that may have been handed the lock finds
         it with its next try."""
@@ -205,9 +206,10 @@ class Subscriptions:
                     chan.waiters[owner].handover = handovers.get(owner)
                     return self._wake(chan, [owner])
             for owner in woken:
-                if owner in handovers:
-                    # Its try's watch is still to come: keep the lock for the watch.
-                    self._keep_unclaimed(channel, owner, handovers[owner])
+                if owner in handovers and self._ours(owner):
+                    # Its try's watch is still to come: keep the wake-up for the watch
+                    # (the masters send no message for a hand-over to this manager).
+                    self._keep_unclaimed(channel, owner)
             return []
         if chan is None:
             return []
@@ -318,12 +320,16 @@ class Subscriptions:
         chan = self.channels.get(channel)
         if chan is None or owner not in chan.waiters:
             # Registered by a try whose watch is still to come: keep it for the watch.
-            self._keep_unclaimed(channel, owner, None)
+            self._keep_unclaimed(channel, owner)
             return []
         return self._wake(chan, [owner])
 
-    def _keep_unclaimed(self, channel: str, owner: str, handover: Handover | None) -> None:
-        self._unclaimed[(channel, owner)] = handover
+    def _ours(self, owner: str) -> bool:
+        """Whether ``owner`` belongs to this manager (its home channel names it)."""
+        return self.home.endswith(owner.rpartition(":")[0])
+
+    def _keep_unclaimed(self, channel: str, owner: str) -> None:
+        self._unclaimed[(channel, owner)] = True
         while len(self._unclaimed) > UNCLAIMED:
             self._unclaimed.popitem(last=False)
 
