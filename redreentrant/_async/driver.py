@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .._core.effects import Fanout, Notify, Pause, Relay, Steps, Wait, Watch
@@ -65,12 +65,16 @@ class AsyncDriver:
         """Run ``steps`` to their end even if the caller is cancelled (releases)."""
         return await self.run(steps, shielded=True)
 
-    async def _carry_out(self, effect: object, watched: list[tuple[str, str]]) -> object:
+    def _carry_out(self, effect: object, watched: list[tuple[str, str]]) -> Awaitable[object]:
         if isinstance(effect, Fanout):
             # A cancellation mid-round leaves the round's connections behind (see the
             # transport): the undo that follows reaches each master after the round it
             # undoes, on the same connection. So no task or shield is made per round.
-            return await self.transport.fanout(effect)
+            # The transport's own awaitable: no coroutine of ours around each round.
+            return self.transport.fanout(effect)
+        return self._carry_out_other(effect, watched)
+
+    async def _carry_out_other(self, effect: object, watched: list[tuple[str, str]]) -> object:
         if isinstance(effect, Wait):
             return await self.hub.wait(
                 effect.channel, effect.owner, effect.generation, effect.timeout

@@ -177,7 +177,8 @@ class Engine:
         """Take or re-enter ``name`` for ``owner`` (see ``Lock.acquire``); a first hold
         with ``fencing`` gets a fencing token (see :mod:`.fencing`), and ``signal`` (if
         given) is told when it is lost."""
-        check_acquire_args(blocking, timeout)
+        if type(timeout) is not int or timeout != -1:  # the default needs no check
+            check_acquire_args(blocking, timeout)
         q = self.quorum
         lease_s = self.settings.acquire_lease(lease)
         hold = self.holds.get(kind, name, owner)
@@ -207,9 +208,9 @@ class Engine:
             q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed, fencing
         )
         grant = yield from steps
-        return (
-            yield from self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
-        )
+        if grant is not None and self.closed:
+            yield from self._closed_meanwhile(kind, name, owner)
+        return self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
 
     def _acquire_told(
         self,
@@ -241,9 +242,9 @@ class Engine:
         )  # fmt: skip
         try:
             grant = yield from steps
-            got = yield from self._granted(
-                kind, name, owner, lease, lease_s, grant, cap, signal, site
-            )
+            if grant is not None and self.closed:
+                yield from self._closed_meanwhile(kind, name, owner)
+            got = self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
         except BaseException as error:
             if isinstance(error, QuorumUnavailableError):
                 tell(partial(listener.quorum_unavailable, error.action, error.errors))
@@ -268,16 +269,12 @@ class Engine:
         cap: float | None,
         signal: Signal | None,
         site: str,
-    ) -> Steps[bool]:
-        """Record a first hold's grant (False: none)."""
-        q = self.quorum
+    ) -> bool:
+        """Record a first hold's grant (False: none). Not a step of its own (no
+        generator per acquire): the rare undo comes first, see
+        :meth:`_closed_meanwhile`."""
         if grant is None:
             return False
-        if self.closed:
-            # Granted while the manager was closing: nothing would renew or report it.
-            with contextlib.suppress(Exception):
-                yield from release_steps(q, kind, name, owner, 0)
-            raise ManagerClosedError("the lock manager was closed during the acquire")
         now = self.clock()
         hold = Hold(
             kind,
@@ -297,6 +294,13 @@ class Engine:
         if hold.managed:
             self.on_managed_hold(hold)
         return True
+
+    def _closed_meanwhile(self, kind: LockKind, name: str, owner: str) -> Steps[None]:
+        """A first hold granted while the manager was closing: nothing would renew or
+        report it, so it is released, and the acquire fails."""
+        with contextlib.suppress(Exception):
+            yield from release_steps(self.quorum, kind, name, owner, 0)
+        raise ManagerClosedError("the lock manager was closed during the acquire")
 
     def lose(self, hold: Hold, why: str) -> None:
         """Mark ``hold`` lost, found so by an owner's own call (a re-entry, release or
