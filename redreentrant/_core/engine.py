@@ -51,6 +51,9 @@ from .views import MasterView
 
 S = TypeVar("S", bound=Signal)
 
+#: how many owners' ids an engine keeps made (then it starts afresh)
+OWNER_ID_CACHE_SIZE = 1024
+
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -92,6 +95,8 @@ class Engine:
         self._token = token
         self._guard = guard
         self.id = new_manager_id()
+        #: owner ids by owner token (see :meth:`owner_id`)
+        self._owner_ids: dict[str, str] = {}
         self.holds = Holds(guard())
         self.closed = False
         #: the members that are Redis Clusters (their renewals are split per hash slot)
@@ -134,7 +139,15 @@ class Engine:
 
     def owner_id(self) -> str:
         """The calling owner's id under this manager."""
-        return f"{self.id}:{self._token()}"
+        token = self._token()
+        owner = self._owner_ids.get(token)
+        if owner is None:
+            # Made once per owner rather than per call: the same string object then
+            # also keeps its hash for the lookups it is used in.
+            if len(self._owner_ids) >= OWNER_ID_CACHE_SIZE:
+                self._owner_ids.clear()  # one call, safe while other threads look up
+            owner = self._owner_ids[token] = f"{self.id}:{token}"
+        return owner
 
     def is_closed(self) -> bool:
         return self.closed
@@ -146,6 +159,7 @@ class Engine:
     def after_fork_in_child(self) -> None:
         """The child is a new owner: it never renews nor releases the parent's holds."""
         self.id = new_manager_id()
+        self._owner_ids = {}
         self.holds = Holds(self._guard())
 
     # -- local state (no I/O) -----------------------------------------------------------

@@ -122,9 +122,13 @@ class Holds:
         holds they keep alive) meanwhile. Done when most entries are stale, so its cost
         is a constant share of each add."""
         table = self._table
-        heap = self._deadlines
-        heap[:] = [e for e in heap if e[2].lost is None and table.get(e[2].ident) is e[2]]
-        heapq.heapify(heap)
+        kept: dict[int, tuple[float, int, Hold]] = {}
+        for entry in self._deadlines:
+            h = entry[2]
+            if h.lost is None and table.get(h.ident) is h:
+                kept.setdefault(id(h), entry)  # one entry per hold (a hold added again)
+        self._deadlines[:] = kept.values()
+        heapq.heapify(self._deadlines)
 
     def _first(self) -> Hold | None:
         """The managed hold whose validity ends first (under the lock)."""
