@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from .._core.effects import Fanout, Notify, Pause, Relay, Steps, Wait, Watch
 from .._core.seams import AsyncHub, AsyncTransport
@@ -61,9 +61,9 @@ class AsyncDriver:
             raise held_back
         return value
 
-    async def run_shielded(self, steps: Steps[T]) -> T:
+    def run_shielded(self, steps: Steps[T]) -> Coroutine[Any, Any, T]:
         """Run ``steps`` to their end even if the caller is cancelled (releases)."""
-        return await self.run(steps, shielded=True)
+        return self.run(steps, shielded=True)  # awaited by the caller: no frame of its own
 
     def _carry_out(self, effect: object, watched: list[tuple[str, str]]) -> Awaitable[object]:
         if isinstance(effect, Fanout):

@@ -169,7 +169,11 @@ class FanoutRound:
         self.calls = calls
         self.results: list[list[Reply]] = [[] for _ in calls]
         #: the masters this round sends to
-        self.targets = [i for i, per_master in enumerate(calls) if per_master]
+        self.targets = (
+            list(range(len(calls)))  # the usual round: every master has calls
+            if all(calls)
+            else [i for i, per_master in enumerate(calls) if per_master]
+        )
         self._early = early
         self._voters = voters
         self._yes = 0
