@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from .._core.effects import Fanout, Handed, Notify, Pause, Relay, Steps, Wait, Watch
 from .._core.seams import AsyncHub, AsyncTransport
@@ -61,16 +61,20 @@ class AsyncDriver:
             raise held_back
         return value
 
-    async def run_shielded(self, steps: Steps[T]) -> T:
+    def run_shielded(self, steps: Steps[T]) -> Coroutine[Any, Any, T]:
         """Run ``steps`` to their end even if the caller is cancelled (releases)."""
-        return await self.run(steps, shielded=True)
+        return self.run(steps, shielded=True)  # awaited by the caller: no frame of its own
 
-    async def _carry_out(self, effect: object, watched: list[tuple[str, str]]) -> object:
+    def _carry_out(self, effect: object, watched: list[tuple[str, str]]) -> Awaitable[object]:
         if isinstance(effect, Fanout):
             # A cancellation mid-round leaves the round's connections behind (see the
             # transport): the undo that follows reaches each master after the round it
             # undoes, on the same connection. So no task or shield is made per round.
-            return await self.transport.fanout(effect)
+            # The transport's own awaitable: no coroutine of ours around each round.
+            return self.transport.fanout(effect)
+        return self._carry_out_other(effect, watched)
+
+    async def _carry_out_other(self, effect: object, watched: list[tuple[str, str]]) -> object:
         if isinstance(effect, Wait):
             return await self.hub.wait(
                 effect.channel, effect.owner, effect.generation, effect.timeout
@@ -80,7 +84,7 @@ class AsyncDriver:
                 effect.channels,
                 effect.release_id,
                 effect.woken,
-                dict(effect.handovers),
+                dict(effect.handovers) if effect.handovers else None,
                 effect.everyone,
             )
             return None

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import math
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Coroutine, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -32,6 +32,7 @@ from .._core.fanout import (
     Behind,
     FanoutRound,
     MasterHealth,
+    WireCache,
     connection_getter,
     preload_commands,
     read_failed,
@@ -61,6 +62,94 @@ def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
 
 async def _no_connection() -> Any:
     raise RuntimeError("a cluster member is reached through its nodes")
+
+
+class _Read:
+    """One round's reads under way: the task reading, and their deadline."""
+
+    __slots__ = ("cancelling", "deadline", "expired", "task")
+
+    def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
+        self.task = task
+        self.deadline = deadline
+        # Cancellations asked for before the reads began (a release carried on after
+        # one): not the timer's, and not undone by it.
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+        self.cancelling: int = cancelling() if cancelling is not None else 0
+        #: the timer cancelled the task: the deadline passed
+        self.expired = False
+
+
+class _ReadTimer:
+    """The master timeout of the rounds' reads, on one timer for all of them.
+
+    A timer per round (``asyncio.timeout``) costs a large share of a round's time.
+    Instead a round registers its deadline and the task reading; one timer, armed for
+    the earliest deadline when none is armed, cancels the tasks whose deadline passed
+    when it fires, and is armed again for the next deadline. Each read ends within a
+    master timeout, so the timer fires about once per master timeout, not per round.
+    A cancellation of its own becomes a time-out of the round, as ``asyncio.timeout``
+    turns its own into ``TimeoutError`` (not when the task was cancelled otherwise too).
+    """
+
+    def __init__(self) -> None:
+        self._reads: set[_Read] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: when the timer fires (inf: none armed)
+        self._at = math.inf
+
+    def start(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _Read:
+        task = asyncio.current_task(loop)
+        if task is None:
+            raise RuntimeError("a round reads inside a task")
+        read = _Read(task, deadline)
+        self._reads.add(read)
+        # A timer of another loop (an earlier asyncio.run) would never fire here.
+        if deadline < self._at or loop is not self._loop:
+            self._arm(loop, deadline)
+        return read
+
+    def stop(self, read: _Read) -> None:
+        self._reads.discard(read)
+
+    def expired(self, read: _Read) -> bool:
+        """Whether the task's cancellation was the timer's alone (then taken back)."""
+        if not read.expired:
+            return False
+        uncancel = getattr(read.task, "uncancel", None)  # Python 3.11+
+        return uncancel is None or uncancel() <= read.cancelling
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self._fire)
+        self._loop = loop
+        self._at = when
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._at = math.inf
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        nearest = math.inf
+        for read in self._reads:
+            if read.expired:
+                continue
+            if read.deadline <= now:
+                read.expired = True
+                read.task.cancel()
+            elif read.deadline < nearest:
+                nearest = read.deadline
+        if nearest < math.inf:
+            self._arm(loop, nearest)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+        self._at = math.inf
 
 
 class AsyncTransport:
@@ -95,6 +184,8 @@ class AsyncTransport:
         self._timeouts = with_valkey(RedisTimeoutError, "valkey.exceptions", "TimeoutError")
         self._masters = [MasterHealth(probe_interval) for _ in self.clients]
         self._probes: set[asyncio.Task[None]] = set()
+        self._wire = WireCache()
+        self._read_timer = _ReadTimer()
         self._closed = False
 
     def _grow(self, size: int) -> None:
@@ -145,9 +236,14 @@ class AsyncTransport:
             await conn.disconnect(nowait=True)
         await self.clients[i].connection_pool.release(conn)
 
-    async def fanout(self, fanout: Fanout) -> list[list[Reply]]:
+    def fanout(self, fanout: Fanout) -> Coroutine[Any, Any, list[list[Reply]]]:
+        # Not a coroutine itself: the round's is awaited directly (one frame less).
         if not self._ends.clustered:
-            return await self._round(fanout.calls, fanout.early, None, fanout.cleanup)
+            return self._round(fanout.calls, fanout.early, None, fanout.cleanup)
+        return self._routed(fanout)
+
+    async def _routed(self, fanout: Fanout) -> list[list[Reply]]:
+        """A round over members some of which are Redis Clusters (see the sync transport)."""
         loop = asyncio.get_running_loop()
         steps = route(fanout, self._ends, loop.time, self.timeout)
         result: object = None
@@ -178,7 +274,7 @@ class AsyncTransport:
         cleanup: bool,
     ) -> list[list[Reply]]:
         """One round over endpoints: ``calls[i]`` to endpoint ``i``."""
-        fan = FanoutRound(calls, early, voters)
+        fan = FanoutRound(calls, early, voters, None if cleanup else self._wire)
         loop = asyncio.get_running_loop()
         now = loop.time()
         # Connections whose replies this round still reads (or leaves behind).
@@ -188,7 +284,7 @@ class AsyncTransport:
             unconnected: list[int] = []
             for i in fan.targets:
                 m = self._masters[i]
-                behind = await self._take_behind(i)
+                behind = await self._take_behind(i) if m.behind else None
                 if behind is not None and m.lagging(behind, now, self.timeout):
                     # As the sync transport: clean-ups only, queued, not waited for.
                     send, close = m.queue_for_suspect(behind, fan.count(i), cleanup)
@@ -210,7 +306,12 @@ class AsyncTransport:
                     self._suspect(fan, i, now)
                     continue
                 if m.idle:
-                    await self._start(fan, i, m.idle.pop(), pending, now)
+                    conn = m.idle.pop()
+                    error = await self._send(i, conn, _packed(fan, i, conn))
+                    if error is None:
+                        pending.append((i, conn, 0, now))
+                    else:
+                        fan.failed(i, error)
                 else:
                     unconnected.append(i)
             if unconnected:
@@ -224,22 +325,29 @@ class AsyncTransport:
                         await self._start(fan, i, conn, pending, loop.time())
             pending += late
             late = []
-            # One time-out for the whole read, not one per read (each costs a timer).
-            deadline = loop.time() + self.timeout
+            # One time-out for the whole read, not one per read, on the transport's one
+            # timer (see _ReadTimer).
             reading = -1
+            timed_out = False
+            read = self._read_timer.start(loop, loop.time() + self.timeout)
             try:
-                async with timeout_at(deadline):
-                    while pending:
-                        i, conn, skip, since = pending.pop(0)
-                        if fan.decided:
-                            fan.unread(i)
-                            self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
-                            continue
-                        reading = i
-                        count = fan.count(i)
-                        replies = await self._read(i, conn, skip, count, since, None, fan)
-                        fan.answered(i, replies)
-            except asyncio.TimeoutError:
+                while pending:
+                    i, conn, skip, since = pending.pop(0)
+                    if fan.decided:
+                        fan.unread(i)
+                        self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
+                        continue
+                    reading = i
+                    count = fan.count(i)
+                    replies = await self._read(i, conn, skip, count, since, None, fan)
+                    fan.answered(i, replies)
+            except asyncio.CancelledError:
+                if not self._read_timer.expired(read):
+                    raise
+                timed_out = True
+            finally:
+                self._read_timer.stop(read)
+            if timed_out:
                 if reading >= 0:
                     self._masters[reading].timed_out(loop.time())
                 # The deadline passed while one master was read: what the others sent
@@ -254,10 +362,12 @@ class AsyncTransport:
                         replies = await self._read(i, conn, skip, count, since, loop.time())
                         fan.answered(i, replies)
             # A redo is a round trip of its own, with a time-out of its own.
-            redo_deadline = loop.time() + self.timeout
+            redo_deadline = None
             for i in fan.targets:
                 redo = fan.reload(i)
                 if redo is not None:
+                    if redo_deadline is None:
+                        redo_deadline = loop.time() + self.timeout
                     fan.reloaded(i, await self._run(i, redo, redo_deadline))
         except BaseException:
             # Cancelled mid-round: the replies still due on these connections are read
@@ -400,12 +510,16 @@ class AsyncTransport:
             else:
                 out.append(reply)
         m.answered()
-        await self._give(i, conn)
+        if self._closed:
+            await self._give(i, conn)
+        else:
+            m.idle.append(conn)  # as _give does, without a coroutine per read
         return out
 
     async def close(self) -> None:
         """Hand the kept connections back to their pools."""
         self._closed = True
+        self._read_timer.close()
         for task in list(self._probes):
             task.cancel()
         for i, m in enumerate(self._masters):

@@ -35,7 +35,8 @@ class AsyncWatchdog(WatchdogBase[Awaitable[list[Hold]]]):
     def ensure_started(self, hold: Hold) -> None:
         if self.clock_needed(hold):
             self._clock.set()
-        if self._stopping or (self._tasks and not any(t.done() for t in self._tasks)):
+        tasks = self._tasks  # none yet, or the renewer and the deadline clock
+        if self._stopping or (tasks and not (tasks[0].done() or tasks[1].done())):
             return
         for task in self._tasks:
             task.cancel()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from .scripts import Script
 
@@ -22,8 +22,11 @@ T = TypeVar("T")
 Reply = object
 
 
-@dataclass(frozen=True)
-class Call:
+# The effects made on every round (Call, Early, Fanout, Notify) are named tuples:
+# immutable like frozen dataclasses, but built and hashed in C.
+
+
+class Call(NamedTuple):
     """One script call: EVALSHA ``script`` with ``keys`` and ``args``."""
 
     script: Script
@@ -43,8 +46,7 @@ class Unread:
 UNREAD = Unread()
 
 
-@dataclass(frozen=True)
-class Early:
+class Early(NamedTuple):
     """When a round may stop reading: once ``needed`` masters' replies (the list of a
     master's replies, one per call) pass ``vote``. ``needed == 0``: do not wait for any
     reply (an undo, whose outcome nobody reads)."""
@@ -53,8 +55,7 @@ class Early:
     vote: Callable[[list[Reply]], bool]
 
 
-@dataclass(frozen=True)
-class Fanout:
+class Fanout(NamedTuple):
     """Effect: send ``calls[i]`` to master ``i``, all masters at once, in one round trip each.
 
     Result: ``list[list[Reply]]``, one list per master with one reply per call. A master
@@ -114,8 +115,7 @@ class Handover:
     since: float
 
 
-@dataclass(frozen=True)
-class Notify:
+class Notify(NamedTuple):
     """Effect: a release made here freed a lock: wake local waiters on ``channels`` now.
 
     ``release_id`` is the release's wake-up payload: the pub/sub messages of the same

@@ -51,6 +51,9 @@ from .views import MasterView
 
 S = TypeVar("S", bound=Signal)
 
+#: how many owners' ids an engine keeps made (then it starts afresh)
+OWNER_ID_CACHE_SIZE = 1024
+
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -92,6 +95,8 @@ class Engine:
         self._token = token
         self._guard = guard
         self.id = new_manager_id()
+        #: owner ids by owner token (see :meth:`owner_id`)
+        self._owner_ids: dict[str, str] = {}
         self.holds = Holds(guard())
         self.closed = False
         #: the members that are Redis Clusters (their renewals are split per hash slot)
@@ -134,7 +139,15 @@ class Engine:
 
     def owner_id(self) -> str:
         """The calling owner's id under this manager."""
-        return f"{self.id}:{self._token()}"
+        token = self._token()
+        owner = self._owner_ids.get(token)
+        if owner is None:
+            # Made once per owner rather than per call: the same string object then
+            # also keeps its hash for the lookups it is used in.
+            if len(self._owner_ids) >= OWNER_ID_CACHE_SIZE:
+                self._owner_ids.clear()  # one call, safe while other threads look up
+            owner = self._owner_ids[token] = f"{self.id}:{token}"
+        return owner
 
     def is_closed(self) -> bool:
         return self.closed
@@ -146,6 +159,7 @@ class Engine:
     def after_fork_in_child(self) -> None:
         """The child is a new owner: it never renews nor releases the parent's holds."""
         self.id = new_manager_id()
+        self._owner_ids = {}
         self.holds = Holds(self._guard())
 
     # -- local state (no I/O) -----------------------------------------------------------
@@ -177,7 +191,8 @@ class Engine:
         """Take or re-enter ``name`` for ``owner`` (see ``Lock.acquire``); a first hold
         with ``fencing`` gets a fencing token (see :mod:`.fencing`), and ``signal`` (if
         given) is told when it is lost."""
-        check_acquire_args(blocking, timeout)
+        if type(timeout) is not int or timeout != -1:  # the default needs no check
+            check_acquire_args(blocking, timeout)
         q = self.quorum
         lease_s = self.settings.acquire_lease(lease)
         hold = self.holds.get(kind, name, owner)
@@ -207,9 +222,9 @@ class Engine:
             q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed, fencing
         )
         grant = yield from steps
-        return (
-            yield from self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
-        )
+        if grant is not None and self.closed:
+            yield from self._closed_meanwhile(kind, name, owner)
+        return self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
 
     def _acquire_told(
         self,
@@ -241,9 +256,9 @@ class Engine:
         )  # fmt: skip
         try:
             grant = yield from steps
-            got = yield from self._granted(
-                kind, name, owner, lease, lease_s, grant, cap, signal, site
-            )
+            if grant is not None and self.closed:
+                yield from self._closed_meanwhile(kind, name, owner)
+            got = self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
         except BaseException as error:
             if isinstance(error, QuorumUnavailableError):
                 tell(partial(listener.quorum_unavailable, error.action, error.errors))
@@ -268,16 +283,12 @@ class Engine:
         cap: float | None,
         signal: Signal | None,
         site: str,
-    ) -> Steps[bool]:
-        """Record a first hold's grant (False: none)."""
-        q = self.quorum
+    ) -> bool:
+        """Record a first hold's grant (False: none). Not a step of its own (no
+        generator per acquire): the rare undo comes first, see
+        :meth:`_closed_meanwhile`."""
         if grant is None:
             return False
-        if self.closed:
-            # Granted while the manager was closing: nothing would renew or report it.
-            with contextlib.suppress(Exception):
-                yield from release_steps(q, kind, name, owner, 0)
-            raise ManagerClosedError("the lock manager was closed during the acquire")
         now = self.clock()
         hold = Hold(
             kind,
@@ -297,6 +308,13 @@ class Engine:
         if hold.managed:
             self.on_managed_hold(hold)
         return True
+
+    def _closed_meanwhile(self, kind: LockKind, name: str, owner: str) -> Steps[None]:
+        """A first hold granted while the manager was closing: nothing would renew or
+        report it, so it is released, and the acquire fails."""
+        with contextlib.suppress(Exception):
+            yield from release_steps(self.quorum, kind, name, owner, 0)
+        raise ManagerClosedError("the lock manager was closed during the acquire")
 
     def lose(self, hold: Hold, why: str) -> None:
         """Mark ``hold`` lost, found so by an owner's own call (a re-entry, release or

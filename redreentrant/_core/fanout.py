@@ -85,6 +85,47 @@ def evalsha_args(call: Call) -> tuple[object, ...]:
     return ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
 
 
+#: how many packed calls a :class:`WireCache` keeps (then it starts afresh)
+WIRE_CACHE_SIZE = 256
+
+_MISSING = object()
+
+
+class WireCache:
+    """The packed bytes of calls sent before, so that a call repeated as it is (the same
+    owner taking the same lock again) is packed once. Bounded: emptied when full.
+
+    An entry is found only by everything its bytes depend on: the packing (``how``),
+    and each call's script, keys, arguments and the arguments' types (``1``, ``1.0``
+    and ``True`` are equal keys of a dict, but not the same bytes)."""
+
+    def __init__(self, size: int = WIRE_CACHE_SIZE) -> None:
+        self.size = size
+        self._packed: dict[tuple[object, ...], Any] = {}
+
+    def packed(
+        self,
+        how: object,
+        calls: Sequence[Call],
+        pack: Callable[[list[tuple[object, ...]]], T],
+    ) -> T:
+        if len(calls) == 1:
+            c = calls[0]
+            key: tuple[object, ...] = (how, c.script.sha, c.keys, c.args, *map(type, c.args))
+        else:
+            parts: list[object] = [how]
+            for c in calls:
+                parts += (c.script.sha, c.keys, c.args, *map(type, c.args))
+            key = tuple(parts)
+        out = self._packed.get(key, _MISSING)
+        if out is _MISSING:
+            if len(self._packed) >= self.size:
+                self._packed.clear()  # one call, safe while other threads look up
+            out = self._packed[key] = pack([evalsha_args(c) for c in calls])
+        result: T = out  # stored by this method, from ``pack``
+        return result
+
+
 def connection_getter(pool: Any) -> Callable[[], Any]:
     """``pool.get_connection`` across redis-py versions (5.0 needs a command name,
     later versions warn when given one)."""
@@ -112,22 +153,32 @@ class FanoutRound:
 
     ``voters``: the masters whose replies count for ``early`` (default all). A round
     over the nodes of cluster members (see :mod:`.cluster`) counts a node only where it
-    carries all of a member's calls."""
+    carries all of a member's calls. ``wire``: where packed calls are kept across
+    rounds (None: packed anew; clean-ups carry a unique release id, and are not kept).
+    """
+
+    __slots__ = ("_early", "_packed", "_voters", "_wire", "_yes", "calls", "results", "targets")
 
     def __init__(
         self,
         calls: Sequence[Sequence[Call]],
         early: Early | None = None,
         voters: Collection[int] | None = None,
+        wire: WireCache | None = None,
     ) -> None:
         self.calls = calls
         self.results: list[list[Reply]] = [[] for _ in calls]
         #: the masters this round sends to
-        self.targets = [i for i, per_master in enumerate(calls) if per_master]
+        self.targets = (
+            list(range(len(calls)))  # the usual round: every master has calls
+            if all(calls)
+            else [i for i, per_master in enumerate(calls) if per_master]
+        )
         self._early = early
         self._voters = voters
         self._yes = 0
         self._packed: dict[tuple[int, object], Any] = {}
+        self._wire = wire
 
     @property
     def decided(self) -> bool:
@@ -145,11 +196,16 @@ class FanoutRound:
         """Master ``i``'s commands packed by ``pack``, packed once for all the masters
         that are sent the same calls (the usual round) and packed the same way
         (``how``: what the packing depends on, such as the connection's encoding)."""
-        key = (id(self.calls[i]), how)
-        if key not in self._packed:
-            self._packed[key] = pack(self.commands(i))
-        out: T = self._packed[key]
-        return out
+        calls = self.calls[i]
+        key = (id(calls), how)
+        out = self._packed.get(key, _MISSING)
+        if out is _MISSING:
+            wire = self._wire
+            out = self._packed[key] = (
+                pack(self.commands(i)) if wire is None else wire.packed(how, calls, pack)
+            )
+        result: T = out  # stored by this method, from ``pack``
+        return result
 
     def count(self, i: int) -> int:
         return len(self.calls[i])
@@ -172,7 +228,10 @@ class FanoutRound:
     def reload(self, i: int) -> list[tuple[object, ...]] | None:
         """The pipelined commands that load the scripts master ``i`` did not know and
         run those calls again, or None when it knew them all."""
-        if not any(map(is_noscript, self.results[i])):
+        for reply in self.results[i]:
+            if isinstance(reply, Exception) and is_noscript(reply):
+                break
+        else:
             return None  # the usual case, checked cheaply
         redo = self._redo(i)
         sources = {c.script.sha: c.script.source for c in redo}

@@ -6,7 +6,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .kinds import LockKind
@@ -46,6 +46,15 @@ class Hold:
     renew_until: float | None = None
     #: told once the hold is lost (see :meth:`lose`)
     signal: Signal | None = None
+    #: the hold's key in the table: ``(kind label, name, owner)``
+    ident: tuple[str, str, str] = field(init=False, repr=False)
+    #: the owner's thread or task token (the last part of the owner id)
+    token: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Looked up on every add and remove of the hold: worked out once.
+        self.ident = (self.kind.label, self.name, self.owner)
+        self.token = self.owner.rpartition(":")[2]
 
     def lose(self, why: str) -> bool:
         """Mark the hold lost (True), unless it was already; tell its signal."""
@@ -55,15 +64,6 @@ class Hold:
         if self.signal is not None:
             self.signal.notify_lost()
         return True
-
-    @property
-    def ident(self) -> tuple[str, str, str]:
-        return (self.kind.label, self.name, self.owner)
-
-    @property
-    def token(self) -> str:
-        """The owner's thread or task token (the last part of the owner id)."""
-        return self.owner.rpartition(":")[2]
 
 
 class Holds:
@@ -88,14 +88,22 @@ class Holds:
         return self._table.get((kind.label, name, owner))
 
     def add(self, hold: Hold) -> None:
+        ident = hold.ident
         with self._lock:
-            old = self._table.get(hold.ident)
+            old = self._table.get(ident)
             if old is not None:
                 self._forget(old)
-            self._table[hold.ident] = hold
+            self._table[ident] = hold
             if hold.managed:
-                heapq.heappush(self._deadlines, (hold.valid_until, next(self._order), hold))
-                self._by_token.setdefault(hold.token, set()).add(hold)
+                heap = self._deadlines
+                if len(heap) > 2 * len(self._table) + 64:
+                    self._compact()
+                heapq.heappush(heap, (hold.valid_until, next(self._order), hold))
+                owned = self._by_token.get(hold.token)
+                if owned is None:
+                    self._by_token[hold.token] = {hold}
+                else:
+                    owned.add(hold)
 
     def _forget(self, hold: Hold) -> None:
         """Take ``hold`` off the table (under the lock)."""
@@ -105,6 +113,22 @@ class Holds:
             owned.discard(hold)
             if not owned:
                 del self._by_token[hold.token]
+
+    def _compact(self) -> None:
+        """Drop the queue's entries of holds that are gone (under the lock).
+
+        A released hold's entry stays queued until it comes to the top, which may be a
+        lease away: a lock taken and released in a loop would pile up entries (and the
+        holds they keep alive) meanwhile. Done when most entries are stale, so its cost
+        is a constant share of each add."""
+        table = self._table
+        kept: dict[int, tuple[float, int, Hold]] = {}
+        for entry in self._deadlines:
+            h = entry[2]
+            if h.lost is None and table.get(h.ident) is h:
+                kept.setdefault(id(h), entry)  # one entry per hold (a hold added again)
+        self._deadlines[:] = kept.values()
+        heapq.heapify(self._deadlines)
 
     def _first(self) -> Hold | None:
         """The managed hold whose validity ends first (under the lock)."""

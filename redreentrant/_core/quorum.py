@@ -7,6 +7,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .effects import UNREAD, Call, Early, Fanout, Handover, Reply
 from .errors import LockKeyTypeError, QuorumUnavailableError
@@ -32,16 +33,18 @@ class Quorum:
     clock: Clock = time.monotonic
     uniform: Uniform = random.uniform
 
-    @property
+    # Asked for on every round: worked out once (cached_property writes the instance's
+    # __dict__, which a frozen dataclass allows; later looks are plain attribute reads).
+    @cached_property
     def size(self) -> int:
         return len(self.masters)
 
-    @property
+    @cached_property
     def needed(self) -> int:
         """Grants needed for a quorum: a strict majority."""
         return len(self.masters) // 2 + 1
 
-    @property
+    @cached_property
     def tolerated(self) -> int:
         """How many masters may fail while a quorum stays reachable."""
         return len(self.masters) - self.needed
@@ -52,14 +55,14 @@ class Quorum:
 
     def everywhere(self, *calls: Call, early: Early | None = None, cleanup: bool = False) -> Fanout:
         """The same calls on every master (see :class:`~.effects.Fanout`)."""
-        return Fanout((calls,) * len(self.masters), early, cleanup)
+        return Fanout((calls,) * self.size, early, cleanup)
 
-    @property
+    @cached_property
     def until_granted(self) -> Early:
         """A round that ends once a quorum granted (:func:`is_grant`)."""
         return Early(self.needed, first_granted)
 
-    @property
+    @cached_property
     def until_held(self) -> Early:
         """A round that ends once a quorum confirmed a hold (:func:`is_hold`)."""
         return Early(self.needed, first_held)

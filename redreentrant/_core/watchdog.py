@@ -149,6 +149,8 @@ class WatchdogBase(Generic[R]):
         self._report = report
         self.interval = engine.settings.lease / 3
         self.times = RoundTimes()
+        #: ``(times.slowest, margin)``: the margin last worked out (see :attr:`margin`)
+        self._margin = (0.0, verdict_margin(self.interval, 0.0))
         self._sweep_pending = False
         # When the deadline clock looks next (monotonic clock; inf while it looks): a
         # new hold wakes it only if it is due before then. Every managed hold has the
@@ -163,7 +165,12 @@ class WatchdogBase(Generic[R]):
     @property
     def margin(self) -> float:
         """The deadline clock's margin now (see :func:`verdict_margin`)."""
-        return verdict_margin(self.interval, self.times.slowest)
+        # Asked for on every acquire: worked out again only when ``slowest`` changed.
+        slowest = self.times.slowest
+        seen = self._margin
+        if seen[0] != slowest:
+            seen = self._margin = (slowest, verdict_margin(self.interval, slowest))
+        return seen[1]
 
     @property
     def _holds(self) -> Holds:

@@ -26,12 +26,18 @@ class SyncDriver:
         """Run ``steps`` to their end in the calling thread."""
         self._check_open()
         watched: list[tuple[str, str]] = []
+        fanout = self.transport.fanout
         self._active.add(steps)
         try:
             effect = next(steps)
+            result: object
             while True:
                 try:
-                    result = self._carry_out(effect, watched)
+                    # Most effects are rounds: carried out without a dispatch call.
+                    if type(effect) is Fanout:
+                        result = fanout(effect)
+                    else:
+                        result = self._carry_out(effect, watched)
                 except BaseException as error:
                     effect = steps.throw(error)
                     continue
@@ -54,7 +60,7 @@ class SyncDriver:
                 effect.channels,
                 effect.release_id,
                 effect.woken,
-                dict(effect.handovers),
+                dict(effect.handovers) if effect.handovers else None,
                 effect.everyone,
             )
             return None

@@ -40,6 +40,7 @@ from .._core.fanout import (
     Behind,
     FanoutRound,
     MasterHealth,
+    WireCache,
     connection_getter,
     preload_commands,
     read_failed,
@@ -114,6 +115,7 @@ class SyncTransport:
         # An error reply, and a read that timed out, as redis-py or valkey-py raise them.
         self._error_replies = with_valkey(ResponseError, "valkey.exceptions", "ResponseError")
         self._timeouts = with_valkey(redis.TimeoutError, "valkey.exceptions", "TimeoutError")
+        self._wire = WireCache()
         self._reset()
 
     def _reset(self) -> None:
@@ -217,14 +219,14 @@ class SyncTransport:
         cleanup: bool,
     ) -> list[list[Reply]]:
         """One round over endpoints: ``calls[i]`` to endpoint ``i``."""
-        fan = FanoutRound(calls, early, voters)
+        fan = FanoutRound(calls, early, voters, None if cleanup else self._wire)
         now = time.monotonic()
         sent: list[_Pending] = []
         late: list[_Pending] = []
         unconnected: list[int] = []
         for i in fan.targets:
             m = self._masters[i]
-            behind = self._take_behind(i)
+            behind = self._take_behind(i) if m.behind else None
             if behind is not None and m.lagging(behind, now, self.timeout):
                 # Clean-ups are queued behind the owed replies (they reach the master
                 # in order), not waited for; nothing else is sent to a suspect.
@@ -280,10 +282,12 @@ class SyncTransport:
                 continue
             fan.answered(i, self._read(i, conn, skip, count, since, deadline))
         # A redo is a round trip of its own, with a time-out of its own.
-        redo_deadline = time.monotonic() + self.timeout
+        redo_deadline = None
         for i in fan.targets:
             redo = fan.reload(i)
             if redo is not None:
+                if redo_deadline is None:
+                    redo_deadline = time.monotonic() + self.timeout
                 fan.reloaded(i, self._run(i, redo, redo_deadline))
         return fan.results
 
