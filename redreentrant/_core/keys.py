@@ -14,6 +14,8 @@ it can be encoded as UTF-8.
 
 from __future__ import annotations
 
+import functools
+
 SCHEMA = "v1"
 PREFIX = f"redreentrant:{SCHEMA}:"
 #: the start of every manager's home channel (see :func:`home_channel`)
@@ -36,6 +38,9 @@ def validate_name(name: object) -> str:
     return name
 
 
+# The key and channel names of a lock are asked for several times per round: made once
+# for the names in recent use (bounded).
+@functools.lru_cache(maxsize=4096)
 def tag(name: str) -> str:
     """The start of every key of lock ``name``: the prefix and its hash tag."""
     if "}" not in name:
@@ -49,6 +54,7 @@ def lock_key(name: str) -> str:
     return tag(name)
 
 
+@functools.lru_cache(maxsize=4096)
 def aux_key(name: str, part: str) -> str:
     """An auxiliary key of lock ``name`` (same hash slot as its lock key)."""
     return f"{tag(name)}:{part}"
@@ -59,6 +65,7 @@ def waiters_key(name: str) -> str:
     return aux_key(name, "waiters")
 
 
+@functools.lru_cache(maxsize=4096)
 def wake_channel(name: str) -> str:
     """The plain lock's wake channel: the name of its local wake-ups, on which the
     masters also announce a release to clients of earlier versions."""

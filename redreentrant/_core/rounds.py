@@ -308,13 +308,14 @@ def release_steps(
     release = kind.release(name, owner, count_left, rid, handover_ms)
     replies = yield q.everywhere(release, early=q.until_held, cleanup=True)
     tally = tally_holds(q, kind.key(name), replies)
-    if count_left == 0 and kind.notify_channels(name):
+    channels = kind.notify_channels(name) if count_left == 0 else ()
+    if channels:
         handed: tuple[tuple[str, Handover], ...] = ()
         lost = False
         if handover_ms:
             handed = tuple(handed_over(replies, started).items())
             lost = any(not isinstance(r[0], list) for r in replies)
-        yield Notify(kind.notify_channels(name), rid, woken_by(replies), handed, lost)
+        yield Notify(channels, rid, woken_by(replies), handed, lost)
     if len(tally.granted) >= q.needed:
         return
     if tally.wrong_type is not None:
