@@ -4,8 +4,10 @@ mid-round, drift, jitter, split votes and their undo, and the watchdog's verdict
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -992,6 +994,24 @@ def test_the_deadline_clock_is_woken_only_by_a_hold_due_before_its_next_look() -
     # While it looks, any new hold wakes it (it may have looked before the hold came).
     watchdog.clock_looks_at = float("inf")
     assert watchdog.clock_needed(late)
+
+
+def test_released_holds_are_not_kept_alive_by_the_deadline_clock() -> None:
+    w = World(size=1)
+    w.round_time = 0.0
+    owner = w.engine.owner_id()
+    released: list[weakref.ref[Hold]] = []
+    for _ in range(500):  # a lock taken and released in a loop, well within a lease
+        assert w.run(w.engine.acquire(EXCLUSIVE, "x", owner, False, -1, None))
+        hold = w.hold()
+        assert hold is not None
+        released.append(weakref.ref(hold))
+        w.run(w.engine.release(EXCLUSIVE, "x", owner, False))
+        del hold
+    gc.collect()
+    # The queue of deadlines drops released holds as it grows, rather than keeping
+    # every one of them (and its hold) until its validity would have ended.
+    assert sum(1 for ref in released if ref() is not None) < 100
 
 
 def test_the_c_packer_packs_a_round_as_redis_py_would() -> None:
