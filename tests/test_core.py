@@ -18,7 +18,14 @@ from redreentrant._core.effects import Call, Fanout, Handover, Reply, Steps, Wai
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
 from redreentrant._core.holds import Hold, Holds
-from redreentrant._core.keys import PREFIX, key_slot, lock_key, waiters_key, wake_channel
+from redreentrant._core.keys import (
+    PREFIX,
+    home_channel,
+    key_slot,
+    lock_key,
+    waiters_key,
+    wake_channel,
+)
 from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant._core.mock import FakeClock, MockTransport
 from redreentrant._core.quorum import Quorum, lease_ms
@@ -149,6 +156,8 @@ class Hub:
         self.relays: list[tuple[str, str]] = []
         #: the waiters handed the lock over to (as a hub hears it)
         self.handed_over: dict[str, Handover] = {}
+        #: per notice: whether every local waiter was to be woken
+        self.everyone: list[bool] = []
         #: how many of the next waits end with a wake-up
         self.wakes = 0
         self.slow = False
@@ -189,6 +198,7 @@ class Hub:
     ) -> None:
         self.notices.append((tuple(channels), tuple(woken)))
         self.handed_over.update(handovers or {})
+        self.everyone.append(everyone)
 
     def handed(self, channel: str, owner: str) -> Handover | None:
         return self.handed_over.pop(owner, None)
@@ -420,6 +430,15 @@ def test_a_release_on_one_master_hands_the_lock_to_its_managers_next_waiter() ->
     assert w.masters[0]._hash(lock_key("x")) == {waiter: 1}
     assert w.hub.notices[-1] == ((wake_channel("x"),), (waiter,))
     assert w.hub.handed_over[waiter] == Handover(lease_ms(LEASE), frozenset({0}), started)
+
+
+def test_a_release_whose_reply_is_lost_wakes_every_local_waiter() -> None:
+    w = World(size=1)
+    assert w.acquire()
+    w.failing[0] = redis.TimeoutError("no reply")  # the master may have handed it over
+    with pytest.raises(QuorumUnavailableError):
+        w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
+    assert w.hub.everyone == [True] and not w.hub.handed_over
 
 
 def test_a_release_on_several_masters_only_wakes() -> None:
@@ -756,7 +775,7 @@ def test_a_hand_over_whose_reply_was_lost_wakes_every_local_waiter() -> None:
 
 
 def test_a_local_hand_over_before_the_watch_is_kept_for_it_as_a_wake_up() -> None:
-    subs = home_ready(1, home="prefix:m")  # the home channel of manager m
+    subs = home_ready(1, home=home_channel("m"))  # manager m's
     handover = Handover(7000, frozenset({0}), 1.0)
     assert subs.released_here("lock\nx", "r1", ("m:o1",), {"m:o1": handover}) == []
     # The watch that follows the try is woken at once, without the lock: that watch may

@@ -61,6 +61,12 @@ def new_manager_id() -> str:
     return f"{host_name()}:{os.getpid()}:{uuid.uuid4().hex}"
 
 
+def manager_of(owner_id: str) -> str:
+    """The id of the manager an owner id ``<manager id>:<token>`` belongs to (found the
+    same way by ``lua/release.lua``)."""
+    return owner_id.rpartition(":")[0]
+
+
 def new_token(prefix: str) -> str:
     """A token never given out before in this process: ``t<n>`` or ``a<n>``."""
     return f"{prefix}{next(_tokens)}"

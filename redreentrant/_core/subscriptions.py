@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .effects import Handover
+from .keys import home_channel
+from .owner import manager_of
 
 #: how long a master whose pub/sub connection failed is left alone before a retry
 RECONNECT_DELAY = 0.5
@@ -325,8 +327,8 @@ class Subscriptions:
         return self._wake(chan, [owner])
 
     def _ours(self, owner: str) -> bool:
-        """Whether ``owner`` belongs to this manager (its home channel names it)."""
-        return self.home.endswith(owner.rpartition(":")[0])
+        """Whether ``owner`` belongs to this manager (whose home channel this is)."""
+        return home_channel(manager_of(owner)) == self.home
 
     def _keep_unclaimed(self, channel: str, owner: str) -> None:
         self._unclaimed[(channel, owner)] = True
