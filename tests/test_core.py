@@ -17,6 +17,7 @@ import redis
 from redreentrant._core.effects import Call, Fanout, Handover, Reply, Steps, Wait
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
+from redreentrant._core.fanout import WireCache, evalsha_args
 from redreentrant._core.holds import Hold, Holds
 from redreentrant._core.keys import (
     PREFIX,
@@ -1031,6 +1032,33 @@ def test_released_holds_are_not_kept_alive_by_the_deadline_clock() -> None:
     # The queue of deadlines drops released holds as it grows, rather than keeping
     # every one of them (and its hold) until its validity would have ended.
     assert sum(1 for ref in released if ref() is not None) < 100
+
+
+def test_the_wire_cache_packs_a_repeated_call_once_and_never_mixes_calls_up() -> None:
+    packs: list[list[tuple[object, ...]]] = []
+
+    def pack(commands: list[tuple[object, ...]]) -> list[bytes]:
+        packs.append(commands)
+        typed = [tuple((type(a).__name__, a) for a in c) for c in commands]
+        return [repr(typed).encode()]
+
+    cache = WireCache(size=4)
+    call = EXCLUSIVE.acquire("x", "m:t1", 30000, 1, 0)
+    first = cache.packed("utf-8", [call], pack)
+    assert first == pack([evalsha_args(call)])  # the bytes a fresh packing gives
+    packs.clear()
+    assert cache.packed("utf-8", [call], pack) == first and packs == []  # kept
+    # Equal as keys of a dict, but other bytes: packed on their own.
+    as_bool = Call(call.script, call.keys, (*call.args[:2], True, call.args[3]))
+    assert cache.packed("utf-8", [as_bool], pack) != first
+    # Another way of packing (another encoding): packed on its own.
+    cache.packed("latin-1", [call], pack)
+    assert len(packs) == 2
+    # Bounded: once full it starts afresh, and packs the call again.
+    for n in range(4):
+        cache.packed("utf-8", [EXCLUSIVE.acquire(f"y{n}", "m:t1", 30000, 1, 0)], pack)
+    packs.clear()
+    assert cache.packed("utf-8", [call], pack) == first and len(packs) == 1
 
 
 def test_the_c_packer_packs_a_round_as_redis_py_would() -> None:
