@@ -1,8 +1,11 @@
 -- name: acquire
--- version: 3
+-- version: 4
 -- Takes a free exclusive lock, or re-enters it, as a hash owner -> hold count.
 -- The key is created only by a first hold (count 1): a re-entry whose hold is gone
 -- is refused, so a lost lease is never silently taken again under an old count.
+-- A free lock that a release reserved for the waiter it woke (KEYS[3], see
+-- release.lua) is granted to that waiter only, until the reservation ends: the
+-- releasing owner coming straight back must not take it from under the waiter.
 -- A refused first hold may register its owner as a waiter in KEYS[2], for ARGV[4] ms
 -- (server time), keeping its place when already registered: a release then wakes the
 -- registered waiters one at a time, in the order their registrations end (see
@@ -10,22 +13,38 @@
 -- its last registration, and is gone once it holds none.
 -- KEYS[1]  the lock hash
 -- KEYS[2]  zset of registered waiters: owner -> end of its registration (server ms)
+-- KEYS[3]  the reservation: the owner id a release woke, with a short PTTL
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds: the key's PTTL after a grant
 -- ARGV[3]  hold count to record on a grant (1 takes the lock, >1 re-enters)
 -- ARGV[4]  ms the owner stays registered as a waiter if refused (0: do not register;
 --          a re-entry never registers)
 -- Reply    {1, count} granted; {0, pttl} refused: pttl is the holder's remaining
---          lease in ms, or -2 when the key is absent (a re-entry whose hold is gone)
+--          lease in ms (or what is left of the reservation that refused it), or -2
+--          when the key is absent (a re-entry whose hold is gone)
 local count = tonumber(ARGV[3])
-if redis.call('hexists', KEYS[1], ARGV[1]) == 1
-    or (count == 1 and redis.call('exists', KEYS[1]) == 0) then
+local free = false
+local pttl = -2
+if count == 1 and redis.call('exists', KEYS[1]) == 0 then
+  local reserved = redis.call('get', KEYS[3])
+  if not reserved or reserved == ARGV[1] then
+    free = true
+    if reserved then
+      redis.call('del', KEYS[3])
+    end
+  else
+    pttl = redis.call('pttl', KEYS[3])
+  end
+end
+if free or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   redis.call('hset', KEYS[1], ARGV[1], count)
   redis.call('pexpire', KEYS[1], ARGV[2])
   redis.call('zrem', KEYS[2], ARGV[1])
   return {1, count}
 end
-local pttl = redis.call('pttl', KEYS[1])
+if pttl == -2 then
+  pttl = redis.call('pttl', KEYS[1])
+end
 local wait = tonumber(ARGV[4])
 if count == 1 and wait > 0 then
   local t = redis.call('time')

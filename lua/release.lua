@@ -1,5 +1,5 @@
 -- name: release
--- version: 5
+-- version: 6
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -10,11 +10,17 @@
 -- A waiter whose manager hears nothing there (PUBLISH reached no subscriber: its process
 -- died, or its connection is being remade) is dropped and the next one is tried, so a
 -- dead waiter never swallows the wake-up. Registrations past their end are purged first.
+-- A waiter of another manager woken with a reservation (ARGV 'reserve' ms > 0) is the
+-- only one that may take the lock until the reservation (KEYS[3]) ends (acquire.lua).
+-- A release may also defer the wake-up ('defer'): while the releasing manager's turn
+-- lasts, it frees the lock but wakes nobody of another manager; that manager sends
+-- 'wake' a moment later unless it took the lock again meanwhile.
 -- Clients of an earlier version wait on the lock's wake channel instead: the release id
 -- is published there too, but only while someone subscribes to it (PUBSUB NUMSUB).
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  zset of registered waiters: owner -> end of its registration (server ms)
+-- KEYS[3]  the reservation: the owner id of the waiter woken last, with a short PTTL
 -- ARGV[1]  the operation; the rest depends on it:
 --   release  ARGV[2] owner, ARGV[3] hold count left (0 frees the owner's hold),
 --            ARGV[4] the lock's wake channel, ARGV[5] release id (the same on every
@@ -28,55 +34,74 @@
 --            (hold count 1, that PTTL; its registration ends) and nothing is published:
 --            that manager reads this reply and tells it. A waiter of another manager
 --            is only woken (handing over to another process would make every hand-off
---            wait for that process to be scheduled). The count is absolute, not a
---            decrement, so a repeated call cannot release twice.
---            Reply {1, ''} still held with the new count; {0, woken, ms} the owner's
---            hold is gone (freed here), ms the hand-over lease if the woken waiter was
---            granted the lock, else 0; {-1, ''} the owner held nothing on this master
+--            wait for that process to be scheduled). ARGV[9] (optional) '1' to defer
+--            the wake-up when the waiter to wake belongs to another manager (nobody is
+--            woken, nothing is published), ARGV[10] (optional) ms to reserve the lock
+--            for a woken waiter of another manager, '0' or absent for none. The count
+--            is absolute, not a decrement, so a repeated call cannot release twice.
+--            Reply {1, ''} still held with the new count; {0, woken, ms, deferred} the
+--            owner's hold is gone (freed here), ms the hand-over lease if the woken
+--            waiter was granted the lock, else 0, deferred 1 if the wake-up was
+--            deferred, else 0; {-1, ''} the owner held nothing on this master
 --   abandon  ARGV[2] owner, ARGV[3] wake channel, ARGV[4] release id, ARGV[5] home
 --            prefix: a waiter gives up. Ends its registration, takes back a hold it
 --            was handed meanwhile and, if the lock is free here, wakes the next waiter
 --            (the one giving up may have been woken, and will not take the lock).
 --            Reply {0, woken}
+--   wake     ARGV[2] wake channel, ARGV[3] release id, ARGV[4] home prefix, ARGV[5]
+--            reservation ms: the deferred wake-up of a release. If the lock is free
+--            here, wakes the next waiter (reserving the lock for it as a release does).
+--            Reply {0, woken}
 --   force    ARGV[2] wake channel, ARGV[3] release id, ARGV[4] home prefix: deletes the
 --            lock whoever holds it and wakes one waiter. Reply {1, woken} a lock was
 --            deleted, {0, ''} there was none; a WRONGTYPE error for a non-hash key
--- woken: the owner id of the waiter that was woken, '' when none was.
+-- woken: the owner id of the waiter that was woken, '' when none was. Abandon and force
+-- end a reservation of the owner giving up, or any reservation.
 
 local op = ARGV[1]
-local hash, waiters = KEYS[1], KEYS[2]
+local hash, waiters, reserved = KEYS[1], KEYS[2], KEYS[3]
 
 local function manager_of(owner)
   return string.match(owner, '^(.*):[^:]*$') or owner
 end
 
 -- Wakes the next registered waiter, or grants it the lock with the lease handover
--- (0: never) if it belongs to local_manager. Returns (the owner woken or '', the lease
--- it was granted or 0).
-local function wake_next(channel, id, prefix, handover, local_manager)
+-- (0: never) if it belongs to local_manager; a waiter of another manager woken gets a
+-- reservation of reserve ms (0: none), or, with defer, nobody is woken (a waiter of
+-- local_manager still is). Returns (the owner woken or '', the lease it was granted or
+-- 0, 1 if the wake-up was deferred else 0).
+local function wake_next(channel, id, prefix, handover, local_manager, reserve, defer)
+  if redis.call('exists', waiters) == 1 then
+    local t = redis.call('time')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('zremrangebyscore', waiters, '-inf', now)
+    if defer then
+      local first = redis.call('zrange', waiters, 0, 0)
+      if #first > 0 and manager_of(first[1]) ~= local_manager then
+        return '', 0, 1
+      end
+    end
+  end
   if redis.call('pubsub', 'numsub', channel)[2] > 0 then
     redis.call('publish', channel, id)
   end
-  if redis.call('exists', waiters) == 0 then
-    return '', 0
-  end
-  local t = redis.call('time')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('zremrangebyscore', waiters, '-inf', now)
   while true do
     local first = redis.call('zpopmin', waiters)
     if #first == 0 then
-      return '', 0
+      return '', 0, 0
     end
     local owner = first[1]
     local manager = manager_of(owner)
     if handover > 0 and manager == local_manager then
       redis.call('hset', hash, owner, 1)
       redis.call('pexpire', hash, handover)
-      return owner, handover
+      return owner, handover, 0
     end
     if redis.call('publish', prefix .. manager, id .. '\n' .. owner .. '\n' .. channel) > 0 then
-      return owner, 0
+      if reserve > 0 and manager ~= local_manager then
+        redis.call('set', reserved, owner, 'PX', reserve)
+      end
+      return owner, 0, 0
     end
   end
 end
@@ -89,17 +114,27 @@ if op == 'force' then
   if kind ~= 'hash' then
     return redis.error_reply('WRONGTYPE lock key holds a ' .. kind)
   end
-  redis.call('del', hash)
-  return {1, (wake_next(ARGV[2], ARGV[3], ARGV[4], 0, ''))}
+  redis.call('del', hash, reserved)
+  return {1, (wake_next(ARGV[2], ARGV[3], ARGV[4], 0, '', 0, false))}
 end
 
 if op == 'abandon' then
   redis.call('zrem', waiters, ARGV[2])
   redis.call('hdel', hash, ARGV[2])
+  if redis.call('get', reserved) == ARGV[2] then
+    redis.call('del', reserved)
+  end
   if redis.call('exists', hash) == 1 then
     return {0, ''}
   end
-  return {0, (wake_next(ARGV[3], ARGV[4], ARGV[5], 0, ''))}
+  return {0, (wake_next(ARGV[3], ARGV[4], ARGV[5], 0, '', 0, false))}
+end
+
+if op == 'wake' then
+  if redis.call('exists', hash) == 1 then
+    return {0, ''}
+  end
+  return {0, (wake_next(ARGV[2], ARGV[3], ARGV[4], 0, '', tonumber(ARGV[5]), false))}
 end
 
 -- op == 'release'
@@ -117,7 +152,8 @@ if count > 0 then
 end
 redis.call('hdel', hash, owner)
 if redis.call('exists', hash) == 1 then
-  return {0, '', 0}
+  return {0, '', 0, 0}
 end
-local woken, handed = wake_next(ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[8] or '0'), manager_of(owner))
-return {0, woken, handed}
+local woken, handed, deferred = wake_next(ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[8] or '0'),
+  manager_of(owner), tonumber(ARGV[10] or '0'), ARGV[9] == '1')
+return {0, woken, handed, deferred}

@@ -24,6 +24,7 @@ from redreentrant._core.keys import (
     home_channel,
     key_slot,
     lock_key,
+    reserved_key,
     waiters_key,
     wake_channel,
 )
@@ -32,6 +33,7 @@ from redreentrant._core.mock import FakeClock, MockTransport
 from redreentrant._core.quorum import Quorum, lease_ms
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
+from redreentrant._core.turns import GRACE, TENURE, Due
 from redreentrant._core.watchdog import (
     RENEW_CHUNK,
     SPREAD,
@@ -57,6 +59,8 @@ class Master:
         self.expires: dict[str, float] = {}
         #: registered waiters per waiters key: owner -> end of its registration
         self.waiters: dict[str, dict[str, float]] = {}
+        #: reservations per key: (owner, end)
+        self.reserved: dict[str, tuple[str, float]] = {}
 
     def registered(self, key: str) -> list[str]:
         """The live registrations under ``key``, the one ending first first."""
@@ -65,18 +69,35 @@ class Master:
         self.waiters[key] = live
         return sorted(live, key=lambda o: live[o])
 
+    def reservation(self, key: str) -> str | None:
+        """Whom the lock is reserved for, if anyone."""
+        owner, end = self.reserved.get(key, ("", 0.0))
+        return owner if end > self.clock() else None
+
     def _wake_next(
-        self, key: str, lock: str = "", handover_ms: int = 0, manager: str = ""
-    ) -> tuple[str, int]:
-        for owner in self.registered(key):
+        self,
+        key: str,
+        lock: str = "",
+        handover_ms: int = 0,
+        manager: str = "",
+        reserved: str = "",
+        reserve_ms: int = 0,
+        defer: bool = False,
+    ) -> tuple[str, int, int]:
+        waiting = self.registered(key)
+        if defer and waiting and waiting[0].rpartition(":")[0] != manager:
+            return "", 0, 1
+        for owner in waiting:
             del self.waiters[key][owner]
             if self.listening(owner):
                 if handover_ms and owner.rpartition(":")[0] == manager:
                     self.hashes[lock] = {owner: 1}
                     self.expires[lock] = self.clock() + handover_ms / 1000
-                    return owner, handover_ms
-                return owner, 0
-        return "", 0
+                    return owner, handover_ms, 0
+                if reserve_ms and owner.rpartition(":")[0] != manager:
+                    self.reserved[reserved] = (owner, self.clock() + reserve_ms / 1000)
+                return owner, 0, 0
+        return "", 0, 0
 
     def _hash(self, key: str) -> dict[str, int]:
         if key in self.expires and self.clock() >= self.expires[key]:
@@ -86,35 +107,48 @@ class Master:
     def run(self, call: Call) -> Reply:
         name, keys, args = call.script.name, call.keys, call.args
         if name == "acquire":
-            (key, waiters), (owner, lease_ms, count, wait_ms) = keys, args
+            (key, waiters, reserved), (owner, lease_ms, count, wait_ms) = keys, args
             held = self._hash(key)
-            if owner in held or (int(count) == 1 and not held):
+            holder = self.reservation(reserved)
+            free = int(count) == 1 and not held and holder in (None, owner)
+            if owner in held or free:
+                self.reserved.pop(reserved, None)
                 self.hashes[key] = {**held, str(owner): int(count)}
                 self.expires[key] = self.clock() + int(lease_ms) / 1000
                 self.waiters.get(waiters, {}).pop(str(owner), None)
                 return [1, int(count)]
             ttl = int((self.expires[key] - self.clock()) * 1000) if held else -2
+            if not held and holder is not None:
+                ttl = int((self.reserved[reserved][1] - self.clock()) * 1000)
             if int(count) == 1 and int(wait_ms) > 0:
                 registered = self.waiters.setdefault(waiters, {})
                 registered[str(owner)] = self.clock() + int(wait_ms) / 1000
             return [0, ttl]
         if name == "release" and args[0] == "force":
-            (key, waiters) = keys
+            (key, waiters, reserved) = keys
             if not self._hash(key):
                 return [0, ""]
             self.hashes.pop(key, None)
             self.expires.pop(key, None)
+            self.reserved.pop(reserved, None)
             return [1, self._wake_next(waiters)[0]]
+        if name == "release" and args[0] == "wake":
+            (key, waiters, reserved) = keys
+            if self._hash(key):
+                return [0, ""]
+            return [0, self._wake_next(waiters, key, 0, "", reserved, int(args[4]))[0]]
         if name == "release" and args[0] == "abandon":
-            (key, waiters), owner = keys, str(args[1])
+            (key, waiters, reserved), owner = keys, str(args[1])
             self.waiters.get(waiters, {}).pop(owner, None)
+            if self.reservation(reserved) == owner:
+                self.reserved.pop(reserved)
             self._hash(key).pop(owner, None)
             if not self._hash(key):
                 self.hashes.pop(key, None)
                 self.expires.pop(key, None)
             return [0, "" if self._hash(key) else self._wake_next(waiters)[0]]
         if name == "release":
-            (key, waiters), owner, left, leave = keys, str(args[1]), int(args[2]), args[6]
+            (key, waiters, reserved), owner, left, leave = keys, str(args[1]), int(args[2]), args[6]
             if leave == "1":
                 self.waiters.get(waiters, {}).pop(owner, None)
             held = self._hash(key)
@@ -128,9 +162,14 @@ class Master:
                 self.hashes.pop(key, None)
                 self.expires.pop(key, None)
                 handover = int(args[7]) if len(args) > 7 else 0
-                woken, handed = self._wake_next(waiters, key, handover, owner.rpartition(":")[0])
-                return [0, woken, handed]
-            return [0, "", 0]
+                defer = len(args) > 8 and args[8] == "1"
+                reserve = int(args[9]) if len(args) > 9 else 0
+                manager = owner.rpartition(":")[0]
+                woken, handed, deferred = self._wake_next(
+                    waiters, key, handover, manager, reserved, reserve, defer
+                )
+                return [0, woken, handed, deferred]
+            return [0, "", 0, 0]
         if name == "renew":
             out = []
             for key, owner in zip(keys, args[1:], strict=True):
@@ -452,6 +491,87 @@ def test_a_release_on_several_masters_only_wakes() -> None:
     w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
     assert all(not m._hash(lock_key("x")) for m in w.masters)  # free everywhere
     assert w.hub.notices[-1] == ((wake_channel("x"),), (waiter,)) and not w.hub.handed_over
+
+
+# -- turns on one master ---------------------------------------------------------------
+
+
+def contended(size: int = 1) -> tuple[World, str, list[float]]:
+    """A world whose lock ``x`` has a registered waiter of another manager (its home
+    channel heard), with rounds much shorter than a turn; and the deferral times the
+    engine asked its timer for."""
+    w = World(size=size)
+    w.round_time = TENURE / 50
+    armed: list[float] = []
+    w.engine.on_deferred_wake = armed.append
+    other = "m-other:t9"
+    for m in w.masters:
+        m.waiters[waiters_key("x")] = {other: w.clock() + 10.0}
+    return w, other, armed
+
+
+def release(w: World) -> None:
+    w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
+
+
+def test_a_release_early_in_a_turn_defers_its_wake_up_and_a_quick_retake_keeps_the_turn() -> None:
+    w, other, armed = contended()
+    assert w.acquire()
+    release(w)
+    # Free, but the other manager's waiter was not woken: it keeps its place.
+    assert not w.masters[0]._hash(lock_key("x"))
+    assert w.masters[0].registered(waiters_key("x")) == [other]
+    assert armed == [pytest.approx(w.clock() + GRACE)]
+    assert w.acquire()  # taken again within the grace: the turn goes on
+    w.clock.advance(GRACE)
+    assert w.engine.turns.due() == ([], None)  # nothing left to send
+
+
+def test_a_deferred_wake_up_is_sent_once_its_grace_passed_and_reserves_the_lock() -> None:
+    w, other, armed = contended()
+    assert w.acquire()
+    release(w)
+    w.clock.advance(GRACE / 2)
+    assert w.engine.turns.due() == ([], armed[0])  # not yet
+    w.clock.advance(GRACE)
+    due, later = w.engine.turns.due()
+    assert due == [Due(EXCLUSIVE, "x")] and later is None
+    w.run(w.engine.send_wakes(due))
+    assert w.masters[0].registered(waiters_key("x")) == []  # woken
+    assert w.masters[0].reservation(reserved_key("x")) == other
+    assert not w.acquire()  # reserved for the woken waiter
+
+
+def test_a_release_once_the_turn_is_over_wakes_the_next_waiter_with_a_reservation() -> None:
+    w, other, armed = contended()
+    assert w.acquire()
+    w.clock.advance(TENURE * 1.1)
+    release(w)
+    assert armed == [] and w.hub.notices[-1][1] == (other,)
+    assert w.masters[0].reservation(reserved_key("x")) == other
+    assert not w.acquire()  # the releasing owner coming back is refused
+    # A later grant begins a new turn: its first release defers again.
+    w.masters[0].reserved.clear()
+    assert w.acquire()
+    w.masters[0].waiters[waiters_key("x")] = {other: w.clock() + 10.0}
+    release(w)
+    assert len(armed) == 1
+
+
+def test_on_several_masters_a_release_neither_defers_nor_reserves() -> None:
+    w, _, armed = contended(size=5)
+    assert w.acquire()
+    release(w)
+    assert armed == [] and all(not m.reserved for m in w.masters)
+    assert all(m.registered(waiters_key("x")) == [] for m in w.masters)  # woken
+
+
+def test_a_closing_manager_takes_every_deferred_wake_up_to_send_at_once() -> None:
+    w, _, _ = contended()
+    assert w.acquire()
+    release(w)
+    assert w.engine.turns.flush() == [Due(EXCLUSIVE, "x")]
+    assert w.engine.turns.due() == ([], None)
 
 
 def handed_to(w: World, lease: int, since: float | None = None) -> Callable[[], None]:

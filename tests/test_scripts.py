@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import fakeredis
 import pytest
 
 from redreentrant._core import scripts
-from redreentrant._core.keys import HOME_PREFIX, home_channel, lock_key, waiters_key, wake_channel
+from redreentrant._core.keys import (
+    HOME_PREFIX,
+    home_channel,
+    lock_key,
+    reserved_key,
+    waiters_key,
+    wake_channel,
+)
 
 #: name -> (version, first 16 hex digits of the text's SHA-256). A script edit must bump
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
-    "acquire": (3, "a1c12996cd89ca07"),
-    "release": (5, "0d76978d55137112"),
+    "acquire": (4, "56b5dc6795b4e626"),
+    "release": (6, "c9bdb12972d029f3"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (2, "997474ce8e091d11"),
@@ -61,7 +69,8 @@ def run(r: fakeredis.FakeRedis, script: scripts.Script, keys: list[str], *args: 
 KEY = lock_key("job")
 WAITERS = waiters_key("job")
 CHANNEL = wake_channel("job")
-KEYS = [KEY, WAITERS]
+RESERVED = reserved_key("job")
+KEYS = [KEY, WAITERS, RESERVED]
 
 
 def acquire(r: fakeredis.FakeRedis, owner: str, count: int = 1, wait: int = 0) -> object:
@@ -69,11 +78,17 @@ def acquire(r: fakeredis.FakeRedis, owner: str, count: int = 1, wait: int = 0) -
 
 
 def release(
-    r: fakeredis.FakeRedis, owner: str, left: int, rid: str, leave: str = "1", handover: int = 0
+    r: fakeredis.FakeRedis,
+    owner: str,
+    left: int,
+    rid: str,
+    leave: str = "1",
+    handover: int = 0,
+    defer: str = "0",
+    reserve: int = 0,
 ) -> object:
-    return run(
-        r, scripts.RELEASE, KEYS, "release", owner, left, CHANNEL, rid, HOME_PREFIX, leave, handover
-    )
+    args = (owner, left, CHANNEL, rid, HOME_PREFIX, leave, handover, defer, reserve)
+    return run(r, scripts.RELEASE, KEYS, "release", *args)
 
 
 def home(r: fakeredis.FakeRedis, manager: str) -> Any:
@@ -134,7 +149,7 @@ def test_release_sets_the_count_and_frees_at_zero_waking_one_waiter_by_name(
     assert release(r, "m0:a", 1, "r1") == [1, b""]
     assert r.hget(KEY, "m0:a") == b"1"
     assert hub1.get_message(timeout=0.05) is None  # not freed yet: no wake-up
-    assert release(r, "m0:a", 0, "r2") == [0, b"m1:b", 0]
+    assert release(r, "m0:a", 0, "r2") == [0, b"m1:b", 0, 0]
     assert not r.exists(KEY)
     message = hub1.get_message(timeout=1)
     assert message is not None and message["channel"] == home_channel("m1").encode()
@@ -149,7 +164,7 @@ def test_a_waiter_whose_manager_hears_nothing_is_skipped(r: fakeredis.FakeRedis)
     acquire(r, "m0:a")
     acquire(r, "dead:b", wait=3000)  # nobody subscribes to its home channel
     acquire(r, "m2:c", wait=4000)
-    assert release(r, "m0:a", 0, "r1") == [0, b"m2:c", 0]
+    assert release(r, "m0:a", 0, "r1") == [0, b"m2:c", 0, 0]
     message = hub2.get_message(timeout=1)
     assert message is not None and message["data"].startswith(b"r1\nm2:c\n")
     assert not r.exists(KEY) and not r.exists(WAITERS)  # nothing left behind
@@ -163,7 +178,7 @@ def test_a_release_with_a_hand_over_grants_the_lock_to_its_own_managers_waiter(
     acquire(r, "dead:x", wait=2000)  # its manager hears nothing: skipped, not granted
     acquire(r, "m1:b", wait=3000)
     acquire(r, "m1:c", wait=4000)
-    assert release(r, "m1:a", 0, "r1", handover=7000) == [0, b"m1:b", 7000]
+    assert release(r, "m1:a", 0, "r1", handover=7000) == [0, b"m1:b", 7000, 0]
     # Granted to b as a first hold, with the lease handed over; its wait is over.
     assert r.hgetall(KEY) == {b"m1:b": b"1"} and 5000 < r.pttl(KEY) <= 7000
     assert r.zrange(WAITERS, 0, -1) == [b"m1:c"]
@@ -173,7 +188,7 @@ def test_a_release_with_a_hand_over_grants_the_lock_to_its_own_managers_waiter(
     assert acquire(r, "m1:a", wait=5000)[0] == 0  # type: ignore[index]
     # b holds it as its own: its next try is a grant, and so is its release.
     assert acquire(r, "m1:b", wait=3000) == [1, 1]
-    assert release(r, "m1:b", 0, "r2", handover=7000) == [0, b"m1:c", 7000]
+    assert release(r, "m1:b", 0, "r2", handover=7000) == [0, b"m1:c", 7000, 0]
     assert r.hgetall(KEY) == {b"m1:c": b"1"}
 
 
@@ -181,7 +196,7 @@ def test_a_hand_over_only_wakes_a_waiter_of_another_manager(r: fakeredis.FakeRed
     hub2 = home(r, "m2")
     acquire(r, "m1:a")
     acquire(r, "m2:b", wait=3000)
-    assert release(r, "m1:a", 0, "r1", handover=7000) == [0, b"m2:b", 0]
+    assert release(r, "m1:a", 0, "r1", handover=7000) == [0, b"m2:b", 0, 0]
     assert not r.exists(KEY)  # free: b tries, as may anyone
     message = hub2.get_message(timeout=1)
     assert message is not None and message["data"] == b"r1\nm2:b\n" + CHANNEL.encode()
@@ -189,8 +204,94 @@ def test_a_hand_over_only_wakes_a_waiter_of_another_manager(r: fakeredis.FakeRed
 
 def test_a_hand_over_with_nobody_waiting_frees_the_lock(r: fakeredis.FakeRedis) -> None:
     acquire(r, "m0:a")
-    assert release(r, "m0:a", 0, "r1", handover=7000) == [0, b"", 0]
+    assert release(r, "m0:a", 0, "r1", handover=7000) == [0, b"", 0, 0]
     assert not r.exists(KEY) and not r.exists(WAITERS)
+
+
+def test_a_deferred_release_frees_the_lock_but_wakes_nobody_of_another_manager(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub2 = home(r, "m2")
+    acquire(r, "m1:a")
+    acquire(r, "m2:b", wait=3000)
+    reply = release(r, "m1:a", 0, "r1", handover=7000, defer="1", reserve=5000)
+    assert reply == [0, b"", 0, 1]  # deferred: the releasing manager wakes b later
+    assert not r.exists(KEY) and not r.exists(RESERVED)
+    assert r.zrange(WAITERS, 0, -1) == [b"m2:b"]  # b keeps its place
+    assert hub2.get_message(timeout=0.05) is None
+    assert acquire(r, "m1:a") == [1, 1]  # the releasing manager's turn goes on
+
+
+def test_a_deferring_release_still_hands_over_to_its_own_managers_waiter(
+    r: fakeredis.FakeRedis,
+) -> None:
+    acquire(r, "m1:a")
+    acquire(r, "m1:b", wait=3000)
+    acquire(r, "m2:c", wait=4000)
+    reply = release(r, "m1:a", 0, "r1", handover=7000, defer="1", reserve=5000)
+    assert reply == [0, b"m1:b", 7000, 0]
+    assert r.hgetall(KEY) == {b"m1:b": b"1"}
+
+
+def test_a_woken_waiter_of_another_manager_has_the_lock_reserved_until_it_takes_it(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub2 = home(r, "m2")
+    acquire(r, "m1:a")
+    acquire(r, "m2:b", wait=3000)
+    assert release(r, "m1:a", 0, "r1", handover=7000, reserve=5000) == [0, b"m2:b", 0, 0]
+    assert hub2.get_message(timeout=1) is not None
+    assert r.get(RESERVED) == b"m2:b" and 0 < r.pttl(RESERVED) <= 5000
+    # The releasing owner coming back, and a newcomer, are refused: the TTL they are
+    # told is the reservation's, and the one asking to wait registers.
+    status, ttl = acquire(r, "m1:a", wait=3000)  # type: ignore[misc]
+    assert status == 0 and 0 < ttl <= 5000
+    assert acquire(r, "m3:x")[0] == 0  # type: ignore[index]
+    assert r.zrange(WAITERS, 0, -1) == [b"m1:a"]
+    assert acquire(r, "m2:b") == [1, 1]  # the woken waiter takes it
+    assert not r.exists(RESERVED)
+
+
+def test_a_reservation_ends_by_itself(r: fakeredis.FakeRedis) -> None:
+    hub2 = home(r, "m2")  # kept: b's manager hears its wake-up
+    acquire(r, "m1:a")
+    acquire(r, "m2:b", wait=3000)
+    release(r, "m1:a", 0, "r1", handover=7000, reserve=30)
+    assert r.get(RESERVED) == b"m2:b" and hub2.get_message(timeout=1) is not None
+    time.sleep(0.1)  # b never came
+    assert acquire(r, "m1:a") == [1, 1]
+
+
+def test_wake_sends_a_deferred_wake_up_only_where_the_lock_is_free(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub2 = home(r, "m2")
+    acquire(r, "m1:a")
+    acquire(r, "m2:b", wait=3000)
+    wake = ("wake", CHANNEL, "r2", HOME_PREFIX, 5000)
+    assert run(r, scripts.RELEASE, KEYS, *wake) == [0, b""]  # held: its release wakes
+    assert hub2.get_message(timeout=0.05) is None
+    assert release(r, "m1:a", 0, "r1", handover=7000, defer="1", reserve=5000)[3] == 1  # type: ignore[index]
+    assert run(r, scripts.RELEASE, KEYS, *wake) == [0, b"m2:b"]
+    message = hub2.get_message(timeout=1)
+    assert message is not None and message["data"].startswith(b"r2\nm2:b\n")
+    assert r.get(RESERVED) == b"m2:b" and not r.exists(WAITERS)
+
+
+def test_a_reserved_waiter_giving_up_ends_its_reservation_and_wakes_the_next(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub2, hub3 = home(r, "m2"), home(r, "m3")
+    acquire(r, "m1:a")
+    acquire(r, "m2:b", wait=3000)
+    acquire(r, "m3:c", wait=4000)
+    release(r, "m1:a", 0, "r1", handover=7000, reserve=5000)
+    assert r.get(RESERVED) == b"m2:b" and hub2.get_message(timeout=1) is not None
+    reply = run(r, scripts.RELEASE, KEYS, "abandon", "m2:b", CHANNEL, "r2", HOME_PREFIX)
+    assert reply == [0, b"m3:c"]
+    assert not r.exists(RESERVED)  # c was woken without one: anyone may take it
+    message = hub3.get_message(timeout=1)
+    assert message is not None and message["data"].startswith(b"r2\nm3:c\n")
 
 
 def test_abandon_takes_back_a_lock_handed_over_to_the_waiter_giving_up(
@@ -252,8 +353,8 @@ def test_abandon_ends_a_wait_and_passes_a_wake_up_on_where_the_lock_is_free(
 
 def test_renew_resets_ttls_only_where_the_owner_holds(r: fakeredis.FakeRedis) -> None:
     other = lock_key("other")
-    run(r, scripts.ACQUIRE, [KEY, WAITERS], "a", 1000, 1, 0)
-    run(r, scripts.ACQUIRE, [other, waiters_key("other")], "b", 1000, 1, 0)
+    run(r, scripts.ACQUIRE, KEYS, "a", 1000, 1, 0)
+    run(r, scripts.ACQUIRE, [other, waiters_key("other"), reserved_key("other")], "b", 1000, 1, 0)
     r.set(lock_key("string"), "x")
     reply = run(r, scripts.RENEW, [KEY, other, lock_key("string")], 60000, "a", "a", "a")
     assert reply == [1, 0, 0]

@@ -30,6 +30,7 @@ from .driver import AsyncDriver
 from .lock import LOCK_CLASSES, Lock
 from .owner import task_token
 from .transport import AsyncTransport
+from .waker import AsyncWaker
 from .wakeups import AsyncWakeupHub
 from .watchdog import AsyncWatchdog
 
@@ -111,6 +112,8 @@ class LockManager(ManagerCore[Lock]):
         self._driver = AsyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = AsyncWatchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started
+        self._waker = AsyncWaker(engine, self._driver.run)
+        engine.on_deferred_wake = self._waker.arm
         super().__init__(engine, self._make)
 
     def lock(self, name: str, *, fencing: bool | None = None, cancel_on_loss: bool = False) -> Lock:
@@ -218,6 +221,7 @@ class LockManager(ManagerCore[Lock]):
         engine = self._engine
         if engine.closed:
             return
+        await self._waker.stop()  # sends the wake-ups still deferred, on the open manager
         engine.closed = True
         await self._watchdog.stop()
         await self._hub.close()

@@ -45,8 +45,10 @@ from .rounds import (
     held_by_quorum,
     probe_steps,
     release_steps,
+    wake_steps,
 )
 from .settings import Settings, check_acquire_args, check_lease
+from .turns import RESERVE_MS, Due, Turns
 from .views import MasterView
 
 S = TypeVar("S", bound=Signal)
@@ -104,6 +106,11 @@ class Engine:
         #: called with each watchdog-managed hold taken (the flavour's watchdog starts,
         #: and its deadline clock looks again if the hold is due before its next look)
         self.on_managed_hold: Callable[[Hold], None] = lambda hold: None
+        #: this manager's turns on contended locks (see :mod:`.turns`)
+        self.turns = Turns(clock)
+        #: called with when a deferred wake-up is due (the flavour's timer then sends
+        #: :meth:`send_wakes` of :meth:`Turns.due`)
+        self.on_deferred_wake: Callable[[float], None] = lambda due: None
 
     @classmethod
     def connect(
@@ -161,6 +168,7 @@ class Engine:
         self.id = new_manager_id()
         self._owner_ids = {}
         self.holds = Holds(self._guard())
+        self.turns = Turns(self.clock)
 
     # -- local state (no I/O) -----------------------------------------------------------
 
@@ -307,6 +315,8 @@ class Engine:
         self.holds.add(hold)
         if hold.managed:
             self.on_managed_hold(hold)
+        if kind.hands_over and self.quorum.size == 1:
+            self.turns.granted(kind, name)
         return True
 
     def _closed_meanwhile(self, kind: LockKind, name: str, owner: str) -> Steps[None]:
@@ -463,18 +473,25 @@ class Engine:
         if hold.count == 0:
             # Off the watchdog before the release runs, so it is never renewed after.
             self.holds.remove(hold)
-        steps = release_steps(self.quorum, kind, name, owner, hold.count, hold.lease)
         if hold.lost is not None:
             if hold.count == 0:
                 # Already reported as lost: remove what is left where it still is; what
                 # cannot be removed now expires with its lease.
                 with contextlib.suppress(Exception):
-                    yield from steps
+                    yield from release_steps(self.quorum, kind, name, owner, 0, hold.lease)
             if quiet_if_lost:
                 return
             raise LockLostError(f"lock {name!r} was lost: {hold.lost}")
+        # A final release of a contended lock on one master ends this manager's turn,
+        # or defers its wake-up while the turn is young (see .turns).
+        turns = hold.count == 0 and kind.hands_over and self.quorum.size == 1
+        defer = turns and not self.closed and self.turns.may_defer(kind, name)
+        steps = release_steps(
+            self.quorum, kind, name, owner, hold.count, hold.lease, defer,
+            RESERVE_MS if turns else 0,
+        )  # fmt: skip
         try:
-            yield from steps
+            deferred = yield from steps
         except LockLostError as error:
             self.lose(hold, str(error))
             raise
@@ -483,10 +500,21 @@ class Engine:
             if listener is not None:
                 tell(partial(listener.quorum_unavailable, error.action, error.errors))
             raise
+        if turns:
+            due = self.turns.released(kind, name, deferred)
+            if due is not None:
+                self.on_deferred_wake(due)
         if hold.count == 0 and self.settings.listener is not None:
             info = LockInfo(name, kind.label, owner)
             held = self.clock() - hold.acquired_at
             tell(partial(self.settings.listener.released, info, held))
+
+    def send_wakes(self, due: Sequence[Due]) -> Steps[None]:
+        """Send deferred wake-ups (see :mod:`.turns`); a master that fails to take one
+        leaves its waiters to their own time-outs, as for a holder that died."""
+        for kind, name in due:
+            with contextlib.suppress(Exception):
+                yield from wake_steps(self.quorum, kind, name, RESERVE_MS)
 
     def locked(self, kind: LockKind, name: str) -> Steps[bool]:
         """Whether anyone holds ``name`` on a quorum (read-only)."""

@@ -65,6 +65,12 @@ def waiters_key(name: str) -> str:
     return aux_key(name, "waiters")
 
 
+def reserved_key(name: str) -> str:
+    """The plain lock's reservation: the owner id of the waiter a release woke (and
+    only it may take the lock), for a few milliseconds."""
+    return aux_key(name, "reserved")
+
+
 @functools.lru_cache(maxsize=4096)
 def wake_channel(name: str) -> str:
     """The plain lock's wake channel: the name of its local wake-ups, on which the

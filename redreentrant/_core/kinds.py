@@ -55,7 +55,7 @@ class LockKind:
         return keys.lock_key(name)
 
     def _keys(self, name: str) -> tuple[str, ...]:
-        return keys.lock_key(name), keys.waiters_key(name)
+        return keys.lock_key(name), keys.waiters_key(name), keys.reserved_key(name)
 
     def wake_channel(self, name: str, owner: str) -> str:
         """Where ``owner`` waits for a release of ``name``."""
@@ -72,15 +72,39 @@ class LockKind:
         return Call(scripts.ACQUIRE, self._keys(name), (owner, lease_ms, count, wait_ms))
 
     def release(
-        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+        self,
+        name: str,
+        owner: str,
+        count_left: int,
+        release_id: str,
+        handover_ms: int = 0,
+        defer: bool = False,
+        reserve_ms: int = 0,
     ) -> Call:
         """Set the owner's count to ``count_left`` (0 frees); replies ``{1, ''}``,
-        ``{0, woken, ms}`` or ``{-1, ''}``, where ``woken`` is the waiter the masters
-        woke and ``ms`` the lease it was handed the lock with (0: only woken).
+        ``{0, woken, ms, deferred}`` or ``{-1, ''}``, where ``woken`` is the waiter the
+        masters woke, ``ms`` the lease it was handed the lock with (0: only woken) and
+        ``deferred`` 1 when the wake-up was deferred.
 
         ``release_id`` is the payload of the wake-up sent when the lock is freed;
-        ``handover_ms`` > 0 hands the lock over to the waiter woken, with that lease."""
-        return self._release_call(name, owner, count_left, release_id, "1", handover_ms)
+        ``handover_ms`` > 0 hands the lock over to the waiter woken, with that lease;
+        ``defer`` wakes no waiter of another manager (see :meth:`wake`);
+        ``reserve_ms`` > 0 reserves the lock that long for a waiter of another manager
+        that is woken."""
+        if not defer and not reserve_ms:
+            return self._release_call(name, owner, count_left, release_id, "1", handover_ms)
+        channel = keys.wake_channel(name)
+        args = (
+            "release", owner, count_left, channel, release_id, keys.HOME_PREFIX, "1",
+            handover_ms, "1" if defer else "0", reserve_ms,
+        )  # fmt: skip
+        return Call(scripts.RELEASE, self._keys(name), args)
+
+    def wake(self, name: str, release_id: str, reserve_ms: int) -> Call:
+        """A deferred wake-up: where the lock is free, wake the next waiter, reserving
+        the lock for it ``reserve_ms``; replies ``{0, woken}``."""
+        args = ("wake", keys.wake_channel(name), release_id, keys.HOME_PREFIX, reserve_ms)
+        return Call(scripts.RELEASE, self._keys(name), args)
 
     def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
         """Take back a try that failed to reach a quorum, keeping any place the owner
@@ -199,7 +223,14 @@ class _ReadWriteKind(LockKind):
         )
 
     def release(
-        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+        self,
+        name: str,
+        owner: str,
+        count_left: int,
+        release_id: str,
+        handover_ms: int = 0,
+        defer: bool = False,
+        reserve_ms: int = 0,
     ) -> Call:
         return self._release(name, owner, count_left, release_id, "1")
 
@@ -319,7 +350,14 @@ class FairKind(LockKind):
         )
 
     def release(
-        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+        self,
+        name: str,
+        owner: str,
+        count_left: int,
+        release_id: str,
+        handover_ms: int = 0,
+        defer: bool = False,
+        reserve_ms: int = 0,
     ) -> Call:
         return self._release(name, owner, count_left, release_id, "1")
 

@@ -282,8 +282,15 @@ def _give_up(
 
 
 def release_steps(
-    q: Quorum, kind: LockKind, name: str, owner: str, count_left: int, lease: float = 0.0
-) -> Steps[None]:
+    q: Quorum,
+    kind: LockKind,
+    name: str,
+    owner: str,
+    count_left: int,
+    lease: float = 0.0,
+    defer: bool = False,
+    reserve_ms: int = 0,
+) -> Steps[bool]:
     """Release one hold level; at ``count_left == 0`` free the owner's hold everywhere.
 
     A final release on a single master (with the hold's ``lease``, of a kind that
@@ -293,36 +300,55 @@ def release_steps(
     with no round of its own (see :func:`acquire_steps`). The releasing owner coming
     straight back is then refused like any newcomer, so the threads (or tasks) of one
     manager take turns in the order they registered, at the cost of one round trip per
-    turn. A waiter of another manager is only woken: a turn that waits for another
-    process to be scheduled costs more than the round trip it saves. On several
-    masters a release only wakes: independent masters could hand the lock to different
-    waiters, splitting the vote.
+    turn. A waiter of another manager is woken, and the lock reserved for it
+    ``reserve_ms``, or with ``defer`` not woken at all (see :mod:`.turns`): a turn that
+    waits for another process to be scheduled costs more than the round trip it saves.
+    On several masters a release only wakes: independent masters could hand the lock
+    to different waiters, splitting the vote.
 
-    Raises :class:`LockLostError` when the owner's hold was no longer on a quorum, and
-    :class:`QuorumUnavailableError` when too many masters failed to tell.
+    Returns whether the master deferred the wake-up (the caller sends it later, see
+    :func:`wake_steps`). Raises :class:`LockLostError` when the owner's hold was no
+    longer on a quorum, and :class:`QuorumUnavailableError` when too many masters
+    failed to tell.
     """
     rid = release_id(owner)
     hand = count_left == 0 and lease > 0 and q.size == 1 and kind.hands_over
     handover_ms = lease_ms(lease) if hand else 0
     started = q.clock()
-    release = kind.release(name, owner, count_left, rid, handover_ms)
+    if hand and (defer or reserve_ms):
+        release = kind.release(name, owner, 0, rid, handover_ms, defer, reserve_ms)
+    else:
+        release = kind.release(name, owner, count_left, rid, handover_ms)
     replies = yield q.everywhere(release, early=q.until_held, cleanup=True)
     tally = tally_holds(q, kind.key(name), replies)
     channels = kind.notify_channels(name) if count_left == 0 else ()
+    deferred = False
     if channels:
         handed: tuple[tuple[str, Handover], ...] = ()
         lost = False
         if handover_ms:
             handed = tuple(handed_over(replies, started).items())
             lost = any(not isinstance(r[0], list) for r in replies)
+            deferred = defer and _deferred(replies)
         yield Notify(channels, rid, woken_by(replies), handed, lost)
     if len(tally.granted) >= q.needed:
-        return
+        return deferred
     if tally.wrong_type is not None:
         raise tally.wrong_type
     if len(tally.failed) > q.tolerated:
         raise q.unavailable(f"release {name!r}", tally.failed)
     raise LockLostError(f"lock {name!r} was lost before its release: no hold on a quorum")
+
+
+def _deferred(replies: Sequence[Sequence[Reply]]) -> bool:
+    """Whether a master deferred a release's wake-up (reply ``{0, woken, ms, 1}``)."""
+    return any(isinstance(r[0], list) and len(r[0]) >= 4 and r[0][3] == 1 for r in replies if r)
+
+
+def wake_steps(q: Quorum, kind: LockKind, name: str, reserve_ms: int) -> Steps[None]:
+    """Send a release's deferred wake-up (see :mod:`.turns`): where ``name`` is free,
+    the masters wake its next waiter, reserving the lock for it ``reserve_ms``."""
+    yield q.everywhere(kind.wake(name, release_id("wake"), reserve_ms), cleanup=True)
 
 
 def extend_steps(

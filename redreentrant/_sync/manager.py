@@ -27,6 +27,7 @@ from .driver import SyncDriver
 from .lock import LOCK_CLASSES, Lock
 from .owner import thread_token
 from .transport import SyncTransport
+from .waker import Waker
 from .wakeups import WakeupHub
 from .watchdog import Watchdog
 
@@ -119,6 +120,8 @@ class LockManager(ManagerCore[Lock]):
         self._driver = SyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = Watchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started
+        self._waker = Waker(engine, self._driver.run)
+        engine.on_deferred_wake = self._waker.arm
         super().__init__(engine, self._make)
 
     def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
@@ -210,6 +213,7 @@ class LockManager(ManagerCore[Lock]):
         engine = self._engine
         if engine.closed:
             return
+        self._waker.stop()  # sends the wake-ups still deferred, on the open manager
         engine.closed = True
         self._watchdog.stop()
         self._hub.close()
@@ -235,4 +239,5 @@ class LockManager(ManagerCore[Lock]):
     def _after_fork_in_child(self) -> None:
         super()._after_fork_in_child()
         self._watchdog.after_fork()
+        self._waker.after_fork()
         self._hub.after_fork(self._engine.home_channel)

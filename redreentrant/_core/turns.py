@@ -1,0 +1,125 @@
+"""Turns: how long one manager may keep a contended lock on one master (no I/O).
+
+Under contention the cheapest next holder is the owner that just released: it is
+running, while a waiter of another manager must first be woken, and its process
+scheduled. Waking that waiter at every release wastes its wake-up whenever the
+releasing owner comes straight back, and handing it the lock at every release makes
+every turn wait for a process to be scheduled. So a manager that took a contended
+lock keeps it for a *turn*:
+
+- while its turn is younger than :data:`TENURE`, a release that would wake a waiter of
+  another manager frees the lock but *defers* the wake-up (``lua/release.lua``): if an
+  owner of the same manager takes the lock again within :data:`GRACE`, the turn goes
+  on; otherwise the manager sends the wake-up itself once :data:`GRACE` passed;
+- once the turn is that old, the release wakes the next waiter and *reserves* the
+  lock for it for :data:`RESERVE_MS` (``lua/acquire.lua``): the releasing owner coming
+  straight back is refused, and the waiter's turn begins.
+
+Waiters of other managers thus wait at most about one turn per manager ahead of them,
+and a lock is never left free with waiters asleep for more than :data:`GRACE` (plus a
+round trip) while its manager lives: if that manager dies within it, they wait as they
+would for a holder that died, until their registration or wait ends. Only on a single
+master, like the hand-over within a manager: independent masters could wake or
+reserve for different waiters, and split the vote.
+
+:class:`Turns` is the per-manager bookkeeping; the flavour's timer sends the deferred
+wake-ups (:meth:`Turns.due`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+from .kinds import LockKind
+from .quorum import Clock
+
+#: how long (seconds) a manager's turn on a contended lock lasts at least
+TENURE = 0.01
+
+#: how long (seconds) a deferred wake-up waits for an owner of the same manager to
+#: take the lock again
+GRACE = 0.002
+
+#: how long (ms) a lock stays reserved for the waiter a release woke
+RESERVE_MS = 50
+
+#: how many locks' turns a manager keeps (a hold freed by the watchdog, its owner
+#: gone, never tells its turn's end: then it starts afresh)
+MAX_TURNS = 4096
+
+
+class Due(NamedTuple):
+    """A deferred wake-up to send now: the lock's kind and name."""
+
+    kind: LockKind
+    name: str
+
+
+class Turns:
+    """One manager's turns on contended locks (see the module docstring).
+
+    Safe to call from several threads: every method takes a lock of its own.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: when this manager's turn on a lock began, for the locks it holds or
+        #: released with a wake-up deferred
+        self._since: dict[tuple[LockKind, str], float] = {}
+        #: the deferred wake-ups: lock -> when to send it
+        self._pending: dict[tuple[LockKind, str], float] = {}
+
+    def granted(self, kind: LockKind, name: str) -> None:
+        """An owner of this manager took ``name``: its turn goes on if the manager
+        released it with a wake-up deferred (that wake-up is then not sent), else a
+        turn begins."""
+        key = (kind, name)
+        with self._lock:
+            if self._pending.pop(key, None) is None or key not in self._since:
+                if len(self._since) >= MAX_TURNS:
+                    self._since = {k: self._since[k] for k in self._pending if k in self._since}
+                self._since[key] = self._clock()
+
+    def may_defer(self, kind: LockKind, name: str) -> bool:
+        """Whether a release of ``name`` now may defer its wake-up: the turn is young."""
+        since = self._since.get((kind, name))
+        return since is not None and self._clock() - since < TENURE
+
+    def released(self, kind: LockKind, name: str, deferred: bool) -> float | None:
+        """A final release of ``name`` went through; returns when to send the wake-up
+        it ``deferred`` (None if it did not: its turn is over)."""
+        key = (kind, name)
+        with self._lock:
+            if not deferred:
+                self._since.pop(key, None)
+                self._pending.pop(key, None)
+                return None
+            due = self._clock() + GRACE
+            self._pending[key] = due
+            return due
+
+    def due(self) -> tuple[list[Due], float | None]:
+        """The deferred wake-ups to send now (their turns are over), and when the next
+        one is due (None: none is pending)."""
+        now = self._clock()
+        out: list[Due] = []
+        later: float | None = None
+        with self._lock:
+            for key, at in list(self._pending.items()):
+                if at <= now:
+                    del self._pending[key]
+                    self._since.pop(key, None)
+                    out.append(Due(*key))
+                elif later is None or at < later:
+                    later = at
+        return out, later
+
+    def flush(self) -> list[Due]:
+        """Every pending wake-up, to send now (the manager closes)."""
+        with self._lock:
+            out = [Due(*key) for key in self._pending]
+            self._pending.clear()
+            self._since.clear()
+        return out
