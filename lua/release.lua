@@ -1,5 +1,5 @@
 -- name: release
--- version: 6
+-- version: 7
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -13,7 +13,7 @@
 -- A waiter of another manager woken with a reservation (ARGV 'reserve' ms > 0) is the
 -- only one that may take the lock until the reservation (KEYS[3]) ends (acquire.lua).
 -- A release may also defer the wake-up ('defer'): while the releasing manager's turn
--- lasts, it frees the lock but wakes nobody of another manager; that manager sends
+-- lasts, it frees the lock but wakes (or hands it to) nobody; that manager sends
 -- 'wake' a moment later unless it took the lock again meanwhile.
 -- Clients of an earlier version wait on the lock's wake channel instead: the release id
 -- is published there too, but only while someone subscribes to it (PUBSUB NUMSUB).
@@ -35,8 +35,8 @@
 --            that manager reads this reply and tells it. A waiter of another manager
 --            is only woken (handing over to another process would make every hand-off
 --            wait for that process to be scheduled). ARGV[9] (optional) '1' to defer
---            the wake-up when the waiter to wake belongs to another manager (nobody is
---            woken, nothing is published), ARGV[10] (optional) ms to reserve the lock
+--            the wake-up (nobody is woken or handed the lock, nothing is published,
+--            the waiters keep their places), ARGV[10] (optional) ms to reserve the lock
 --            for a woken waiter of another manager, '0' or absent for none. The count
 --            is absolute, not a decrement, so a repeated call cannot release twice.
 --            Reply {1, ''} still held with the new count; {0, woken, ms, deferred} the
@@ -67,8 +67,7 @@ end
 
 -- Wakes the next registered waiter, or grants it the lock with the lease handover
 -- (0: never) if it belongs to local_manager; a waiter of another manager woken gets a
--- reservation of reserve ms (0: none), or, with defer, nobody is woken (a waiter of
--- local_manager still is). Returns (the owner woken or '', the lease it was granted or
+-- reservation of reserve ms (0: none); with defer, nobody is woken. Returns (the owner woken or '', the lease it was granted or
 -- 0, 1 if the wake-up was deferred else 0).
 local function wake_next(channel, id, prefix, handover, local_manager, reserve, defer)
   if redis.call('exists', waiters) == 1 then
@@ -77,7 +76,7 @@ local function wake_next(channel, id, prefix, handover, local_manager, reserve, 
     redis.call('zremrangebyscore', waiters, '-inf', now)
     if defer then
       local first = redis.call('zrange', waiters, 0, 0)
-      if #first > 0 and manager_of(first[1]) ~= local_manager then
+      if #first > 0 then
         return '', 0, 1
       end
     end

@@ -140,11 +140,12 @@ def test_the_threads_of_one_manager_on_one_master_are_handed_the_lock_in_turn(
         assert int(r.get(counter) or 0) == total == sum(done)  # exact
         r.delete(counter)
     after = command_calls(url)
-    # Each release hands the lock to the next thread registered: they take turns, and a
-    # thread that asks again at once waits behind the others instead of taking it back.
+    # A turn ends by handing the lock to the next thread registered: they take turns,
+    # and a thread that asks again once its turn is over waits behind the others.
     assert min(done) >= total / workers / 2, done
-    # One release and about one refused try per turn (the releasing thread's own, as it
-    # asks again and registers): the thread handed the lock needs no try of its own.
+    # One release per increment, and at most one refused try per turn (the releasing
+    # thread's own, as it asks again and registers): the thread handed the lock needs
+    # no try of its own.
     acquires = delta(before, after, "evalsha", "eval") - total
     assert acquires <= 1.5 * total, f"{acquires / total:.2f} acquires per increment"
     assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}

@@ -23,7 +23,7 @@ from redreentrant._core.keys import (
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
     "acquire": (4, "56b5dc6795b4e626"),
-    "release": (6, "c9bdb12972d029f3"),
+    "release": (7, "2afb94ae111ee6e7"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (2, "997474ce8e091d11"),
@@ -222,15 +222,17 @@ def test_a_deferred_release_frees_the_lock_but_wakes_nobody_of_another_manager(
     assert acquire(r, "m1:a") == [1, 1]  # the releasing manager's turn goes on
 
 
-def test_a_deferring_release_still_hands_over_to_its_own_managers_waiter(
+def test_a_deferred_release_hands_nothing_over_to_its_own_managers_waiter_either(
     r: fakeredis.FakeRedis,
 ) -> None:
     acquire(r, "m1:a")
     acquire(r, "m1:b", wait=3000)
-    acquire(r, "m2:c", wait=4000)
     reply = release(r, "m1:a", 0, "r1", handover=7000, defer="1", reserve=5000)
-    assert reply == [0, b"m1:b", 7000, 0]
-    assert r.hgetall(KEY) == {b"m1:b": b"1"}
+    assert reply == [0, b"", 0, 1]
+    assert not r.exists(KEY) and r.zrange(WAITERS, 0, -1) == [b"m1:b"]
+    # Once the turn is over, the release hands it over as before.
+    acquire(r, "m1:a")
+    assert release(r, "m1:a", 0, "r2", handover=7000, reserve=5000) == [0, b"m1:b", 7000, 0]
 
 
 def test_a_woken_waiter_of_another_manager_has_the_lock_reserved_until_it_takes_it(

@@ -107,7 +107,7 @@ class Engine:
         #: and its deadline clock looks again if the hold is due before its next look)
         self.on_managed_hold: Callable[[Hold], None] = lambda hold: None
         #: this manager's turns on contended locks (see :mod:`.turns`)
-        self.turns = Turns(clock)
+        self.turns = Turns(clock, guard())
         #: called with when a deferred wake-up is due (the flavour's timer then sends
         #: :meth:`send_wakes` of :meth:`Turns.due`)
         self.on_deferred_wake: Callable[[float], None] = lambda due: None
@@ -168,7 +168,7 @@ class Engine:
         self.id = new_manager_id()
         self._owner_ids = {}
         self.holds = Holds(self._guard())
-        self.turns = Turns(self.clock)
+        self.turns = Turns(self.clock, self._guard())
 
     # -- local state (no I/O) -----------------------------------------------------------
 

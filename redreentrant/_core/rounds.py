@@ -301,8 +301,9 @@ def release_steps(
     straight back is then refused like any newcomer, so the threads (or tasks) of one
     manager take turns in the order they registered, at the cost of one round trip per
     turn. A waiter of another manager is woken, and the lock reserved for it
-    ``reserve_ms``, or with ``defer`` not woken at all (see :mod:`.turns`): a turn that
-    waits for another process to be scheduled costs more than the round trip it saves.
+    ``reserve_ms``. With ``defer`` nobody is woken or handed the lock at all (see
+    :mod:`.turns`): while a manager's turn is young, its owner coming straight back is
+    the cheapest next holder.
     On several masters a release only wakes: independent masters could hand the lock
     to different waiters, splitting the vote.
 
@@ -330,7 +331,8 @@ def release_steps(
             handed = tuple(handed_over(replies, started).items())
             lost = any(not isinstance(r[0], list) for r in replies)
             deferred = defer and _deferred(replies)
-        yield Notify(channels, rid, woken_by(replies), handed, lost)
+        if not deferred:  # a deferred wake-up wakes nobody here either, until sent
+            yield Notify(channels, rid, woken_by(replies), handed, lost)
     if len(tally.granted) >= q.needed:
         return deferred
     if tally.wrong_type is not None:

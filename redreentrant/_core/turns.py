@@ -7,13 +7,18 @@ releasing owner comes straight back, and handing it the lock at every release ma
 every turn wait for a process to be scheduled. So a manager that took a contended
 lock keeps it for a *turn*:
 
-- while its turn is younger than :data:`TENURE`, a release that would wake a waiter of
-  another manager frees the lock but *defers* the wake-up (``lua/release.lua``): if an
-  owner of the same manager takes the lock again within :data:`GRACE`, the turn goes
-  on; otherwise the manager sends the wake-up itself once :data:`GRACE` passed;
+- while its turn is younger than :data:`TENURE`, a release that would wake a waiter
+  frees the lock but *defers* the wake-up (``lua/release.lua``): if an owner of the same
+  manager takes the lock again within :data:`GRACE`, the turn goes on; otherwise the
+  manager sends the wake-up itself once :data:`GRACE` passed;
 - once the turn is that old, the release wakes the next waiter and *reserves* the
-  lock for it for :data:`RESERVE_MS` (``lua/acquire.lua``): the releasing owner coming
-  straight back is refused, and the waiter's turn begins.
+  lock for it for :data:`RESERVE_MS` (``lua/acquire.lua``), or hands the lock over to it
+  if it is an owner of the same manager (see :func:`.rounds.release_steps`): the
+  releasing owner coming straight back is refused, and the waiter's turn begins.
+
+The threads (or tasks) of one manager thus also take turns of :data:`TENURE`, in the
+order they registered: a thread that hands the lock to another costs a thread switch,
+which is dearer than the round trips it saves.
 
 Waiters of other managers thus wait at most about one turn per manager ahead of them,
 and a lock is never left free with waiters asleep for more than :data:`GRACE` (plus a
@@ -28,7 +33,7 @@ wake-ups (:meth:`Turns.due`).
 
 from __future__ import annotations
 
-import threading
+from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 from .kinds import LockKind
@@ -59,12 +64,13 @@ class Due(NamedTuple):
 class Turns:
     """One manager's turns on contended locks (see the module docstring).
 
-    Safe to call from several threads: every method takes a lock of its own.
+    Safe to call from several threads: every method that changes it holds ``guard``
+    (a lock the flavour makes).
     """
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, guard: AbstractContextManager[object]) -> None:
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = guard
         #: when this manager's turn on a lock began, for the locks it holds or
         #: released with a wake-up deferred
         self._since: dict[tuple[LockKind, str], float] = {}
