@@ -9,6 +9,7 @@ whose process died, one that gave up, one that no longer waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import subprocess
 import sys
@@ -86,15 +87,14 @@ def test_a_release_wakes_one_waiter_across_processes(
     assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
 
 
-@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
-def test_the_threads_of_one_manager_on_one_master_are_handed_the_lock_in_turn(
-    ensemble: LocalEnsemble, flavour: str
-) -> None:
-    url = ensemble.urls[0]
-    workers, total = 8, 200
-    counter = f"test:turns-{flavour}:counter"
+def count_under_lock(
+    url: str, name: str, workers: int, total: int, flavour: str, shared: bool
+) -> list[int]:
+    """``workers`` threads (or tasks) count to ``total`` under lock ``name`` with a
+    non-atomic counter, through one manager (``shared``) or one each; returns each
+    one's increments, once the count was found exact."""
+    counter = f"test:{name}:counter"
     done = [0] * workers
-    before = command_calls(url)
     with redis.Redis.from_url(url) as r:
 
         def increment() -> bool:
@@ -106,15 +106,21 @@ def test_the_threads_of_one_manager_on_one_master_are_handed_the_lock_in_turn(
             return True
 
         if flavour == "sync":
-            with LockManager([url], lease=30.0) as mgr:
+            with LockManager([url], lease=30.0) as common:
 
                 def work(i: int) -> None:
-                    lock = mgr.lock(f"turns-{flavour}")
-                    while True:
-                        with lock:
-                            if not increment():
-                                return
-                        done[i] += 1
+                    with contextlib.ExitStack() as stack:
+                        mgr = (
+                            common
+                            if shared
+                            else stack.enter_context(LockManager([url], lease=30.0))
+                        )
+                        lock = mgr.lock(name)
+                        while True:
+                            with lock:
+                                if not increment():
+                                    return
+                            done[i] += 1
 
                 threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
                 for t in threads:
@@ -124,21 +130,38 @@ def test_the_threads_of_one_manager_on_one_master_are_handed_the_lock_in_turn(
         else:
 
             async def main() -> None:
-                async with AsyncLockManager([url], lease=30.0) as mgr:
+                async with AsyncLockManager([url], lease=30.0) as common:
 
                     async def work(i: int) -> None:
-                        lock = mgr.lock(f"turns-{flavour}")
-                        while True:
-                            async with lock:
-                                if not await asyncio.to_thread(increment):
-                                    return
-                            done[i] += 1
+                        async with contextlib.AsyncExitStack() as stack:
+                            mgr = common
+                            if not shared:
+                                mgr = await stack.enter_async_context(
+                                    AsyncLockManager([url], lease=30.0)
+                                )
+                            lock = mgr.lock(name)
+                            while True:
+                                async with lock:
+                                    if not await asyncio.to_thread(increment):
+                                        return
+                                done[i] += 1
 
                     await asyncio.wait_for(asyncio.gather(*(work(i) for i in range(workers))), 60)
 
             asyncio.run(main())
         assert int(r.get(counter) or 0) == total == sum(done)  # exact
         r.delete(counter)
+    return done
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_the_threads_of_one_manager_on_one_master_are_handed_the_lock_in_turn(
+    ensemble: LocalEnsemble, flavour: str
+) -> None:
+    url = ensemble.urls[0]
+    workers, total = 8, 200
+    before = command_calls(url)
+    done = count_under_lock(url, f"turns-{flavour}", workers, total, flavour, shared=True)
     after = command_calls(url)
     # A turn ends by handing the lock to the next thread registered: they take turns,
     # and a thread that asks again once its turn is over waits behind the others.
@@ -157,53 +180,8 @@ def test_managers_on_one_master_keep_the_lock_for_a_turn_each_in_turn(
 ) -> None:
     url = ensemble.urls[0]
     workers, total = 6, 600
-    name = f"manager-turns-{flavour}"
-    counter = f"test:{name}:counter"
-    done = [0] * workers
     before = command_calls(url)
-    with redis.Redis.from_url(url) as r:
-
-        def increment() -> bool:
-            # Deliberately not atomic: only the lock keeps the count exact.
-            value = int(r.get(counter) or 0)
-            if value >= total:
-                return False
-            r.set(counter, value + 1)
-            return True
-
-        if flavour == "sync":
-
-            def work(i: int) -> None:
-                with LockManager([url], lease=30.0) as mgr:
-                    lock = mgr.lock(name)
-                    while True:
-                        with lock:
-                            if not increment():
-                                return
-                        done[i] += 1
-
-            threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=60)
-        else:
-
-            async def main() -> None:
-                async def work(i: int) -> None:
-                    async with AsyncLockManager([url], lease=30.0) as mgr:
-                        lock = mgr.lock(name)
-                        while True:
-                            async with lock:
-                                if not await asyncio.to_thread(increment):
-                                    return
-                            done[i] += 1
-
-                await asyncio.wait_for(asyncio.gather(*(work(i) for i in range(workers))), 60)
-
-            asyncio.run(main())
-        assert int(r.get(counter) or 0) == total == sum(done)  # exact
-        r.delete(counter)
+    done = count_under_lock(url, f"manager-turns-{flavour}", workers, total, flavour, shared=False)
     after = command_calls(url)
     # A manager that takes the lock keeps it for a turn: its owner coming straight back
     # takes it again, the waiters of other managers are not woken in vain at every
