@@ -496,18 +496,27 @@ class Engine:
             self.lose(hold, str(error))
             raise
         except QuorumUnavailableError as error:
+            if defer:
+                # The master may have deferred the wake-up: send it in any case (it
+                # does nothing where the lock is held or nobody waits).
+                self._deferred_wake(kind, name)
             listener = self.settings.listener
             if listener is not None:
                 tell(partial(listener.quorum_unavailable, error.action, error.errors))
             raise
-        if turns:
-            due = self.turns.released(kind, name, deferred)
-            if due is not None:
-                self.on_deferred_wake(due)
+        if turns and not deferred:
+            self.turns.released(kind, name, False)
+        elif turns:
+            self._deferred_wake(kind, name)
         if hold.count == 0 and self.settings.listener is not None:
             info = LockInfo(name, kind.label, owner)
             held = self.clock() - hold.acquired_at
             tell(partial(self.settings.listener.released, info, held))
+
+    def _deferred_wake(self, kind: LockKind, name: str) -> None:
+        due = self.turns.released(kind, name, True)
+        if due is not None:
+            self.on_deferred_wake(due)
 
     def send_wakes(self, due: Sequence[Due]) -> Steps[None]:
         """Send deferred wake-ups (see :mod:`.turns`); a master that fails to take one
