@@ -159,7 +159,9 @@ def test_the_threads_of_one_manager_on_one_master_are_handed_the_lock_in_turn(
     ensemble: LocalEnsemble, flavour: str
 ) -> None:
     url = ensemble.urls[0]
-    workers, total = 8, 200
+    # Enough increments for several turns each (a turn lasts 10 ms at least): a share
+    # is then even whatever the machine's speed.
+    workers, total = 8, 1600
     before = command_calls(url)
     done = count_under_lock(url, f"turns-{flavour}", workers, total, flavour, shared=True)
     after = command_calls(url)
@@ -179,7 +181,7 @@ def test_managers_on_one_master_keep_the_lock_for_a_turn_each_in_turn(
     ensemble: LocalEnsemble, flavour: str
 ) -> None:
     url = ensemble.urls[0]
-    workers, total = 6, 600
+    workers, total = 6, 1200  # several turns each, as above
     before = command_calls(url)
     done = count_under_lock(url, f"manager-turns-{flavour}", workers, total, flavour, shared=False)
     after = command_calls(url)
