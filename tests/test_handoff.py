@@ -271,6 +271,58 @@ def test_a_waiter_behind_a_dead_process_is_woken_by_the_release(
     assert ensemble.keys(PREFIX + "*") == {u: [] for u in urls}
 
 
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_wake_up_deferred_early_in_a_turn_is_sent_when_the_manager_does_not_come_back(
+    ensemble: LocalEnsemble, flavour: str
+) -> None:
+    url = ensemble.urls[0]
+    name = f"deferred-{flavour}"
+    got: list[float] = []
+
+    def waiting() -> bool:
+        return registered(ensemble, name)[0] != []
+
+    if flavour == "sync":
+        with LockManager([url], lease=60.0) as holder, LockManager([url], lease=60.0) as mgr:
+            holder.lock(name).acquire()
+            waiter = Waiting(mgr.lock(name))
+            waiter.start()
+            wait_until(waiting)
+            released = time.monotonic()
+            # Early in the holder's turn: the release defers the wake-up, and the holder
+            # neither takes the lock again nor closes its manager.
+            holder.lock(name).release()
+            waiter.join(timeout=30)
+            assert waiter.outcome == [True]
+            got.append(time.monotonic() - released)
+    else:
+
+        async def main() -> None:
+            async with (
+                AsyncLockManager([url], lease=60.0) as holder,
+                AsyncLockManager([url], lease=60.0) as mgr,
+            ):
+                await holder.lock(name).acquire()
+
+                async def wait() -> None:
+                    async with mgr.lock(name):
+                        pass
+
+                task = asyncio.create_task(wait())
+                while not await asyncio.to_thread(waiting):
+                    await asyncio.sleep(0.01)
+                released = time.monotonic()
+                await holder.lock(name).release()
+                await asyncio.wait_for(task, 30)
+                got.append(time.monotonic() - released)
+
+        asyncio.run(main())
+    # Woken by the holder's manager once the grace passed: long before the holder's
+    # 60 s lease, which bounds the waiter's sleep otherwise.
+    assert got and got[0] < 30
+    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+
+
 def test_a_waiter_that_gives_up_passes_the_wake_up_on(ensemble: LocalEnsemble) -> None:
     urls = ensemble.urls
     with LockManager(urls, lease=60.0) as holder, LockManager(urls, lease=60.0) as mgr:
