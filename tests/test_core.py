@@ -43,6 +43,7 @@ from redreentrant._core.watchdog import (
     verdict_margin,
 )
 from redreentrant._sync.driver import SyncDriver
+from redreentrant._sync.waker import Waker
 
 LEASE = 3.0
 DRIFT = LEASE * 0.01 + 0.002
@@ -569,6 +570,18 @@ def test_on_several_masters_a_release_neither_defers_nor_reserves() -> None:
     release(w)
     assert armed == [] and all(not m.reserved for m in w.masters)
     assert all(m.registered(waiters_key("x")) == [] for m in w.masters)  # woken
+
+
+def test_the_waker_stopping_sends_the_wake_ups_still_deferred() -> None:
+    w, other, _ = contended()
+    waker = Waker(w.engine, w.run)
+    w.engine.on_deferred_wake = waker.arm
+    assert w.acquire()
+    release(w)  # deferred; the fake clock never lets the grace pass
+    assert w.masters[0].registered(waiters_key("x")) == [other]
+    waker.stop()  # as the manager closes, after its last runs ended
+    assert w.masters[0].registered(waiters_key("x")) == []  # woken
+    assert w.masters[0].reservation(reserved_key("x")) == other
 
 
 def test_a_closing_manager_takes_every_deferred_wake_up_to_send_at_once() -> None:

@@ -24,15 +24,17 @@ class AsyncDriver:
         # The runs under way: close() lets them finish their clean-up on the transport.
         self._active: set[object] = set()
 
-    async def run(self, steps: Steps[T], shielded: bool = False) -> T:
+    async def run(self, steps: Steps[T], shielded: bool = False, check: bool = True) -> T:
         """Run ``steps`` to their end in the calling task.
 
         ``shielded`` (releases): a cancellation does not stop the steps; it is passed on
         once they ended. The effect it interrupted is carried out again: a round it
         broke off left its connections behind (see the transport), and the calls of a
         release set absolute hold counts, so sending them twice changes nothing. No
-        task is made for this."""
-        self._check_open()
+        task is made for this. ``check=False`` runs them also while the manager
+        closes (its last clean-ups, before the transport is closed)."""
+        if check:
+            self._check_open()
         watched: list[tuple[str, str]] = []
         held_back: asyncio.CancelledError | None = None
         self._active.add(steps)
@@ -60,6 +62,10 @@ class AsyncDriver:
         if held_back is not None:
             raise held_back
         return value
+
+    def finish(self, steps: Steps[T]) -> Coroutine[Any, Any, T]:
+        """Run ``steps`` to their end, also while the manager closes."""
+        return self.run(steps, check=False)
 
     def run_shielded(self, steps: Steps[T]) -> Coroutine[Any, Any, T]:
         """Run ``steps`` to their end even if the caller is cancelled (releases)."""

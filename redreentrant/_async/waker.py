@@ -47,7 +47,7 @@ class AsyncWaker:
             task.add_done_callback(self._tasks.discard)
 
     async def _send(self, due: list[Due]) -> None:
-        with contextlib.suppress(Exception):  # e.g. the manager closed meanwhile
+        with contextlib.suppress(Exception):  # a master that failed: see send_wakes
             await self._run(self._engine.send_wakes(due))
 
     async def stop(self) -> None:

@@ -25,6 +25,11 @@ class SyncDriver:
     def run(self, steps: Steps[T]) -> T:
         """Run ``steps`` to their end in the calling thread."""
         self._check_open()
+        return self.finish(steps)
+
+    def finish(self, steps: Steps[T]) -> T:
+        """Run ``steps`` to their end, also while the manager closes (its last
+        clean-ups, before the transport is closed)."""
         watched: list[tuple[str, str]] = []
         fanout = self.transport.fanout
         self._active.add(steps)

@@ -120,7 +120,7 @@ class LockManager(ManagerCore[Lock]):
         self._driver = SyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = Watchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started
-        self._waker = Waker(engine, self._driver.run)
+        self._waker = Waker(engine, self._driver.finish)
         engine.on_deferred_wake = self._waker.arm
         super().__init__(engine, self._make)
 
@@ -213,13 +213,14 @@ class LockManager(ManagerCore[Lock]):
         engine = self._engine
         if engine.closed:
             return
-        self._waker.stop()  # sends the wake-ups still deferred, on the open manager
-        engine.closed = True
+        engine.closed = True  # from now on, no release defers its wake-up
         self._watchdog.stop()
         self._hub.close()
         # Woken waiters undo what they took and leave queues: let them, on an open
         # transport (bounded: each round is).
         self._driver.drain(2.0 + 4 * engine.settings.master_timeout)
+        # Then the wake-ups still deferred, those of releases that ended meanwhile too.
+        self._waker.stop()
         self._transport.close()
         self._nodes.close()
         for client in self._own_clients:

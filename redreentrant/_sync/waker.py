@@ -61,7 +61,7 @@ class Waker:
             if later is not None:
                 self.arm(later)
             if due:
-                with contextlib.suppress(Exception):  # e.g. the manager closed meanwhile
+                with contextlib.suppress(Exception):  # a master that failed: see send_wakes
                     self._run(self._engine.send_wakes(due))
 
     def stop(self) -> None:
