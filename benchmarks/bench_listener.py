@@ -45,7 +45,7 @@ class NoHub:
     """The driver's hub: a release notifies it (local waiters: none here); nothing
     else is used by an uncontended cycle."""
 
-    def notify(self, channels: object, release_id: object, woken: object) -> None:
+    def notify(self, notice: object) -> None:
         pass
 
     def __getattr__(self, name: str) -> Callable[..., object]:

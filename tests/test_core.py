@@ -8,13 +8,13 @@ import gc
 import importlib.util
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 import redis
 
-from redreentrant._core.effects import Call, Fanout, Handover, Reply, Steps, Wait
+from redreentrant._core.effects import Call, Fanout, Handover, Notify, Reply, Steps, Wait
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
 from redreentrant._core.fanout import WireCache, evalsha_args
@@ -229,17 +229,10 @@ class Hub:
         self.pauses.append(seconds)
         self.clock.advance(seconds)
 
-    def notify(
-        self,
-        channels: Sequence[str],
-        release_id: str,
-        woken: Sequence[str] = (),
-        handovers: Mapping[str, Handover] | None = None,
-        everyone: bool = False,
-    ) -> None:
-        self.notices.append((tuple(channels), tuple(woken)))
-        self.handed_over.update(handovers or {})
-        self.everyone.append(everyone)
+    def notify(self, notice: Notify) -> None:
+        self.notices.append((notice.channels, notice.woken))
+        self.handed_over.update(notice.handovers)
+        self.everyone.append(notice.everyone)
 
     def handed(self, channel: str, owner: str) -> Handover | None:
         return self.handed_over.pop(owner, None)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._core.effects import Handover
+from .._core.effects import Handover, Notify
 from .._core.errors import ManagerClosedError
 from .._core.subscriptions import RECONNECT_DELAY, Subscriptions, Waiter
 
@@ -100,19 +100,11 @@ class AsyncWakeupHub:
         """Sleep ``seconds`` (a back-off); a cancellation ends it."""
         await asyncio.sleep(seconds)
 
-    def notify(
-        self,
-        channels: Sequence[str],
-        release_id: str,
-        woken: Sequence[str] = (),
-        handovers: Mapping[str, Handover] | None = None,
-        everyone: bool = False,
-    ) -> None:
+    def notify(self, notice: Notify) -> None:
         """A release made in this process freed a lock: wake its waiters here at once
         (on a targeted channel, the one the masters woke, if it waits here, with the
         lock if they handed it over to it)."""
-        for channel in channels:
-            _wake(self._subs.released_here(channel, release_id, woken, handovers, everyone))
+        _wake(self._subs.notified(notice))
 
     def handed(self, channel: str, owner: str) -> Handover | None:
         """The lock, if it was handed over to ``owner`` with its last wake-up."""

@@ -72,33 +72,25 @@ class LockKind:
         return Call(scripts.ACQUIRE, self._keys(name), (owner, lease_ms, count, wait_ms))
 
     def release(
-        self,
-        name: str,
-        owner: str,
-        count_left: int,
-        release_id: str,
-        handover_ms: int = 0,
-        defer: bool = False,
-        reserve_ms: int = 0,
+        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
     ) -> Call:
         """Set the owner's count to ``count_left`` (0 frees); replies ``{1, ''}``,
-        ``{0, woken, ms, deferred}`` or ``{-1, ''}``, where ``woken`` is the waiter the
-        masters woke, ``ms`` the lease it was handed the lock with (0: only woken) and
-        ``deferred`` 1 when the wake-up was deferred.
+        ``{0, woken, ms, 0}`` or ``{-1, ''}``, where ``woken`` is the waiter the masters
+        woke and ``ms`` the lease it was handed the lock with (0: only woken).
 
         ``release_id`` is the payload of the wake-up sent when the lock is freed;
-        ``handover_ms`` > 0 hands the lock over to the waiter woken, with that lease;
-        ``defer`` wakes no waiter of another manager (see :meth:`wake`);
-        ``reserve_ms`` > 0 reserves the lock that long for a waiter of another manager
-        that is woken."""
-        if not defer and not reserve_ms:
-            return self._release_call(name, owner, count_left, release_id, "1", handover_ms)
-        channel = keys.wake_channel(name)
-        args = (
-            "release", owner, count_left, channel, release_id, keys.HOME_PREFIX, "1",
-            handover_ms, "1" if defer else "0", reserve_ms,
-        )  # fmt: skip
-        return Call(scripts.RELEASE, self._keys(name), args)
+        ``handover_ms`` > 0 hands the lock over to the waiter woken, with that lease."""
+        return self._release_call(name, owner, count_left, release_id, "1", handover_ms)
+
+    def release_in_turn(
+        self, name: str, owner: str, release_id: str, handover_ms: int, defer: bool, reserve_ms: int
+    ) -> Call:
+        """A final release by a manager taking turns (see :mod:`.turns`; only for a
+        kind that :attr:`hands_over`): as :meth:`release`, and ``defer`` wakes (or hands
+        the lock to) nobody, replying ``{0, '', 0, 1}`` when there was a waiter to wake,
+        while ``reserve_ms`` > 0 reserves the lock that long for the waiter woken."""
+        extra = ("1" if defer else "0", reserve_ms)
+        return self._release_call(name, owner, 0, release_id, "1", handover_ms, extra)
 
     def wake(self, name: str, release_id: str, reserve_ms: int) -> Call:
         """A deferred wake-up: where the lock is free, wake the next waiter, reserving
@@ -112,11 +104,18 @@ class LockKind:
         return self._release_call(name, owner, count_left, release_id, "0")
 
     def _release_call(
-        self, name: str, owner: str, left: int, rid: str, leave: str, handover_ms: int = 0
+        self,
+        name: str,
+        owner: str,
+        left: int,
+        rid: str,
+        leave: str,
+        handover_ms: int = 0,
+        extra: tuple[str | int, ...] = (),
     ) -> Call:
         channel = keys.wake_channel(name)
         args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, leave, handover_ms)
-        return Call(scripts.RELEASE, self._keys(name), args)
+        return Call(scripts.RELEASE, self._keys(name), args + extra)
 
     def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
         """Remove a waiter's place when its acquire gives up (and, where the lock is
@@ -223,14 +222,7 @@ class _ReadWriteKind(LockKind):
         )
 
     def release(
-        self,
-        name: str,
-        owner: str,
-        count_left: int,
-        release_id: str,
-        handover_ms: int = 0,
-        defer: bool = False,
-        reserve_ms: int = 0,
+        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
     ) -> Call:
         return self._release(name, owner, count_left, release_id, "1")
 
@@ -350,14 +342,7 @@ class FairKind(LockKind):
         )
 
     def release(
-        self,
-        name: str,
-        owner: str,
-        count_left: int,
-        release_id: str,
-        handover_ms: int = 0,
-        defer: bool = False,
-        reserve_ms: int = 0,
+        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
     ) -> Call:
         return self._release(name, owner, count_left, release_id, "1")
 

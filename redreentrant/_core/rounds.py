@@ -317,7 +317,7 @@ def release_steps(
     handover_ms = lease_ms(lease) if hand else 0
     started = q.clock()
     if hand and (defer or reserve_ms):
-        release = kind.release(name, owner, 0, rid, handover_ms, defer, reserve_ms)
+        release = kind.release_in_turn(name, owner, rid, handover_ms, defer, reserve_ms)
     else:
         release = kind.release(name, owner, count_left, rid, handover_ms)
     replies = yield q.everywhere(release, early=q.until_held, cleanup=True)

@@ -8,10 +8,9 @@ of :mod:`redreentrant._sync` and :mod:`redreentrant._async`, or the in-memory
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from .effects import Fanout, Handover, Reply
+from .effects import Fanout, Handover, Notify, Reply
 
 
 class Transport(Protocol):
@@ -43,14 +42,7 @@ class Hub(Protocol):
 
     def pause(self, seconds: float) -> None: ...
 
-    def notify(
-        self,
-        channels: Sequence[str],
-        release_id: str,
-        woken: Sequence[str] = (),
-        handovers: Mapping[str, Handover] | None = None,
-        everyone: bool = False,
-    ) -> None: ...
+    def notify(self, notice: Notify) -> None: ...
 
     def handed(self, channel: str, owner: str) -> Handover | None: ...
 
@@ -72,14 +64,7 @@ class AsyncHub(Protocol):
 
     async def pause(self, seconds: float) -> None: ...
 
-    def notify(
-        self,
-        channels: Sequence[str],
-        release_id: str,
-        woken: Sequence[str] = (),
-        handovers: Mapping[str, Handover] | None = None,
-        everyone: bool = False,
-    ) -> None: ...
+    def notify(self, notice: Notify) -> None: ...
 
     def handed(self, channel: str, owner: str) -> Handover | None: ...
 

@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .effects import Handover
+from .effects import Handover, Notify
 from .keys import home_channel
 from .owner import manager_of
 
@@ -174,6 +174,18 @@ class Subscriptions:
         """The channel, if a local waiter watches it."""
         chan = self.channels.get(channel)
         return chan if chan is not None and chan.waiters else None
+
+    def notified(self, notice: Notify) -> list[Waiter]:
+        """A release made in this process freed a lock (the :class:`Notify` effect):
+        the local waiters to wake now, on each of its channels (see
+        :meth:`released_here`)."""
+        handovers = dict(notice.handovers) if notice.handovers else None
+        out: list[Waiter] = []
+        for channel in notice.channels:
+            out += self.released_here(
+                channel, notice.release_id, notice.woken, handovers, notice.everyone
+            )
+        return out
 
     def released_here(
         self,

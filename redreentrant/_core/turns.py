@@ -20,7 +20,7 @@ The threads (or tasks) of one manager thus also take turns of :data:`TENURE`, in
 order they registered: a thread that hands the lock to another costs a thread switch,
 which is dearer than the round trips it saves.
 
-Waiters of other managers thus wait at most about one turn per manager ahead of them,
+So waiters of other managers wait at most about one turn per manager ahead of them,
 and a lock is never left free with waiters asleep for more than :data:`GRACE` (plus a
 round trip) while its manager lives: if that manager dies within it, they wait as they
 would for a holder that died, until their registration or wait ends. Only on a single

@@ -61,13 +61,7 @@ class SyncDriver:
         if isinstance(effect, Wait):
             return self.hub.wait(effect.channel, effect.owner, effect.generation, effect.timeout)
         if isinstance(effect, Notify):
-            self.hub.notify(
-                effect.channels,
-                effect.release_id,
-                effect.woken,
-                dict(effect.handovers) if effect.handovers else None,
-                effect.everyone,
-            )
+            self.hub.notify(effect)
             return None
         if isinstance(effect, Pause):
             self.hub.pause(effect.seconds)

@@ -21,10 +21,10 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._core.effects import Handover
+from .._core.effects import Handover, Notify
 from .._core.errors import ManagerClosedError
 from .._core.subscriptions import RECONNECT_DELAY, Subscriptions, Waiter
 
@@ -117,24 +117,14 @@ class WakeupHub:
             if not self._closed:
                 self._confirmations.wait_for(lambda: self._closed, seconds)
 
-    def notify(
-        self,
-        channels: Sequence[str],
-        release_id: str,
-        woken: Sequence[str] = (),
-        handovers: Mapping[str, Handover] | None = None,
-        everyone: bool = False,
-    ) -> None:
+    def notify(self, notice: Notify) -> None:
         """A release made in this process freed a lock: wake its waiters here at once
         (on a targeted channel, the one the masters woke, if it waits here, with the
         lock if they handed it over to it)."""
-        if not handovers and not any(c in self._subs.channels for c in channels):
+        if not notice.handovers and not any(c in self._subs.channels for c in notice.channels):
             return  # nobody here waits: skip the lock on the release path
         with self._lock:
-            for channel in channels:
-                self._wake(
-                    self._subs.released_here(channel, release_id, woken, handovers, everyone)
-                )
+            self._wake(self._subs.notified(notice))
 
     def handed(self, channel: str, owner: str) -> Handover | None:
         """The lock, if it was handed over to ``owner`` with its last wake-up."""
