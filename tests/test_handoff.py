@@ -27,6 +27,7 @@ from redreentrant import LockManager
 from redreentrant._core.keys import PREFIX, home_channel, lock_key, waiters_key, wake_channel
 from redreentrant.asyncio import LockManager as AsyncLockManager
 from redreentrant.testing import LocalEnsemble
+from redreentrant.testing.proxy import TcpProxy
 
 PROCESSES = 8
 TIMES = 25
@@ -320,6 +321,46 @@ def test_a_wake_up_deferred_early_in_a_turn_is_sent_when_the_manager_does_not_co
     # Woken by the holder's manager once the grace passed: long before the holder's
     # 60 s lease, which bounds the waiter's sleep otherwise.
     assert got and got[0] < 30
+    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+
+
+def test_a_release_that_ends_while_its_manager_closes_still_wakes_the_waiter(
+    ensemble: LocalEnsemble,
+) -> None:
+    url, name = ensemble.urls[0], "deferred-close"
+    with redis.Redis.from_url(url) as r, TcpProxy(ensemble[0].port) as proxy:
+        # A waiter registered while the lock was held; then the hold vanished the way an
+        # expiry does, announcing nothing: the waiter sleeps on (up to a 60 s lease).
+        with LockManager([url], lease=60.0) as first:
+            first.lock(name).acquire()
+            waiter = Waiting(LockManager([url], lease=60.0).lock(name))
+            waiter.start()
+            wait_until(lambda: registered(ensemble, name)[0] != [])
+            r.delete(lock_key(name))
+        # The holder reaches the master through a slow proxy: its release runs there
+        # at once after its grant (early in its turn: the wake-up is deferred), and the
+        # reply takes half a second to come back, while its manager is being closed.
+        holder = LockManager([proxy.url()], lease=60.0, master_timeout=2.0)
+        proxy.delay(0.5)
+        outcome: list[object] = []
+
+        def hold_and_release() -> None:
+            try:
+                with holder.lock(name):
+                    pass
+                outcome.append("released")
+            except BaseException as error:
+                outcome.append(error)
+
+        releaser = threading.Thread(target=hold_and_release)
+        releaser.start()
+        wait_until(lambda: bool(r.exists(lock_key(name))))  # granted on the master
+        wait_until(lambda: not r.exists(lock_key(name)))  # released there; no reply yet
+        holder.close()  # waits for the release, and sends the wake-up it deferred
+        releaser.join(timeout=30)
+        assert outcome == ["released"]
+        waiter.join(timeout=30)
+        assert waiter.outcome == [True]
     assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
 
 
