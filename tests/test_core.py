@@ -917,6 +917,47 @@ def test_a_local_hand_over_before_the_watch_is_kept_for_it_as_a_wake_up() -> Non
     assert subs.take_handover("lock\nx", "m:o1") is None
 
 
+def test_masters_that_disagree_on_whom_a_release_wakes_each_wake_their_waiter() -> None:
+    # Each master takes the place of the waiter it wakes: every one must be told, or it
+    # sleeps until its wait ends while the lock is free.
+    subs = home_ready(3, home=home_channel("m"))
+    for owner in ("m:o1", "m:o2"):
+        subs.watch("lock\nx", owner, targeted=True)
+    woken = [
+        subs.on_message(i, message("message", home_channel("m"), wake("r1", owner)))[0]
+        for i, owner in enumerate(("m:o1", "m:o2", "m:o2"))
+    ]
+    assert [[w.owner for w in ws] for ws in woken] == [["m:o1"], ["m:o2"], []]
+
+
+def test_a_local_release_wakes_each_local_waiter_the_masters_chose() -> None:
+    subs = home_ready(2, home=home_channel("m"))
+    for owner in ("m:o1", "m:o2", "m:o3"):
+        subs.watch("lock\nx", owner, targeted=True)
+    woken = subs.released_here("lock\nx", "r1", ("m:o2", "m:o1"))
+    assert sorted(w.owner for w in woken) == ["m:o1", "m:o2"]
+    # The masters' own word of the same wake-ups counts for nothing more.
+    for i, owner in enumerate(("m:o2", "m:o1")):
+        msg = message("message", home_channel("m"), wake("r1", owner))
+        assert subs.on_message(i, msg) == ([], False)
+    assert subs.waiter("lock\nx", "m:o3").wakes == 0
+
+
+def test_a_local_release_that_wakes_one_of_ours_before_its_watch_is_kept_for_it() -> None:
+    # The owner's try registered it, and this manager's release woke it before the
+    # watch that follows the try: the wake-up is kept for that watch.
+    subs = home_ready(1, home=home_channel("m"))
+    subs.watch("lock\nx", "m:o2", targeted=True)  # another waiter watches already
+    assert subs.released_here("lock\nx", "r1", ("m:o1",)) == []
+    assert subs.on_message(0, message("message", home_channel("m"), wake("r1", "m:o1"))) == (
+        [],
+        False,
+    )
+    subs.watch("lock\nx", "m:o1", targeted=True)
+    assert subs.waiter("lock\nx", "m:o1").wakes == 1
+    assert subs.waiter("lock\nx", "m:o2").wakes == 0
+
+
 def test_a_targeted_watch_before_the_home_channel_is_heard_counts_as_woken() -> None:
     subs = Subscriptions(2, "home")
     subs.watch("lock\nx", "o1", targeted=True)

@@ -27,10 +27,13 @@ The rules that keep the subscriptions right whatever the interleaving:
 - a master that (re)connects subscribes to everything wanted *then*, and any channel
   watched during the connect is sent by the next :meth:`Subscriptions.changes`;
 - a channel nobody watches any more is kept until no connected master still has it;
+- a targeted wake-up counts once per waiter woken, not once per release: masters that
+  disagree on whom a release wakes each took their waiter's place, and each is told;
 - a targeted wake-up that comes before its waiter watches (its try registered it a
-  moment before) is kept for it, and a watch made while some master did not yet confirm
-  the home channel counts as woken (a wake-up may have been missed): either way the
-  waiter tries again at once instead of sleeping;
+  moment before), by a master's message or by this manager's own release, is kept for
+  it, and a watch made while some master did not yet confirm the home channel counts
+  as woken (a wake-up may have been missed): either way the waiter tries again at once
+  instead of sleeping;
 - when a master's connection comes back, every targeted waiter counts as woken: while
   it was down, that master passed wake-ups over them (nobody heard), taking their
   registrations, so they try again, and register again.
@@ -92,6 +95,12 @@ def decode_message(message: dict[str, Any]) -> tuple[str, str, str]:
         value = message.get(part)
         out.append(value.decode() if isinstance(value, bytes) else str(value))
     return out[0], out[1], out[2]
+
+
+def _wake_id(release_id: str, owner: str) -> str:
+    """One targeted wake-up: masters that disagree on whom a release wakes each take
+    their waiter's place, and every such waiter is told."""
+    return f"{release_id}\n{owner}"
 
 
 def parse_wake(data: str) -> tuple[str, str, str] | None:
@@ -197,9 +206,10 @@ class Subscriptions:
     ) -> list[Waiter]:
         """A release made in this process freed a lock: the local waiters to wake now.
 
-        On a targeted channel that is the first of ``woken`` (the waiters the masters
-        chose) that waits here, and nobody if they all wait elsewhere; when the masters
-        chose nobody, one local waiter, as on a subscribed channel. A waiter woken here
+        On a targeted channel that is each of ``woken`` (the waiters the masters chose:
+        several when the masters disagree) that waits here, and nobody if they all wait
+        elsewhere; when the masters chose nobody, one local waiter, as on a subscribed
+        channel. A waiter woken here
         gets its entry of ``handovers`` (the lock, handed over to it: the masters send
         no message then); one of ours that does not watch yet gets a wake-up kept for
         its watch (its try then finds the lock its own). ``everyone``
@@ -207,24 +217,31 @@ class Subscriptions:
         every local waiter, so that the one that may have been handed the lock finds
         it with its next try."""
         chan = self.channels.get(channel)
-        if not (chan is not None and chan.waiters) and not handovers:
+        if not (chan is not None and chan.waiters) and not handovers and not woken:
             return []
-        if not self._accept(channel, release_id):
+        if not woken and not self._accept(channel, release_id):
             return []
         handovers = handovers or {}
+        # Each of ours the masters woke lost its place where it was woken, and must be
+        # told, once (masters may disagree on whom a release wakes).
+        told = [
+            owner
+            for owner in woken
+            if ((chan is not None and owner in chan.waiters) or self._ours(owner))
+            and self._accept(channel, _wake_id(release_id, owner))
+        ]
         if chan is not None and everyone:
             return self._wake(chan, list(chan.waiters))
         if woken and (chan is None or chan.targeted):
-            for owner in woken:
+            out: list[Waiter] = []
+            for owner in told:
                 if chan is not None and owner in chan.waiters:
                     chan.waiters[owner].handover = handovers.get(owner)
-                    return self._wake(chan, [owner])
-            for owner in woken:
-                if owner in handovers and self._ours(owner):
-                    # Its try's watch is still to come: keep the wake-up for the watch
-                    # (the masters send no message for a hand-over to this manager).
+                    out += self._wake(chan, [owner])
+                else:
+                    # Its try's watch is still to come: keep the wake-up for the watch.
                     self._keep_unclaimed(channel, owner)
-            return []
+            return out
         if chan is None:
             return []
         return self._wake(chan, self._next(chan))
@@ -329,8 +346,8 @@ class Subscriptions:
         if wake is None:
             return []
         release_id, owner, channel = wake
-        if not self._accept(channel, release_id):
-            return []  # another master's word on a release already counted
+        if not self._accept(channel, _wake_id(release_id, owner)):
+            return []  # another master's word on this wake-up already counted
         chan = self.channels.get(channel)
         if chan is None or owner not in chan.waiters:
             # Registered by a try whose watch is still to come: keep it for the watch.
