@@ -33,7 +33,7 @@ from redreentrant._core.mock import FakeClock, MockTransport
 from redreentrant._core.quorum import Quorum, lease_ms
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
-from redreentrant._core.turns import GRACE, TENURE, Due
+from redreentrant._core.turns import COURTESY, GRACE, TENURE, Due
 from redreentrant._core.watchdog import (
     RENEW_CHUNK,
     SPREAD,
@@ -405,6 +405,7 @@ def test_a_try_that_cannot_wait_neither_registers_nor_takes_anything_back() -> N
 def test_a_release_tells_the_hub_which_waiter_the_masters_woke() -> None:
     w = World()
     assert w.acquire()
+    w.clock.advance(TENURE * 1.1)  # the turn is over: the release wakes (see the turns below)
     for m in w.masters:
         # A waiter whose manager hears nothing (it died) is skipped for the next one.
         m.waiters[waiters_key("x")] = {"gone:t1": w.clock() + 5, "m-other:t7": w.clock() + 6}
@@ -485,6 +486,7 @@ def test_a_release_on_several_masters_only_wakes() -> None:
     w.listening.add(w.engine.id)
     waiter = f"{w.engine.id}:t2"
     assert w.acquire()
+    w.clock.advance(TENURE * 1.1)  # the turn is over
     for m in w.masters:
         m.waiters[waiters_key("x")] = {waiter: w.clock() + 10.0}
     w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
@@ -492,7 +494,7 @@ def test_a_release_on_several_masters_only_wakes() -> None:
     assert w.hub.notices[-1] == ((wake_channel("x"),), (waiter,)) and not w.hub.handed_over
 
 
-# -- turns on one master ---------------------------------------------------------------
+# -- turns ---------------------------------------------------------------
 
 
 def contended(size: int = 1) -> tuple[World, str, list[float]]:
@@ -557,12 +559,36 @@ def test_a_release_once_the_turn_is_over_wakes_the_next_waiter_with_a_reservatio
     assert len(armed) == 1
 
 
-def test_on_several_masters_a_release_neither_defers_nor_reserves() -> None:
-    w, _, armed = contended(size=5)
+def test_on_several_masters_a_release_early_in_a_turn_defers_and_nothing_is_reserved() -> None:
+    w, other, armed = contended(size=5)
     assert w.acquire()
     release(w)
-    assert armed == [] and all(not m.reserved for m in w.masters)
+    assert armed == [pytest.approx(w.clock() + GRACE)] and w.hub.notices == []
+    assert all(m.registered(waiters_key("x")) == [other] for m in w.masters)  # asleep
+    w.clock.advance(GRACE * 1.5)
+    due, _ = w.engine.turns.due()
+    w.run(w.engine.send_wakes(due))
     assert all(m.registered(waiters_key("x")) == [] for m in w.masters)  # woken
+    assert all(not m.reserved for m in w.masters)  # masters could reserve for different ones
+    assert w.acquire()  # the owner may still take it: the waiter may be gone
+
+
+def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_first() -> None:
+    w, other, armed = contended(size=5)
+    assert w.acquire()
+    w.clock.advance(TENURE * 1.1)
+    release(w)
+    assert armed == [] and w.hub.notices[-1][1] == (other,)
+    assert all(not m.reserved for m in w.masters)
+    # The releasing owner's next try waits first, for the woken waiter to take the lock.
+    w.hub.pauses.clear()
+    assert w.acquire(blocking=True, timeout=1.0)
+    assert w.hub.pauses == [pytest.approx(COURTESY)]
+    # Once only: its next acquire tries at once.
+    release(w)
+    w.hub.pauses.clear()
+    assert w.acquire(blocking=True, timeout=1.0)
+    assert w.hub.pauses == []
 
 
 def test_the_waker_stopping_sends_the_wake_ups_still_deferred() -> None:

@@ -4,7 +4,8 @@ python workers.py hold URLS NAME LEASE       acquire NAME, print "held", sleep u
 python workers.py count URLS NAME FILE N     N times: under NAME, read FILE, sleep, write +1
 python workers.py wait URLS NAME             print the manager id, then wait for NAME (no limit)
 
-``contend`` is run by ``multiprocessing`` (spawn) instead: see tests/test_handoff.py.
+``contend`` and ``take`` are run by ``multiprocessing`` (spawn) instead: see
+tests/test_handoff.py.
 """
 
 from __future__ import annotations
@@ -52,6 +53,27 @@ def wait(urls: list[str], name: str) -> None:
         mgr.lock(name).acquire()
         print("held", flush=True)
         time.sleep(3600)
+
+
+def take(urls: list[str], name: str, flavour: str, held: Any, go: Any) -> None:
+    """Acquire ``name``, set ``held``, release it once ``go`` is set, and return at once:
+    the process ends as ``multiprocessing`` ends it, the manager never closed."""
+    if flavour == "asyncio":
+        asyncio.run(_take_async(urls, name, held, go))
+        return
+    lock = LockManager(urls, lease=60.0).lock(name)
+    lock.acquire()
+    held.set()
+    go.wait()
+    lock.release()
+
+
+async def _take_async(urls: list[str], name: str, held: Any, go: Any) -> None:
+    lock = AsyncLockManager(urls, lease=60.0).lock(name)
+    await lock.acquire()
+    held.set()
+    await asyncio.to_thread(go.wait)
+    await lock.release()
 
 
 def contend(urls: list[str], name: str, counter: str, times: int, flavour: str, start: Any) -> None:

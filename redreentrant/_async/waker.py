@@ -1,5 +1,11 @@
 """The asyncio sender of deferred wake-ups (see :mod:`redreentrant._core.turns`): a
-timer on the manager's loop, and a task per batch of wake-ups whose turns are over."""
+timer on the manager's loop, and a task per batch of wake-ups whose turns are over.
+
+A timer alone would be dropped with its loop: ``asyncio.run`` ending right after a
+release (its manager not closed) would leave the waiters asleep until their own
+time-outs. So a *guard* task, made with the first deferral, waits for the loop's end:
+``asyncio.run`` cancels it with the other tasks, and it sends what is still pending
+before the loop closes."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ class AsyncWaker:
         self._timer: asyncio.TimerHandle | None = None
         self._next: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._guard: asyncio.Task[None] | None = None
         self._stopped = False
 
     def arm(self, due: float) -> None:
@@ -29,6 +36,8 @@ class AsyncWaker:
         if self._stopped or (self._next is not None and self._next <= due):
             return
         loop = asyncio.get_running_loop()
+        if self._guard is None:
+            self._guard = loop.create_task(self._guarding(), name="redreentrant-waker")
         if self._timer is not None:
             self._timer.cancel()
         self._next = due
@@ -46,6 +55,15 @@ class AsyncWaker:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def _guarding(self) -> None:
+        """Wait for the loop's end (a cancellation), then send what is pending."""
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            if not self._stopped:
+                await self._send(self._engine.turns.flush())
+            raise
+
     async def _send(self, due: list[Due]) -> None:
         with contextlib.suppress(Exception):  # a master that failed: see send_wakes
             await self._run(self._engine.send_wakes(due))
@@ -56,6 +74,10 @@ class AsyncWaker:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.cancel()
+            await asyncio.wait({guard})  # ended here, not left pending on a loop that closes
         due = self._engine.turns.flush()
         if due:
             await self._send(due)

@@ -220,15 +220,18 @@ class Engine:
             )
         site = call_site()
         deadline = None if timeout == -1 or not blocking else self.clock() + timeout
+        # After its turn on several masters, an owner lets the waiter woken go first.
+        courtesy = self.turns.courtesy(kind, name, owner) if q.size > 1 else 0.0
         listener = self.settings.listener
         if listener is not None:
             return (yield from self._acquire_told(
                 listener, kind, name, owner, lease, lease_s, deadline, blocking, fencing, cap,
-                signal, site,
+                signal, site, courtesy,
             ))  # fmt: skip
         steps = acquire_steps(
-            q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed, fencing
-        )
+            q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed, fencing,
+            None, courtesy,
+        )  # fmt: skip
         grant = yield from steps
         if grant is not None and self.closed:
             yield from self._closed_meanwhile(kind, name, owner)
@@ -248,6 +251,7 @@ class Engine:
         cap: float | None,
         signal: Signal | None,
         site: str,
+        courtesy: float,
     ) -> Steps[bool]:
         """:meth:`acquire`'s first hold, telling ``listener`` what happens."""
         info = LockInfo(name, kind.label, owner)
@@ -260,7 +264,7 @@ class Engine:
 
         steps = acquire_steps(
             self.quorum, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed,
-            fencing, contended,
+            fencing, contended, courtesy,
         )  # fmt: skip
         try:
             grant = yield from steps
@@ -315,7 +319,7 @@ class Engine:
         self.holds.add(hold)
         if hold.managed:
             self.on_managed_hold(hold)
-        if kind.hands_over and self.quorum.size == 1:
+        if kind.hands_over:
             self.turns.granted(kind, name)
         return True
 
@@ -482,16 +486,17 @@ class Engine:
             if quiet_if_lost:
                 return
             raise LockLostError(f"lock {name!r} was lost: {hold.lost}")
-        # A final release of a contended lock on one master ends this manager's turn,
-        # or defers its wake-up while the turn is young (see .turns).
-        turns = hold.count == 0 and kind.hands_over and self.quorum.size == 1
+        # A final release of a contended lock ends this manager's turn, or defers its
+        # wake-up while the turn is young (see .turns).
+        turns = hold.count == 0 and kind.hands_over
+        several = self.quorum.size > 1
         defer = turns and not self.closed and self.turns.may_defer(kind, name)
         steps = release_steps(
             self.quorum, kind, name, owner, hold.count, hold.lease, defer,
-            RESERVE_MS if turns else 0,
+            RESERVE_MS if turns and not several else 0,
         )  # fmt: skip
         try:
-            deferred = yield from steps
+            freed = yield from steps
         except LockLostError as error:
             self.lose(hold, str(error))
             raise
@@ -504,10 +509,13 @@ class Engine:
             if listener is not None:
                 tell(partial(listener.quorum_unavailable, error.action, error.errors))
             raise
-        if turns and not deferred:
-            self.turns.released(kind, name, False)
-        elif turns:
+        if turns and freed.deferred:
             self._deferred_wake(kind, name)
+        elif turns:
+            # On several masters nothing reserves the lock for the waiter woken (they
+            # could reserve it for different ones): the releasing owner lets it go first.
+            courteous = owner if several and freed.woke else None
+            self.turns.released(kind, name, False, courteous)
         if hold.count == 0 and self.settings.listener is not None:
             info = LockInfo(name, kind.label, owner)
             held = self.clock() - hold.acquired_at
@@ -523,7 +531,8 @@ class Engine:
         leaves its waiters to their own time-outs, as for a holder that died."""
         for kind, name in due:
             with contextlib.suppress(Exception):
-                yield from wake_steps(self.quorum, kind, name, RESERVE_MS)
+                reserve = RESERVE_MS if self.quorum.size == 1 else 0
+                yield from wake_steps(self.quorum, kind, name, reserve)
 
     def locked(self, kind: LockKind, name: str) -> Steps[bool]:
         """Whether anyone holds ``name`` on a quorum (read-only)."""

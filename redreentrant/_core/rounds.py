@@ -11,6 +11,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .effects import (
     Call,
@@ -62,6 +63,16 @@ class Grant:
     votes: int = 0
 
 
+class Freed(NamedTuple):
+    """What a release did besides releasing."""
+
+    #: a master deferred the wake-up, or may have (its reply lost): the caller sends
+    #: it later, see :func:`wake_steps`
+    deferred: bool
+    #: a master woke a waiter (or handed it the lock)
+    woke: bool
+
+
 def release_id(owner: str) -> str:
     """A payload naming one release uniquely (per owner, per process)."""
     return f"{owner}:{next(_release_ids)}"
@@ -79,6 +90,7 @@ def acquire_steps(
     closed: Callable[[], bool] = lambda: False,
     fencing: bool = False,
     contended: Callable[[Tally], None] | None = None,
+    courtesy: float = 0.0,
 ) -> Steps[Grant | None]:
     """Take (``count == 1``) or re-enter (``count > 1``) a lock.
 
@@ -86,7 +98,9 @@ def acquire_steps(
     time. Re-entry never waits: it succeeds, or raises :class:`LockLostError` because
     the owner's hold is gone. A waiter whose manager was closed (``closed()``) gives up
     with :class:`ManagerClosedError` before its next try. ``contended`` (if given) is
-    told of every round that did not win.
+    told of every round that did not win. ``courtesy`` (seconds) delays a blocking
+    first hold's first try: after its turn, the owner lets the waiter woken go first
+    (see :mod:`.turns`).
 
     With ``fencing`` (a first hold of a kind that supports it), each try also steps the
     lock's fencing counters (see :mod:`.fencing`), and a grant is returned only once
@@ -124,6 +138,8 @@ def acquire_steps(
     # fenced one needs a token, which only a round of its own steps.
     handing = kind.hands_over and count == 1 and not fenced
     splits = 0
+    if courtesy > 0 and blocking and count == 1:
+        yield Pause(courtesy if deadline is None else max(0.0, min(courtesy, deadline - q.clock())))
     try:
         while True:
             if closed():
@@ -290,7 +306,7 @@ def release_steps(
     lease: float = 0.0,
     defer: bool = False,
     reserve_ms: int = 0,
-) -> Steps[bool]:
+) -> Steps[Freed]:
     """Release one hold level; at ``count_left == 0`` free the owner's hold everywhere.
 
     A final release on a single master (with the hold's ``lease``, of a kind that
@@ -301,22 +317,23 @@ def release_steps(
     straight back is then refused like any newcomer, so the threads (or tasks) of one
     manager take turns in the order they registered, at the cost of one round trip per
     turn. A waiter of another manager is woken, and the lock reserved for it
-    ``reserve_ms``. With ``defer`` nobody is woken or handed the lock at all (see
-    :mod:`.turns`): while a manager's turn is young, its owner coming straight back is
-    the cheapest next holder.
-    On several masters a release only wakes: independent masters could hand the lock
-    to different waiters, splitting the vote.
+    ``reserve_ms``. On several masters a release only wakes: independent masters could
+    hand the lock, or reserve it, for different waiters, splitting the vote. With
+    ``defer`` (a final release, any number of masters) nobody is woken or handed the
+    lock at all (see :mod:`.turns`): while a manager's turn is young, its owner coming
+    straight back is the cheapest next holder.
 
-    Returns whether the master deferred the wake-up (the caller sends it later, see
-    :func:`wake_steps`). Raises :class:`LockLostError` when the owner's hold was no
-    longer on a quorum, and :class:`QuorumUnavailableError` when too many masters
-    failed to tell.
+    Returns what it did besides (:class:`Freed`): whether a master deferred the
+    wake-up, or may have (a reply lost; the caller sends it later, see
+    :func:`wake_steps`), and whether a master woke a waiter. Raises
+    :class:`LockLostError` when the owner's hold was no longer on a quorum, and
+    :class:`QuorumUnavailableError` when too many masters failed to tell.
     """
     rid = release_id(owner)
-    hand = count_left == 0 and lease > 0 and q.size == 1 and kind.hands_over
-    handover_ms = lease_ms(lease) if hand else 0
+    final = count_left == 0 and lease > 0 and kind.hands_over
+    handover_ms = lease_ms(lease) if final and q.size == 1 else 0
     started = q.clock()
-    if hand and (defer or reserve_ms):
+    if final and (defer or reserve_ms):
         release = kind.release_in_turn(name, owner, rid, handover_ms, defer, reserve_ms)
     else:
         release = kind.release(name, owner, count_left, rid, handover_ms)
@@ -324,17 +341,20 @@ def release_steps(
     tally = tally_holds(q, kind.key(name), replies)
     channels = kind.notify_channels(name) if count_left == 0 else ()
     deferred = False
+    woken: tuple[str, ...] = ()
     if channels:
         handed: tuple[tuple[str, Handover], ...] = ()
-        lost = False
+        # A master whose reply was lost may have handed the lock over, or deferred.
+        lost = any(not isinstance(r[0], list) for r in replies)
+        everyone = lost and bool(handover_ms)
         if handover_ms:
             handed = tuple(handed_over(replies, started).items())
-            lost = any(not isinstance(r[0], list) for r in replies)
-            deferred = defer and _deferred(replies)
-        if not deferred:  # a deferred wake-up wakes nobody here either, until sent
-            yield Notify(channels, rid, woken_by(replies), handed, lost)
+        deferred = defer and (lost or _deferred(replies))
+        woken = woken_by(replies)
+        if woken or everyone or not deferred:  # a deferred wake-up wakes nobody yet
+            yield Notify(channels, rid, woken, handed, everyone)
     if len(tally.granted) >= q.needed:
-        return deferred
+        return Freed(deferred, bool(woken))
     if tally.wrong_type is not None:
         raise tally.wrong_type
     if len(tally.failed) > q.tolerated:

@@ -1,4 +1,4 @@
-"""Turns: how long one manager may keep a contended lock on one master (no I/O).
+"""Turns: how long one manager may keep a contended lock (no I/O).
 
 Under contention the cheapest next holder is the owner that just released: it is
 running, while a waiter of another manager must first be woken, and its process
@@ -11,21 +11,25 @@ lock keeps it for a *turn*:
   frees the lock but *defers* the wake-up (``lua/release.lua``): if an owner of the same
   manager takes the lock again within :data:`GRACE`, the turn goes on; otherwise the
   manager sends the wake-up itself once :data:`GRACE` passed;
-- once the turn is that old, the release wakes the next waiter and *reserves* the
-  lock for it for :data:`RESERVE_MS` (``lua/acquire.lua``), or hands the lock over to it
-  if it is an owner of the same manager (see :func:`.rounds.release_steps`): the
-  releasing owner coming straight back is refused, and the waiter's turn begins.
+- once the turn is that old, the release wakes the next waiter, and the releasing
+  owner coming straight back must not beat it to the lock:
 
-The threads (or tasks) of one manager thus also take turns of :data:`TENURE`, in the
-order they registered: a thread that hands the lock to another costs a thread switch,
-which is dearer than the round trips it saves.
+  - on one master the lock is *reserved* for that waiter for :data:`RESERVE_MS`
+    (``lua/acquire.lua``), or handed over to it if it is an owner of the same manager
+    (see :func:`.rounds.release_steps`);
+  - on several masters, which could reserve it for different waiters and split the
+    vote, the releasing owner's next acquire of the lock waits :data:`COURTESY` before
+    its first try (:meth:`Turns.courtesy`), the time a woken waiter takes to come.
 
-So waiters of other managers wait at most about one turn per manager ahead of them,
-and a lock is never left free with waiters asleep for more than :data:`GRACE` (plus a
-round trip) while its manager lives: if that manager dies within it, they wait as they
-would for a holder that died, until their registration or wait ends. Only on a single
-master, like the hand-over within a manager: independent masters could wake or
-reserve for different waiters, and split the vote.
+The threads (or tasks) of one manager thus also take turns of :data:`TENURE`: a thread
+that hands the lock to another costs a thread switch, which is dearer than the round
+trips it saves.
+
+So waiters of other managers wait about one turn per manager ahead of them, and a lock
+is never left free with waiters asleep for more than :data:`GRACE` (plus a round trip)
+while its manager lives: the flavours send the deferred wake-ups also when the program
+ends without closing the manager. If the process dies within the grace, its waiters
+wait as they would for a holder that died, until their registration or wait ends.
 
 :class:`Turns` is the per-manager bookkeeping; the flavour's timer sends the deferred
 wake-ups (:meth:`Turns.due`).
@@ -48,6 +52,10 @@ GRACE = 0.002
 
 #: how long (ms) a lock stays reserved for the waiter a release woke
 RESERVE_MS = 50
+
+#: several masters: how long (seconds) an owner whose release ended its manager's turn
+#: and woke a waiter lets that waiter take the lock, before its own next try
+COURTESY = 0.003
 
 #: how many locks' turns a manager keeps (a hold freed by the watchdog, its owner
 #: gone, never tells its turn's end: then it starts afresh)
@@ -76,6 +84,9 @@ class Turns:
         self._since: dict[tuple[LockKind, str], float] = {}
         #: the deferred wake-ups: lock -> when to send it
         self._pending: dict[tuple[LockKind, str], float] = {}
+        #: several masters: (lock, owner) -> until when that owner lets the woken waiter
+        #: take the lock
+        self._courtesy: dict[tuple[LockKind, str, str], float] = {}
 
     def granted(self, kind: LockKind, name: str) -> None:
         """An owner of this manager took ``name``: its turn goes on if the manager
@@ -93,18 +104,35 @@ class Turns:
         since = self._since.get((kind, name))
         return since is not None and self._clock() - since < TENURE
 
-    def released(self, kind: LockKind, name: str, deferred: bool) -> float | None:
+    def released(
+        self, kind: LockKind, name: str, deferred: bool, courteous: str | None = None
+    ) -> float | None:
         """A final release of ``name`` went through; returns when to send the wake-up
-        it ``deferred`` (None if it did not: its turn is over)."""
+        it ``deferred`` (None if it did not: its turn is over, and the owner
+        ``courteous``, if given, lets the waiter it woke go first: see :meth:`courtesy`)."""
         key = (kind, name)
         with self._lock:
             if not deferred:
                 self._since.pop(key, None)
                 self._pending.pop(key, None)
+                if courteous is not None:
+                    now = self._clock()
+                    if len(self._courtesy) >= MAX_TURNS:
+                        self._courtesy = {k: t for k, t in self._courtesy.items() if t > now}
+                    self._courtesy[(kind, name, courteous)] = now + COURTESY
                 return None
             due = self._clock() + GRACE
             self._pending[key] = due
             return due
+
+    def courtesy(self, kind: LockKind, name: str, owner: str) -> float:
+        """How long (seconds) ``owner`` waits before it tries to take ``name`` again:
+        after its turn ended with a wake-up, the woken waiter goes first."""
+        if not self._courtesy:
+            return 0.0
+        with self._lock:
+            until = self._courtesy.pop((kind, name, owner), None)
+        return 0.0 if until is None else max(0.0, until - self._clock())
 
     def due(self) -> tuple[list[Due], float | None]:
         """The deferred wake-ups to send now (their turns are over), and when the next

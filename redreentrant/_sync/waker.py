@@ -1,9 +1,13 @@
 """The sync sender of deferred wake-ups (see :mod:`redreentrant._core.turns`): one
-daemon thread per manager, started with the first deferral, that sleeps until the next
-one is due and sends the wake-ups whose turns are over.
+thread per manager, started with the first deferral, that sleeps until the next one is
+due and sends the wake-ups whose turns are over.
 
 A thread of its own rather than the watchdog's: a manager may hold no managed lock at
-all, and the watchdog's deadline clock must never wait on a round.
+all, and the watchdog's deadline clock must never wait on a round. Not a daemon: a
+program that ends right after a release (its manager not closed) still sends the
+wake-up that release deferred, or the waiters would sleep until their own time-outs.
+Once the main thread has ended and nothing is pending, the thread ends too (it looks
+every :data:`IDLE_LOOK` seconds), so it never keeps a program from exiting.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from collections.abc import Callable
 
 from .._core.effects import Steps
 from .._core.engine import Engine
+
+#: how often (seconds) an idle waker looks whether the main thread has ended
+IDLE_LOOK = 0.1
 
 
 class Waker:
@@ -38,7 +45,7 @@ class Waker:
             self._next = due
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._loop, name="redreentrant-waker", daemon=True
+                    target=self._loop, name="redreentrant-waker", daemon=False
                 )
                 self._thread.start()
             else:
@@ -46,12 +53,19 @@ class Waker:
 
     def _loop(self) -> None:
         turns = self._engine.turns
+        main = threading.main_thread()
         while True:
             with self._cond:
                 while not self._stopped:
                     at = self._next
-                    delay = None if at is None else at - self._engine.clock()
-                    if delay is not None and delay <= 0:
+                    if at is None:
+                        if not main.is_alive():
+                            self._thread = None  # the program ends: a new arm starts one
+                            return
+                        self._cond.wait(IDLE_LOOK)
+                        continue
+                    delay = at - self._engine.clock()
+                    if delay <= 0:
                         break
                     self._cond.wait(delay)
                 if self._stopped:
