@@ -591,6 +591,23 @@ def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_
     assert w.hub.pauses == []
 
 
+def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_release_id() -> None:
+    # A manager counts each wake-up once per release id: ids that two processes could
+    # both make (their counts are their own) would drop one's wake-up as a repeat of
+    # the other's, and leave its waiter asleep, its place on the masters taken.
+    w, _, _ = contended()
+    assert w.acquire()
+    release(w)
+    w.clock.advance(GRACE * 1.5)
+    due, _ = w.engine.turns.due()
+    w.run(w.engine.send_wakes(due))
+    w.run(w.engine.force_unlock((EXCLUSIVE,), "x"))
+    wake, force = (w.transport.rounds[i][0][0] for i in (-2, -1))
+    assert wake.args[0] == "wake" and force.args[0] == "force"
+    for call in (wake, force):
+        assert str(call.args[2]).startswith(f"{w.engine.id}:"), call.args
+
+
 def test_the_waker_stopping_sends_the_wake_ups_still_deferred() -> None:
     w, other, _ = contended()
     waker = Waker(w.engine, w.run)

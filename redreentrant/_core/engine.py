@@ -532,7 +532,7 @@ class Engine:
         for kind, name in due:
             with contextlib.suppress(Exception):
                 reserve = RESERVE_MS if self.quorum.size == 1 else 0
-                yield from wake_steps(self.quorum, kind, name, reserve)
+                yield from wake_steps(self.quorum, kind, name, reserve, self.id)
 
     def locked(self, kind: LockKind, name: str) -> Steps[bool]:
         """Whether anyone holds ``name`` on a quorum (read-only)."""
@@ -540,7 +540,7 @@ class Engine:
         return held_by_quorum(self.quorum, kind, views)
 
     def force_unlock(self, kinds: Sequence[LockKind], name: str) -> Steps[bool]:
-        return force_unlock_steps(self.quorum, kinds, name)
+        return force_unlock_steps(self.quorum, kinds, name, self.id)
 
     def probe(self, kinds: Sequence[LockKind], name: str) -> Steps[list[MasterView]]:
         return probe_steps(self.quorum, kinds, name)

@@ -74,7 +74,9 @@ class Freed(NamedTuple):
 
 
 def release_id(owner: str) -> str:
-    """A payload naming one release uniquely (per owner, per process)."""
+    """A payload naming one release uniquely: ``owner`` names a manager (an owner id
+    does), and the count is the process's. A manager counts each wake-up once per
+    release id: two processes' ids must never meet."""
     return f"{owner}:{next(_release_ids)}"
 
 
@@ -367,10 +369,12 @@ def _deferred(replies: Sequence[Sequence[Reply]]) -> bool:
     return any(isinstance(r[0], list) and len(r[0]) >= 4 and r[0][3] == 1 for r in replies if r)
 
 
-def wake_steps(q: Quorum, kind: LockKind, name: str, reserve_ms: int) -> Steps[None]:
-    """Send a release's deferred wake-up (see :mod:`.turns`): where ``name`` is free,
-    the masters wake its next waiter, reserving the lock for it ``reserve_ms``."""
-    yield q.everywhere(kind.wake(name, release_id("wake"), reserve_ms), cleanup=True)
+def wake_steps(q: Quorum, kind: LockKind, name: str, reserve_ms: int, manager: str) -> Steps[None]:
+    """Send a release's deferred wake-up (see :mod:`.turns`) for ``manager`` (its id):
+    where ``name`` is free, the masters wake its next waiter, reserving the lock for it
+    ``reserve_ms``."""
+    rid = release_id(f"{manager}:wake")
+    yield q.everywhere(kind.wake(name, rid, reserve_ms), cleanup=True)
 
 
 def extend_steps(
@@ -406,10 +410,12 @@ def extend_steps(
     raise LockLostError(f"lock {name!r} was lost: the extension found no hold on a quorum")
 
 
-def force_unlock_steps(q: Quorum, kinds: Sequence[LockKind], name: str) -> Steps[bool]:
+def force_unlock_steps(
+    q: Quorum, kinds: Sequence[LockKind], name: str, manager: str
+) -> Steps[bool]:
     """Delete ``name``'s locks of the given kinds on every master, whoever holds them,
-    and wake their waiters. True if any master had one."""
-    rid = release_id("force")
+    and wake their waiters (for ``manager``, its id). True if any master had one."""
+    rid = release_id(f"{manager}:force")
     replies = yield q.everywhere(*(k.force_unlock(name, rid) for k in kinds), cleanup=True)
     deleted = False
     failed: dict[int, BaseException] = {}

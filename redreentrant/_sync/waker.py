@@ -47,7 +47,11 @@ class Waker:
                 self._thread = threading.Thread(
                     target=self._loop, name="redreentrant-waker", daemon=False
                 )
-                self._thread.start()
+                try:
+                    self._thread.start()
+                except RuntimeError:  # the interpreter is finalizing: no new thread
+                    self._thread = None
+                    self._next = None
             else:
                 self._cond.notify()
 
