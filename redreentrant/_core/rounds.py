@@ -66,8 +66,7 @@ class Grant:
 class Freed(NamedTuple):
     """What a release did besides releasing."""
 
-    #: a master deferred the wake-up, or may have (its reply lost): the caller sends
-    #: it later, see :func:`wake_steps`
+    #: a master deferred the wake-up: the caller sends it later, see :func:`wake_steps`
     deferred: bool
     #: a master woke a waiter (or handed it the lock)
     woke: bool
@@ -326,8 +325,8 @@ def release_steps(
     straight back is the cheapest next holder.
 
     Returns what it did besides (:class:`Freed`): whether a master deferred the
-    wake-up, or may have (a reply lost; the caller sends it later, see
-    :func:`wake_steps`), and whether a master woke a waiter. Raises
+    wake-up (the caller sends it later, see :func:`wake_steps`), and whether a master
+    woke a waiter. Raises
     :class:`LockLostError` when the owner's hold was no longer on a quorum, and
     :class:`QuorumUnavailableError` when too many masters failed to tell.
     """
@@ -351,7 +350,10 @@ def release_steps(
         everyone = lost and bool(handover_ms)
         if handover_ms:
             handed = tuple(handed_over(replies, started).items())
-        deferred = defer and (lost or _deferred(replies))
+        # Only a master that said so: one whose reply was lost (slow, or frozen) is
+        # not worth a round of wake-ups on every master; on one master the caller
+        # sends it anyway (the release fails).
+        deferred = defer and _deferred(replies)
         woken = woken_by(replies)
         if woken or everyone or not deferred:  # a deferred wake-up wakes nobody yet
             yield Notify(channels, rid, woken, handed, everyone)
