@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")  # what a round gives: the lost holds, or an awaitable of them
 
 
-#: how many holds one renewal round renews (per master, one call per kind and chunk)
-RENEW_CHUNK = 64
+#: how many holds one renewal round renews (per master, one call per kind and chunk):
+#: an acquire that meets a chunk on a master, or in the client, waits for it, so the
+#: chunks are small (64 made the acquires' p99 among 10,000 held locks 15-20% higher)
+RENEW_CHUNK = 16
 
 #: the share of the renewal interval over which a tick's chunks are spread
 SPREAD = 0.5
