@@ -1,15 +1,18 @@
 -- name: release
--- version: 7
+-- version: 8
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
 -- When the lock becomes free here, the registered waiter whose registration ends first
--- is taken off KEYS[2] and woken on its manager's home channel: the home prefix
--- followed by the owner id less its last ':' part (an owner id is
--- '<manager id>:<token>'), with the message '<release id>\n<owner id>\n<wake channel>'.
--- A waiter whose manager hears nothing there (PUBLISH reached no subscriber: its process
--- died, or its connection is being remade) is dropped and the next one is tried, so a
--- dead waiter never swallows the wake-up. Registrations past their end are purged first.
+-- is woken on its manager's home channel: the home prefix followed by the owner id
+-- less its last ':' part (an owner id is '<manager id>:<token>'), with the message
+-- '<release id>\n<owner id>\n<wake channel>'. It keeps its place in KEYS[2] until it
+-- takes the lock (acquire.lua), gives up ('abandon') or its registration ends: a woken
+-- waiter that loses the race for the lock (on several masters, a split vote) is the
+-- one woken next, not sent to the back. A waiter whose manager hears nothing there
+-- (PUBLISH reached no subscriber: its process died, or its connection is being remade)
+-- is dropped and the next one is tried, so a dead waiter never swallows the wake-up.
+-- Registrations past their end are purged first.
 -- A waiter of another manager woken with a reservation (ARGV 'reserve' ms > 0) is the
 -- only one that may take the lock until the reservation (KEYS[3]) ends (acquire.lua).
 -- A release may also defer the wake-up ('defer'): while the releasing manager's turn
@@ -85,13 +88,14 @@ local function wake_next(channel, id, prefix, handover, local_manager, reserve, 
     redis.call('publish', channel, id)
   end
   while true do
-    local first = redis.call('zpopmin', waiters)
+    local first = redis.call('zrange', waiters, 0, 0)
     if #first == 0 then
       return '', 0, 0
     end
     local owner = first[1]
     local manager = manager_of(owner)
     if handover > 0 and manager == local_manager then
+      redis.call('zrem', waiters, owner)
       redis.call('hset', hash, owner, 1)
       redis.call('pexpire', hash, handover)
       return owner, handover, 0
@@ -102,6 +106,7 @@ local function wake_next(channel, id, prefix, handover, local_manager, reserve, 
       end
       return owner, 0, 0
     end
+    redis.call('zrem', waiters, owner)
   end
 end
 

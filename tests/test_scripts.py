@@ -23,7 +23,7 @@ from redreentrant._core.keys import (
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
     "acquire": (4, "56b5dc6795b4e626"),
-    "release": (7, "2afb94ae111ee6e7"),
+    "release": (8, "d7f88bb1d0fce285"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (2, "997474ce8e091d11"),
@@ -156,7 +156,7 @@ def test_release_sets_the_count_and_frees_at_zero_waking_one_waiter_by_name(
     # The release id (one release, however many masters), the waiter and its lock.
     assert message["data"] == b"r2\nm1:b\n" + CHANNEL.encode()
     assert hub2.get_message(timeout=0.05) is None  # one waiter woken, not every one
-    assert r.zrange(WAITERS, 0, -1) == [b"m2:c"]
+    assert r.zrange(WAITERS, 0, -1) == [b"m1:b", b"m2:c"]  # b's place: until it takes it
 
 
 def test_a_waiter_whose_manager_hears_nothing_is_skipped(r: fakeredis.FakeRedis) -> None:
@@ -167,7 +167,28 @@ def test_a_waiter_whose_manager_hears_nothing_is_skipped(r: fakeredis.FakeRedis)
     assert release(r, "m0:a", 0, "r1") == [0, b"m2:c", 0, 0]
     message = hub2.get_message(timeout=1)
     assert message is not None and message["data"].startswith(b"r1\nm2:c\n")
-    assert not r.exists(KEY) and not r.exists(WAITERS)  # nothing left behind
+    assert not r.exists(KEY) and r.zrange(WAITERS, 0, -1) == [b"m2:c"]  # b dropped
+
+
+def test_a_woken_waiter_that_loses_the_race_keeps_its_place_and_is_woken_again(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub1, hub2 = home(r, "m1"), home(r, "m2")
+    acquire(r, "m0:a")
+    acquire(r, "m1:b", wait=1000)  # first in line
+    acquire(r, "m2:c", wait=2000)
+    assert release(r, "m0:a", 0, "r1") == [0, b"m1:b", 0, 0]
+    # Before b comes, the lock is taken again (as by the releasing owner, or in a split
+    # vote on several masters): b is refused and tries again, still waiting.
+    assert acquire(r, "m0:a") == [1, 1]
+    assert acquire(r, "m1:b", wait=3000)[0] == 0
+    assert r.zrange(WAITERS, 0, -1) == [b"m1:b", b"m2:c"]  # b kept its place
+    assert release(r, "m0:a", 0, "r2") == [0, b"m1:b", 0, 0]  # b again, not c
+    assert hub2.get_message(timeout=0.05) is None
+    assert acquire(r, "m1:b", wait=3000) == [1, 1]  # its grant ends its registration
+    assert r.zrange(WAITERS, 0, -1) == [b"m2:c"]
+    hub1.close()
+    hub2.close()
 
 
 def test_a_release_with_a_hand_over_grants_the_lock_to_its_own_managers_waiter(
@@ -249,9 +270,9 @@ def test_a_woken_waiter_of_another_manager_has_the_lock_reserved_until_it_takes_
     status, ttl = acquire(r, "m1:a", wait=3000)  # type: ignore[misc]
     assert status == 0 and 0 < ttl <= 5000
     assert acquire(r, "m3:x")[0] == 0  # type: ignore[index]
-    assert r.zrange(WAITERS, 0, -1) == [b"m1:a"]
+    assert r.zrange(WAITERS, 0, -1) == [b"m2:b", b"m1:a"]
     assert acquire(r, "m2:b") == [1, 1]  # the woken waiter takes it
-    assert not r.exists(RESERVED)
+    assert not r.exists(RESERVED) and r.zrange(WAITERS, 0, -1) == [b"m1:a"]
 
 
 def test_a_reservation_ends_by_itself(r: fakeredis.FakeRedis) -> None:
@@ -277,7 +298,7 @@ def test_wake_sends_a_deferred_wake_up_only_where_the_lock_is_free(
     assert run(r, scripts.RELEASE, KEYS, *wake) == [0, b"m2:b"]
     message = hub2.get_message(timeout=1)
     assert message is not None and message["data"].startswith(b"r2\nm2:b\n")
-    assert r.get(RESERVED) == b"m2:b" and not r.exists(WAITERS)
+    assert r.get(RESERVED) == b"m2:b" and r.zrange(WAITERS, 0, -1) == [b"m2:b"]
 
 
 def test_a_reserved_waiter_giving_up_ends_its_reservation_and_wakes_the_next(
@@ -350,7 +371,7 @@ def test_abandon_ends_a_wait_and_passes_a_wake_up_on_where_the_lock_is_free(
     assert run(r, scripts.RELEASE, KEYS, *abandon) == [0, b"m2:c"]
     message = hub2.get_message(timeout=1)
     assert message is not None and message["data"].startswith(b"r5\nm2:c\n")
-    assert not r.exists(WAITERS)
+    assert r.zrange(WAITERS, 0, -1) == [b"m2:c"]  # until c takes the lock or gives up
 
 
 def test_renew_resets_ttls_only_where_the_owner_holds(r: fakeredis.FakeRedis) -> None:
