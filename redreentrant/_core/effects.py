@@ -120,9 +120,9 @@ class Notify(NamedTuple):
 
     ``release_id`` is the release's wake-up payload: the pub/sub messages of the same
     release (one per master) are then recognised and not counted again. ``woken``
-    names the waiters the masters chose (targeted channels): one of them is woken here
-    if it waits here, and nobody else; when the masters chose nobody (``()``), one
-    local waiter is.
+    names the waiters the masters chose (targeted channels): each of them that waits
+    here is woken, and nobody else; when the masters chose nobody (``()``), one local
+    waiter is.
     """
 
     channels: tuple[str, ...]

@@ -345,9 +345,9 @@ def release_steps(
     woken: tuple[str, ...] = ()
     if channels:
         handed: tuple[tuple[str, Handover], ...] = ()
-        # A master whose reply was lost may have handed the lock over, or deferred.
-        lost = any(not isinstance(r[0], list) for r in replies)
-        everyone = lost and bool(handover_ms)
+        # On one master, a lost reply may hide a hand-over to any of our waiters: all
+        # of them are told, and find out by trying.
+        everyone = bool(handover_ms) and any(not isinstance(r[0], list) for r in replies)
         if handover_ms:
             handed = tuple(handed_over(replies, started).items())
         # Only a master that said so: one whose reply was lost (slow, or frozen) is

@@ -222,8 +222,8 @@ class Subscriptions:
         if not woken and not self._accept(channel, release_id):
             return []
         handovers = handovers or {}
-        # Each of ours the masters woke lost its place where it was woken, and must be
-        # told, once (masters may disagree on whom a release wakes).
+        # Each of ours the masters woke is the only waiter woken where it was, and must
+        # be told, once (masters may disagree on whom a release wakes).
         told = [
             owner
             for owner in woken
