@@ -1,5 +1,5 @@
 -- name: release
--- version: 8
+-- version: 9
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -7,9 +7,11 @@
 -- is woken on its manager's home channel: the home prefix followed by the owner id
 -- less its last ':' part (an owner id is '<manager id>:<token>'), with the message
 -- '<release id>\n<owner id>\n<wake channel>'. It keeps its place in KEYS[2] until it
--- takes the lock (acquire.lua), gives up ('abandon') or its registration ends: a woken
--- waiter that loses the race for the lock (on several masters, a split vote) is the
--- one woken next, not sent to the back. A waiter whose manager hears nothing there
+-- takes the lock (acquire.lua), gives up ('abandon') or its registration ends, which a
+-- wake-up brings forward to KEEP_MS after it at the latest: a woken waiter that loses
+-- the race for the lock (on several masters, a split vote) is the one woken next, not
+-- sent to the back, while one that never comes (its process frozen) holds up the
+-- waiters behind it for KEEP_MS at most. A waiter whose manager hears nothing there
 -- (PUBLISH reached no subscriber: its process died, or its connection is being remade)
 -- is dropped and the next one is tried, so a dead waiter never swallows the wake-up.
 -- Registrations past their end are purged first.
@@ -63,6 +65,8 @@
 
 local op = ARGV[1]
 local hash, waiters, reserved = KEYS[1], KEYS[2], KEYS[3]
+-- how long (ms) a woken waiter keeps its place at most, if it does not take the lock
+local KEEP_MS = 1000
 
 local function manager_of(owner)
   return string.match(owner, '^(.*):[^:]*$') or owner
@@ -73,9 +77,10 @@ end
 -- reservation of reserve ms (0: none); with defer, nobody is woken. Returns (the owner woken or '', the lease it was granted or
 -- 0, 1 if the wake-up was deferred else 0).
 local function wake_next(channel, id, prefix, handover, local_manager, reserve, defer)
+  local now = 0
   if redis.call('exists', waiters) == 1 then
     local t = redis.call('time')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     redis.call('zremrangebyscore', waiters, '-inf', now)
     if defer then
       local first = redis.call('zrange', waiters, 0, 0)
@@ -104,6 +109,8 @@ local function wake_next(channel, id, prefix, handover, local_manager, reserve, 
       if reserve > 0 and manager ~= local_manager then
         redis.call('set', reserved, owner, 'PX', reserve)
       end
+      -- LT: woken again, it keeps the end its first wake-up set
+      redis.call('zadd', waiters, 'XX', 'LT', now + KEEP_MS, owner)
       return owner, 0, 0
     end
     redis.call('zrem', waiters, owner)

@@ -23,7 +23,7 @@ from redreentrant._core.keys import (
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
     "acquire": (4, "56b5dc6795b4e626"),
-    "release": (8, "d7f88bb1d0fce285"),
+    "release": (9, "f153e1482237ae31"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (2, "997474ce8e091d11"),
@@ -189,6 +189,31 @@ def test_a_woken_waiter_that_loses_the_race_keeps_its_place_and_is_woken_again(
     assert r.zrange(WAITERS, 0, -1) == [b"m2:c"]
     hub1.close()
     hub2.close()
+
+
+def test_a_woken_waiter_that_never_comes_holds_up_the_others_for_a_second_at_most(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub2, hub3 = home(r, "m2"), home(r, "m3")  # b's process is frozen: hears, never comes
+    acquire(r, "m1:a")
+    acquire(r, "m2:b", wait=30000)
+    acquire(r, "m3:c", wait=40000)
+    seconds, micros = r.time()
+    now = seconds * 1000 + micros // 1000
+    assert release(r, "m1:a", 0, "r1") == [0, b"m2:b", 0, 0]
+    # Woken, b keeps its place, but its registration now ends within a second.
+    keep = r.zscore(WAITERS, "m2:b")
+    assert keep is not None and now < keep <= now + 1000 + 50
+    acquire(r, "m1:a")
+    assert release(r, "m1:a", 0, "r2") == [0, b"m2:b", 0, 0]  # woken again: first still
+    assert r.zscore(WAITERS, "m2:b") == keep  # a second wake-up does not extend it
+    r.zadd(WAITERS, {"m2:b": now - 1})  # as when that second has passed
+    acquire(r, "m1:a")
+    assert release(r, "m1:a", 0, "r3") == [0, b"m3:c", 0, 0]  # b's place is gone
+    assert r.zrange(WAITERS, 0, -1) == [b"m3:c"]
+    assert hub3.get_message(timeout=1) is not None
+    hub2.close()
+    hub3.close()
 
 
 def test_a_release_with_a_hand_over_grants_the_lock_to_its_own_managers_waiter(
