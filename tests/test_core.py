@@ -1169,7 +1169,7 @@ def test_a_master_health_record_turns_suspect_is_probed_at_intervals_and_rejoins
     m.behind.append(full)
     taken = m.behind.pop(0)
     assert m.queue_for_suspect(taken, 1, cleanup=True) == ([behind], [full]) and not m.behind
-    m.queued(behind, 1)
+    m.queued(behind, 1, 10.3)
     assert behind.owed == 3 and m.behind == [behind]
     m.behind.clear()
     assert not m.start_probe(10.3)  # not before the probe interval
@@ -1178,6 +1178,42 @@ def test_a_master_health_record_turns_suspect_is_probed_at_intervals_and_rejoins
     assert m.probed(False) == [] and m.suspect
     assert m.start_probe(11.3)
     assert m.probed(True) == [behind] and not m.suspect and not m.behind
+
+
+def test_a_connection_behind_knows_when_its_oldest_owed_reply_went_out() -> None:
+    from redreentrant._core.fanout import Behind
+
+    behind = Behind(conn=object(), owed=2, since=10.0)
+    assert Behind.after(behind, behind.conn, 1, 10.1) is behind and behind.owed == 3
+    behind.read()
+    assert behind.since == 10.0  # one of the first two replies is still owed
+    behind.read()
+    assert behind.owed == 1 and behind.since == 10.1  # only the later one is
+    behind.read()
+    assert behind.owed == 0
+    behind.sent(2, 10.5)
+    assert behind.owed == 2 and behind.since == 10.5
+    fresh = Behind.after(None, object(), 1, 11.0)
+    assert fresh.owed == 1 and fresh.since == 11.0
+
+
+def test_a_round_looks_for_owed_replies_only_once_they_are_due_or_the_master_is_suspect() -> None:
+    from redreentrant._core.fanout import CATCH_UP_AFTER, Behind, MasterHealth
+
+    m = MasterHealth(probe_interval=0.5)
+    behind = Behind(conn=object(), owed=1, since=10.0)
+    due = 10.0 + CATCH_UP_AFTER * 0.2 + 1e-6
+    # Sent a moment ago by a master that answers: the round sends behind it, unread.
+    assert not m.catch_up_due(behind, 10.001, timeout=0.2)
+    assert m.catch_up_due(behind, due, timeout=0.2)
+    # Once read up to a later batch, that batch's age counts.
+    behind.sent(1, due)
+    behind.read()
+    assert not m.catch_up_due(behind, due + 0.001, timeout=0.2)
+    assert not m.lagging(behind, 10.0 + 0.2, timeout=0.2)  # the oldest owed is young now
+    # A suspect is looked at every round: it rejoins as soon as its replies came.
+    m.timed_out(due)
+    assert m.catch_up_due(behind, due + 0.001, timeout=0.2)
 
 
 def test_the_probe_interval_is_a_third_of_the_lease_at_most_one_second() -> None:

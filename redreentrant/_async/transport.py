@@ -48,7 +48,7 @@ else:  # redis-py depends on async-timeout there
     from async_timeout import timeout_at
 
 #: see the sync transport
-_Pending = tuple[int, Any, int, float]
+_Pending = tuple[int, Any, Behind | None, float]
 
 
 def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
@@ -284,7 +284,7 @@ class AsyncTransport:
             unconnected: list[int] = []
             for i in fan.targets:
                 m = self._masters[i]
-                behind = await self._take_behind(i) if m.behind else None
+                behind = await self._take_behind(i, now) if m.behind else None
                 if behind is not None and m.lagging(behind, now, self.timeout):
                     # As the sync transport: clean-ups only, queued, not waited for.
                     send, close = m.queue_for_suspect(behind, fan.count(i), cleanup)
@@ -292,13 +292,13 @@ class AsyncTransport:
                         await self._drop(i, b.conn)
                     for b in send:
                         if await self._send(i, b.conn, _packed(fan, i, b.conn)) is None:
-                            m.queued(b, fan.count(i))
+                            m.queued(b, fan.count(i), now)
                     self._suspect(fan, i, now)
                     continue
                 if behind is not None:
                     error = await self._send(i, behind.conn, _packed(fan, i, behind.conn))
                     if error is None:
-                        late.append((i, behind.conn, behind.owed, behind.since))
+                        late.append((i, behind.conn, behind, now))
                     else:
                         fan.failed(i, error)
                     continue
@@ -309,7 +309,7 @@ class AsyncTransport:
                     conn = m.idle.pop()
                     error = await self._send(i, conn, _packed(fan, i, conn))
                     if error is None:
-                        pending.append((i, conn, 0, now))
+                        pending.append((i, conn, None, now))
                     else:
                         fan.failed(i, error)
                 else:
@@ -332,14 +332,14 @@ class AsyncTransport:
             read = self._read_timer.start(loop, loop.time() + self.timeout)
             try:
                 while pending:
-                    i, conn, skip, since = pending.pop(0)
+                    i, conn, prior, at = pending.pop(0)
                     if fan.decided:
                         fan.unread(i)
-                        self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
+                        self._left_behind(i, prior, conn, fan.count(i), at)
                         continue
                     reading = i
                     count = fan.count(i)
-                    replies = await self._read(i, conn, skip, count, since, None, fan)
+                    replies = await self._read(i, conn, prior, count, at, None, fan)
                     fan.answered(i, replies)
             except asyncio.CancelledError:
                 if not self._read_timer.expired(read):
@@ -353,13 +353,13 @@ class AsyncTransport:
                 # The deadline passed while one master was read: what the others sent
                 # meanwhile is read without waiting.
                 while pending:
-                    i, conn, skip, since = pending.pop(0)
+                    i, conn, prior, at = pending.pop(0)
                     if fan.decided:
                         fan.unread(i)
-                        self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
+                        self._left_behind(i, prior, conn, fan.count(i), at)
                     else:
                         count = fan.count(i)
-                        replies = await self._read(i, conn, skip, count, since, loop.time())
+                        replies = await self._read(i, conn, prior, count, at, loop.time())
                         fan.answered(i, replies)
             # A redo is a round trip of its own, with a time-out of its own.
             redo_deadline = None
@@ -373,17 +373,23 @@ class AsyncTransport:
             # Cancelled mid-round: the replies still due on these connections are read
             # later (they stay behind), so what follows, an undo, reaches each master
             # after this round's calls, on the same connection.
-            for i, conn, skip, since in pending + late:
-                self._masters[i].behind.append(Behind(conn, skip + fan.count(i), since))
+            for i, conn, prior, at in pending + late:
+                self._left_behind(i, prior, conn, fan.count(i), at)
             raise
         return fan.results
 
-    async def _take_behind(self, i: int) -> Behind | None:
+    def _left_behind(self, i: int, prior: Behind | None, conn: Any, count: int, at: float) -> None:
+        self._masters[i].behind.append(Behind.after(prior, conn, count, at))
+
+    async def _take_behind(self, i: int, now: float) -> Behind | None:
         """As the sync transport's: a connection behind, caught up without waiting as
-        far as the replies that came allow; None when none is (still) behind."""
+        far as the replies that came allow (when due); None when none is (still)
+        behind."""
         m = self._masters[i]
         while m.behind:
             behind = m.behind.pop()
+            if not m.catch_up_due(behind, now, self.timeout):
+                return behind
             conn = behind.conn
             try:
                 while behind.owed:
@@ -393,7 +399,7 @@ class AsyncTransport:
                             break  # nothing more has come
                     except self._error_replies:
                         pass  # an error reply is a reply
-                    behind.owed -= 1
+                    behind.read()
             except Exception:
                 await self._drop(i, conn)
                 continue
@@ -436,7 +442,7 @@ class AsyncTransport:
     ) -> None:
         error = await self._send(i, conn, _packed(fan, i, conn))
         if error is None:
-            pending.append((i, conn, 0, now))
+            pending.append((i, conn, None, now))
         else:
             fan.failed(i, error)
 
@@ -461,19 +467,20 @@ class AsyncTransport:
         if error is not None:
             return read_failed([], len(commands), error)
         now = asyncio.get_running_loop().time()
-        return await self._read(i, conn, 0, len(commands), now, deadline)
+        return await self._read(i, conn, None, len(commands), now, deadline)
 
     async def _read(
         self,
         i: int,
         conn: Any,
-        skip: int,
+        prior: Behind | None,
         count: int,
-        since: float,
+        at: float,
         deadline: float | None,
         fan: FanoutRound | None = None,
     ) -> list[Reply]:
-        """Read ``skip`` owed replies (dropped), then ``count`` replies, by ``deadline``
+        """Read what ``prior`` owed (dropped), then ``count`` replies to calls sent
+        ``at``, by ``deadline``
         (None: under the caller's time-out, which cancels the read; what was read by
         then is recorded in ``fan``).
 
@@ -489,7 +496,7 @@ class AsyncTransport:
                     reply = await conn.read_response(timeout=left, disconnect_on_error=False)
                 except asyncio.CancelledError:
                     # A cancelled read consumed nothing: the replies are still owed.
-                    m.behind.append(Behind(conn, skip + count - len(out), since))
+                    m.behind.append(Behind.after(prior, conn, count - len(out), at))
                     if fan is not None:
                         error = RedisTimeoutError(f"no reply within {self.timeout:.3f}s")
                         fan.answered(i, read_failed(out, count, error))
@@ -497,7 +504,7 @@ class AsyncTransport:
                 if reply is None:
                     # A time-out (see the module docstring): the replies are still owed.
                     m.timed_out(loop.time())
-                    m.behind.append(Behind(conn, skip + count - len(out), since))
+                    m.behind.append(Behind.after(prior, conn, count - len(out), at))
                     error = RedisTimeoutError(f"no reply within {self.timeout:.3f}s")
                     return read_failed(out, count, error)
             except self._error_replies as error:
@@ -505,8 +512,8 @@ class AsyncTransport:
             except Exception as error:  # broken: the stream is out of step
                 await self._drop(i, conn)
                 return read_failed(out, count, error)
-            if skip:
-                skip -= 1
+            if prior is not None and prior.owed > 0:
+                prior.read()  # an owed reply: dropped
             else:
                 out.append(reply)
         m.answered()

@@ -16,7 +16,9 @@ Rounds never wait for what they do not need:
   :data:`~.effects.UNREAD`; its connection is kept *behind*: the replies it still owes
   are read, and dropped, before the next round's, so a late reply can never be taken
   for a later one, and later calls reach that master in order after the earlier ones
-  (a late grant is undone by the undo sent after it).
+  (a late grant is undone by the undo sent after it). A round looks for them without
+  waiting only once they are due (:meth:`MasterHealth.catch_up_due`); until then it
+  sends behind them.
 - A master whose reply did not come within the master timeout is *suspect*. Rounds do
   not wait for a suspect: it fails at once. It is sent no new acquire, but clean-ups
   (undo, release: ``Fanout.cleanup``) are still sent, queued in order on its connections
@@ -34,6 +36,7 @@ from __future__ import annotations
 import codecs
 import functools
 import inspect
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -46,6 +49,10 @@ T = TypeVar("T")
 #: the most replies a suspect master's connection may owe: then it is given up, and
 #: calls are not sent to that master until it answers a probe
 MAX_OWED = 128
+
+#: how old (a share of the master timeout) the oldest reply a healthy master's connection
+#: owes must be before a round first reads what came on it (see MasterHealth.catch_up_due)
+CATCH_UP_AFTER = 0.25
 
 
 @functools.lru_cache(maxsize=8)
@@ -249,16 +256,52 @@ class FanoutRound:
         return [c for c, r in zip(self.calls[i], self.results[i], strict=False) if is_noscript(r)]
 
 
-@dataclass(eq=False)
 class Behind:
     """A connection that still owes replies: they are read, and dropped, before the
-    replies of anything sent on it later."""
+    replies of anything sent on it later.
 
-    conn: Any
-    #: replies still owed
-    owed: int
-    #: when the oldest owed reply's command went out (monotonic clock)
-    since: float
+    It keeps when each batch of owed replies went out, so that :attr:`since` is the
+    time of the oldest reply still owed also after some of them were read."""
+
+    __slots__ = ("_batches", "conn", "owed")
+
+    def __init__(self, conn: Any, owed: int, since: float) -> None:
+        self.conn = conn
+        #: replies still owed
+        self.owed = owed
+        # [how many replies, when their commands went out], oldest first
+        self._batches: deque[list[float]] = deque([[owed, since]])
+
+    @staticmethod
+    def after(prior: Behind | None, conn: Any, count: int, at: float) -> Behind:
+        """``conn``, owing ``count`` replies sent ``at`` after what ``prior`` (the
+        connection's earlier state, if it was behind) still owes."""
+        if prior is None:
+            return Behind(conn, count, at)
+        prior.sent(count, at)
+        return prior
+
+    @property
+    def since(self) -> float:
+        """When the oldest reply still owed went out (monotonic clock)."""
+        return self._batches[0][1]
+
+    def sent(self, count: int, at: float) -> None:
+        """``count`` more commands went out on the connection ``at``."""
+        if count <= 0:
+            return
+        if self.owed <= 0:
+            self._batches.clear()
+        self.owed += count
+        self._batches.append([count, at])
+
+    def read(self) -> None:
+        """The oldest owed reply was read."""
+        self.owed -= 1
+        first = self._batches[0]
+        first[0] -= 1
+        if first[0] <= 0 and len(self._batches) > 1:
+            self._batches.popleft()  # the last batch stays: since keeps a value
 
 
 @dataclass(eq=False)
@@ -294,6 +337,17 @@ class MasterHealth:
         """The master answered in time: it is not (or no longer) suspect."""
         self.suspect_since = None
 
+    def catch_up_due(self, behind: Behind, now: float, timeout: float) -> bool:
+        """Whether a round first reads, without waiting, the replies that came on
+        ``behind``. Always for a suspect: it rejoins as soon as they came. For a master
+        that answers, only once the oldest owed reply is :data:`CATCH_UP_AFTER` of the
+        master timeout old, which is well before it would be overdue: until then the
+        round sends behind the owed replies and reads them before its own, if it reads
+        that master at all. Looking for a reply that has not come yet costs a pass of
+        the event loop on asyncio, and most rounds decide before they read the masters
+        behind."""
+        return self.suspect or now - behind.since >= CATCH_UP_AFTER * timeout
+
     def lagging(self, behind: Behind, now: float, timeout: float) -> bool:
         """Whether ``behind`` (not caught up) shows the master stopped answering: its
         oldest owed reply is overdue."""
@@ -325,9 +379,10 @@ class MasterHealth:
         send = [b for b in every if b.owed + count <= MAX_OWED]
         return send, [b for b in every if b.owed + count > MAX_OWED]
 
-    def queued(self, behind: Behind, count: int) -> None:
-        """``count`` more calls went out on ``behind``: it owes their replies too."""
-        behind.owed += count
+    def queued(self, behind: Behind, count: int, at: float) -> None:
+        """``count`` more calls went out on ``behind`` ``at``: it owes their replies
+        too."""
+        behind.sent(count, at)
         self.behind.append(behind)
 
     def start_probe(self, now: float) -> bool:

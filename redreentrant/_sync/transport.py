@@ -55,9 +55,9 @@ from .cluster import NodeClients
 #: when it waits on the socket's own time-out
 SLACK = 0.1
 
-#: a connection that is behind and still waits: (master, connection, replies to drop
-#: first, when its oldest unread command went out)
-_Pending = tuple[int, Any, int, float]
+#: a connection a round reads: (master, connection, what it owed before the round's
+#: calls (None: nothing), when the round's calls went out on it)
+_Pending = tuple[int, Any, Behind | None, float]
 
 
 def _pack(conn: Any, commands: list[tuple[object, ...]]) -> list[bytes]:
@@ -226,7 +226,7 @@ class SyncTransport:
         unconnected: list[int] = []
         for i in fan.targets:
             m = self._masters[i]
-            behind = self._take_behind(i) if m.behind else None
+            behind = self._take_behind(i, now) if m.behind else None
             if behind is not None and m.lagging(behind, now, self.timeout):
                 # Clean-ups are queued behind the owed replies (they reach the master
                 # in order), not waited for; nothing else is sent to a suspect.
@@ -235,13 +235,13 @@ class SyncTransport:
                     self._drop(i, b.conn)
                 for b in send:
                     if self._send(i, b.conn, _packed(fan, i, b.conn)) is None:
-                        m.queued(b, fan.count(i))
+                        m.queued(b, fan.count(i), now)
                 self._suspect(fan, i, now)
                 continue
             if behind is not None:
                 error = self._send(i, behind.conn, _packed(fan, i, behind.conn))
                 if error is None:
-                    late.append((i, behind.conn, behind.owed, behind.since))
+                    late.append((i, behind.conn, behind, now))
                 else:
                     fan.failed(i, error)
                 continue
@@ -255,7 +255,7 @@ class SyncTransport:
                 continue
             error = self._send(i, conn, _packed(fan, i, conn))
             if error is None:
-                sent.append((i, conn, 0, now))
+                sent.append((i, conn, None, now))
             else:
                 fan.failed(i, error)
         if unconnected:
@@ -268,19 +268,19 @@ class SyncTransport:
                     else self._send(i, conn, _packed(fan, i, conn))
                 )
                 if error is None:
-                    sent.append((i, conn, 0, time.monotonic()))
+                    sent.append((i, conn, None, time.monotonic()))
                 else:
                     fan.failed(i, error)
         # The master timeout runs from when the last request went out, so a slow connect
         # to one master does not eat the others' time.
         deadline = time.monotonic() + self.timeout
-        for i, conn, skip, since in sent + late:
+        for i, conn, prior, at in sent + late:
             count = fan.count(i)
             if fan.decided:
                 fan.unread(i)
-                self._masters[i].behind.append(Behind(conn, skip + count, since))
+                self._masters[i].behind.append(Behind.after(prior, conn, count, at))
                 continue
-            fan.answered(i, self._read(i, conn, skip, count, since, deadline))
+            fan.answered(i, self._read(i, conn, prior, count, at, deadline))
         # A redo is a round trip of its own, with a time-out of its own.
         redo_deadline = None
         for i in fan.targets:
@@ -291,10 +291,11 @@ class SyncTransport:
                 fan.reloaded(i, self._run(i, redo, redo_deadline))
         return fan.results
 
-    def _take_behind(self, i: int) -> Behind | None:
+    def _take_behind(self, i: int, now: float) -> Behind | None:
         """One of master ``i``'s connections that are behind, caught up as far as the
-        replies that have come allow (without waiting); None when there is none, or it
-        caught up (its connection is then idle again) or broke."""
+        replies that have come allow (without waiting, and only when due: see
+        :meth:`MasterHealth.catch_up_due`); None when there is none, or it caught up
+        (its connection is then idle again) or broke."""
         m = self._masters[i]
         if not m.behind:
             return None  # the usual case, checked cheaply
@@ -302,12 +303,14 @@ class SyncTransport:
             behind = m.behind.pop()
         except IndexError:
             return None
+        if not m.catch_up_due(behind, now, self.timeout):
+            return behind
         conn = behind.conn
         try:
             while behind.owed and conn.can_read(timeout=0):
                 with contextlib.suppress(*self._error_replies):  # an error reply is a reply
                     conn.read_response()
-                behind.owed -= 1
+                behind.read()
         except Exception:
             self._drop(i, conn)
             return None
@@ -315,7 +318,7 @@ class SyncTransport:
             return behind
         m.answered()
         self._give(i, conn)
-        return self._take_behind(i)
+        return self._take_behind(i, now)
 
     def _suspect(self, fan: FanoutRound, i: int, now: float) -> None:
         m = self._masters[i]
@@ -363,12 +366,13 @@ class SyncTransport:
         error = self._send(i, conn, _pack(conn, commands))
         if error is not None:
             return read_failed([], len(commands), error)
-        return self._read(i, conn, 0, len(commands), time.monotonic(), deadline)
+        return self._read(i, conn, None, len(commands), time.monotonic(), deadline)
 
     def _read(
-        self, i: int, conn: Any, skip: int, count: int, since: float, deadline: float
+        self, i: int, conn: Any, prior: Behind | None, count: int, at: float, deadline: float
     ) -> list[Reply]:
-        """Read ``skip`` owed replies (dropped), then ``count`` replies, by ``deadline``.
+        """Read what ``prior`` owed (dropped), then ``count`` replies to calls sent
+        ``at``, by ``deadline``.
 
         The connection is then idle again, or behind (late), or dropped (broken)."""
         out: list[Reply] = []
@@ -393,14 +397,14 @@ class SyncTransport:
                 # Late, not broken: the connection stays, behind (its replies are
                 # still owed).
                 m.timed_out(time.monotonic())
-                m.behind.append(Behind(conn, skip + count - len(out), since))
+                m.behind.append(Behind.after(prior, conn, count - len(out), at))
                 return read_failed(out, count, error)
             except Exception as error:
                 # The stream is out of step now: drop the connection, fail the rest.
                 self._drop(i, conn)
                 return read_failed(out, count, error)
-            if skip:
-                skip -= 1
+            if prior is not None and prior.owed > 0:
+                prior.read()  # an owed reply: dropped
             else:
                 out.append(reply)
         m.answered()
