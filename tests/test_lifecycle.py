@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
 import multiprocessing
@@ -242,8 +243,9 @@ def test_a_name_that_is_not_utf8_fails_at_once(manager: LockManager) -> None:
 # -- 4. holds of a dead owner ------------------------------------------------------------
 
 
+@pytest.mark.parametrize("entry", ["acquire", "with"])
 def test_a_thread_that_ends_holding_a_lock_frees_it_and_is_reported(
-    ensemble: LocalEnsemble, caplog: pytest.LogCaptureFixture
+    ensemble: LocalEnsemble, caplog: pytest.LogCaptureFixture, entry: str
 ) -> None:
     reported: list[Any] = []
     caplog.set_level(logging.WARNING, logger="redreentrant")
@@ -252,8 +254,18 @@ def test_a_thread_that_ends_holding_a_lock_frees_it_and_is_reported(
         LockManager(ensemble.urls) as rival,
     ):
 
+        lines: list[int] = []
+
         def forgetful_worker() -> None:
-            mgr.lock("orphan").acquire()  # and ends without releasing
+            lock = mgr.lock("orphan")
+            # Either way, it ends without releasing; the warning names this line.
+            here = inspect.currentframe()
+            assert here is not None
+            lines.append(here.f_lineno + 2 if entry == "with" else here.f_lineno + 4)
+            if entry == "with":
+                lock.__enter__()
+            else:
+                lock.acquire()
 
         worker = threading.Thread(target=forgetful_worker, name="forgetful-worker")
         worker.start()
@@ -264,7 +276,7 @@ def test_a_thread_that_ends_holding_a_lock_frees_it_and_is_reported(
         assert getattr(reported[0], "name", None) == "orphan"
         warning = next(r.getMessage() for r in caplog.records if "orphan" in r.getMessage())
         assert "forgetful-worker" in warning
-        assert f"{os.path.basename(__file__)}:" in warning and "forgetful_worker" in warning
+        assert f"{os.path.basename(__file__)}:{lines[0]} in forgetful_worker" in warning
         rival.lock("orphan").release()
 
 

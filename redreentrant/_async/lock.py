@@ -6,7 +6,7 @@ import asyncio
 import inspect
 from types import FrameType, TracebackType
 
-from .._core.engine import Engine
+from .._core.engine import Engine, entry_caller
 from .._core.errors import LockLostError, LockOwnerError
 from .._core.kinds import FAIR, READ, WRITE, LockKind
 from .._core.locking import LockCore
@@ -80,8 +80,9 @@ class Lock(LockCore):
             signal = LostSignal(engine)
             signal.task = current_task()
         steps = engine.acquire(
-            self.kind, self.name, owner, blocking, timeout, lease, self.fencing, max_hold, signal
-        )
+            self.kind, self.name, owner, blocking, timeout, lease, self.fencing, max_hold,
+            signal, entry_caller(),
+        )  # fmt: skip
         got = await self._driver.run(steps)
         if got and signal is not None:
             signal.attach(engine.held(self.kind, self.name, owner))

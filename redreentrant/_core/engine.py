@@ -13,10 +13,12 @@ import contextlib
 import inspect
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
+from types import CodeType, FrameType
 from typing import Any, TypeVar
 
 from .cluster import ClusterMember
@@ -59,17 +61,46 @@ OWNER_ID_CACHE_SIZE = 1024
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def call_site() -> str:
-    """Where the caller outside this package is (``file:line in function``): named in
-    the warning when a hold's owner dies. A few frame hops, no traceback is built."""
-    here = inspect.currentframe()
-    frame = here.f_back if here is not None else None
+def entry_caller() -> FrameType:
+    """The frame that called the public entry calling this (for :func:`call_site`):
+    one frame object made, where walking back with ``f_back`` makes one per step."""
+    return sys._getframe(2)  # noqa: SLF001  # the one call that makes no other frame
+
+
+class CallSite:
+    """Where a first acquire was called: ``str()`` gives ``file:line in function``.
+
+    Only the code object and the instruction's offset are kept: working out the line
+    number walks the code's line table, which is left to the rare report that names
+    it."""
+
+    __slots__ = ("code", "offset")
+
+    def __init__(self, code: CodeType, offset: int) -> None:
+        self.code = code
+        self.offset = offset
+
+    def __str__(self) -> str:
+        code = self.code
+        line = next((n for start, end, n in code.co_lines() if start <= self.offset < end), None)
+        return f"{code.co_filename}:{'?' if line is None else line} in {code.co_name}"
+
+    __repr__ = __str__
+
+
+def call_site(frame: FrameType | None = None) -> CallSite | str:
+    """Where the caller outside this package is (see :class:`CallSite`; ``"?"`` if
+    none): named in the warning when a hold's owner dies. The search starts at
+    ``frame`` (a public entry passes its own caller's, see :func:`entry_caller`), else
+    at this function's caller. No traceback is built."""
+    if frame is None:
+        here = inspect.currentframe()
+        frame = here.f_back if here is not None else None
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame = frame.f_back
     if frame is None:
         return "?"
-    code = frame.f_code
-    return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+    return CallSite(frame.f_code, frame.f_lasti)
 
 
 class Engine:
@@ -195,10 +226,12 @@ class Engine:
         fencing: bool = False,
         max_hold: float | None = None,
         signal: Signal | None = None,
+        caller: FrameType | None = None,
     ) -> Steps[bool]:
         """Take or re-enter ``name`` for ``owner`` (see ``Lock.acquire``); a first hold
         with ``fencing`` gets a fencing token (see :mod:`.fencing`), and ``signal`` (if
-        given) is told when it is lost."""
+        given) is told when it is lost. ``caller`` is the frame that called the public
+        entry (see :func:`call_site`)."""
         if type(timeout) is not int or timeout != -1:  # the default needs no check
             check_acquire_args(blocking, timeout)
         q = self.quorum
@@ -218,7 +251,7 @@ class Engine:
                 f"lock {name!r}: a holder of the read lock cannot take the write lock"
                 " (release the read lock first)"
             )
-        site = call_site()
+        site = call_site(caller)
         deadline = None if timeout == -1 or not blocking else self.clock() + timeout
         # After its turn on several masters, an owner lets the waiter woken go first.
         courtesy = self.turns.courtesy(kind, name, owner) if q.size > 1 else 0.0
@@ -250,7 +283,7 @@ class Engine:
         fencing: bool,
         cap: float | None,
         signal: Signal | None,
-        site: str,
+        site: CallSite | str,
         courtesy: float,
     ) -> Steps[bool]:
         """:meth:`acquire`'s first hold, telling ``listener`` what happens."""
@@ -294,7 +327,7 @@ class Engine:
         grant: Grant | None,
         cap: float | None,
         signal: Signal | None,
-        site: str,
+        site: CallSite | str,
     ) -> bool:
         """Record a first hold's grant (False: none). Not a step of its own (no
         generator per acquire): the rare undo comes first, see

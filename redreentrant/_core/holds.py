@@ -36,8 +36,9 @@ class Hold:
     managed: bool
     valid_until: float
     lost: str | None = None
-    #: where the first acquire was called (``file:line in function``), for warnings
-    site: str = "?"
+    #: where the first acquire was called (its ``str()``: ``file:line in function``),
+    #: for warnings
+    site: object = "?"
     #: the fencing token of the first grant (None: taken without fencing)
     fencing_token: int | None = None
     #: when the first grant was taken (monotonic clock)

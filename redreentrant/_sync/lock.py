@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from .._core.engine import Engine
+from .._core.engine import Engine, entry_caller
 from .._core.errors import LockLostError
 from .._core.kinds import FAIR, READ, WRITE, LockKind
 from .._core.locking import LockCore
@@ -66,8 +66,9 @@ class Lock(LockCore):
         engine = self._engine
         owner = engine.owner_id()
         steps = engine.acquire(
-            self.kind, self.name, owner, blocking, timeout, lease, self.fencing, max_hold
-        )
+            self.kind, self.name, owner, blocking, timeout, lease, self.fencing, max_hold,
+            caller=entry_caller(),
+        )  # fmt: skip
         return self._driver.run(steps)
 
     def extend(self, seconds: float, replace: bool = False) -> None:
