@@ -253,7 +253,6 @@ def test_a_thread_that_ends_holding_a_lock_frees_it_and_is_reported(
         LockManager(ensemble.urls, lease=30.0, on_lost=reported.append) as mgr,
         LockManager(ensemble.urls) as rival,
     ):
-
         lines: list[int] = []
 
         def forgetful_worker() -> None:
