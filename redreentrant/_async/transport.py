@@ -361,14 +361,13 @@ class AsyncTransport:
                         count = fan.count(i)
                         replies = await self._read(i, conn, prior, count, at, loop.time())
                         fan.answered(i, replies)
-            # A redo is a round trip of its own, with a time-out of its own.
-            redo_deadline = None
-            for i in fan.targets:
-                redo = fan.reload(i)
-                if redo is not None:
-                    if redo_deadline is None:
-                        redo_deadline = loop.time() + self.timeout
-                    fan.reloaded(i, await self._run(i, redo, redo_deadline))
+            if fan.noscript:
+                # A redo is a round trip of its own, with a time-out of its own.
+                redo_deadline = loop.time() + self.timeout
+                for i in fan.targets:
+                    redo = fan.reload(i)
+                    if redo is not None:
+                        fan.reloaded(i, await self._run(i, redo, redo_deadline))
         except BaseException:
             # Cancelled mid-round: the replies still due on these connections are read
             # later (they stay behind), so what follows, an undo, reaches each master

@@ -235,7 +235,8 @@ class Engine:
         if type(timeout) is not int or timeout != -1:  # the default needs no check
             check_acquire_args(blocking, timeout)
         q = self.quorum
-        lease_s = self.settings.acquire_lease(lease)
+        settings = self.settings
+        lease_s = settings.lease if lease is None else settings.acquire_lease(lease)
         hold = self.holds.get(kind, name, owner)
         if hold is not None:
             if max_hold is not None:
@@ -244,7 +245,11 @@ class Engine:
                     " max_hold (re-enter without it)"
                 )
             return (yield from self._reenter(hold, lease, lease_s))
-        cap = self.settings.hold_cap(lease, max_hold)
+        cap = (
+            settings.max_hold
+            if lease is None and max_hold is None  # the usual acquire, checked cheaply
+            else settings.hold_cap(lease, max_hold)
+        )
         upgrade = kind.upgrade_from
         if upgrade is not None and self.holds.get(upgrade, name, owner) is not None:
             raise LockUpgradeError(
@@ -255,7 +260,7 @@ class Engine:
         deadline = None if timeout == -1 or not blocking else self.clock() + timeout
         # After its turn on several masters, an owner lets the waiter woken go first.
         courtesy = self.turns.courtesy(kind, name, owner) if q.size > 1 else 0.0
-        listener = self.settings.listener
+        listener = settings.listener
         if listener is not None:
             return (yield from self._acquire_told(
                 listener, kind, name, owner, lease, lease_s, deadline, blocking, fencing, cap,

@@ -164,7 +164,9 @@ class FanoutRound:
     rounds (None: packed anew; clean-ups carry a unique release id, and are not kept).
     """
 
-    __slots__ = ("_early", "_packed", "_voters", "_wire", "_yes", "calls", "results", "targets")
+    __slots__ = (
+        "_early", "_packed", "_voters", "_wire", "_yes", "calls", "noscript", "results", "targets",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -186,6 +188,9 @@ class FanoutRound:
         self._yes = 0
         self._packed: dict[tuple[int, object], Any] = {}
         self._wire = wire
+        #: whether a master answered NOSCRIPT to a call: only then has :meth:`reload`
+        #: anything to redo (the usual round skips it)
+        self.noscript = False
 
     @property
     def decided(self) -> bool:
@@ -224,6 +229,9 @@ class FanoutRound:
 
     def answered(self, i: int, replies: list[Reply]) -> None:
         self.results[i] = replies
+        for reply in replies:
+            if isinstance(reply, Exception) and is_noscript(reply):
+                self.noscript = True
         if (
             self._early is not None
             and replies

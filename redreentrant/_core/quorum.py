@@ -6,7 +6,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 from .effects import UNREAD, Call, Early, Fanout, Handover, Reply
@@ -114,18 +114,23 @@ def is_wrong_type(reply: Reply) -> bool:
     return isinstance(reply, Exception) and "WRONGTYPE" in str(reply)
 
 
-@dataclass
 class Tally:
-    """One round's replies sorted out: who granted, who refused, who failed."""
+    """One round's replies sorted out: who granted, who refused, who failed.
 
-    granted: list[int] = field(default_factory=list)
-    refused: list[int] = field(default_factory=list)
-    failed: dict[int, BaseException] = field(default_factory=dict)
-    #: masters whose reply the round did not wait for (it was decided without them)
-    unread: list[int] = field(default_factory=list)
-    #: smallest positive remaining lease (seconds) reported by a refusal, if any
-    holder_ttl: float | None = None
-    wrong_type: LockKeyTypeError | None = None
+    (A plain class with slots: one is made per round, and a dataclass with factory
+    defaults costs more to make.)"""
+
+    __slots__ = ("failed", "granted", "holder_ttl", "refused", "unread", "wrong_type")
+
+    def __init__(self) -> None:
+        self.granted: list[int] = []
+        self.refused: list[int] = []
+        self.failed: dict[int, BaseException] = {}
+        #: masters whose reply the round did not wait for (it was decided without them)
+        self.unread: list[int] = []
+        #: smallest positive remaining lease (seconds) reported by a refusal, if any
+        self.holder_ttl: float | None = None
+        self.wrong_type: LockKeyTypeError | None = None
 
 
 def tally_grants(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tally:

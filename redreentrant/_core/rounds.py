@@ -114,15 +114,6 @@ def acquire_steps(
     # A fenced round may end once a quorum granted with counters that were kept.
     early = Early(q.needed, kept_counter) if fenced else q.until_granted
 
-    def undo() -> Fanout:  # made only when needed: the usual grant never undoes
-        # The undo's replies are read before the owner's next round: a master that
-        # forgot the scripts (NOSCRIPT) is then sent the undo again rather than left
-        # holding the grant, and the owner's next try, which may go out on another
-        # connection, cannot reach a master before this undo did. (A master that does
-        # not answer in time fails fast from then on: see .fanout.)
-        undo_call = kind.undo(name, owner, count - 1, release_id(owner))
-        return q.everywhere(undo_call, cleanup=True)
-
     channel = kind.wake_channel(name, owner)
     key = kind.key(name)
     generation: int | None = None
@@ -150,7 +141,7 @@ def acquire_steps(
             wait_s = 0.0
             if blocking and count == 1:
                 wait_s = lease if deadline is None else min(lease, deadline - started)
-            wait_ms = lease_ms(wait_s) if wait_s > 0 else 0
+            wait_ms = ms if wait_s == lease else lease_ms(wait_s) if wait_s > 0 else 0
             registered = registered or wait_ms > 0
             if registered and first_try is None:
                 first_try = started
@@ -162,7 +153,7 @@ def acquire_steps(
                 replies = yield acquire
             except BaseException:
                 # Interrupted mid-round: some masters may have granted.
-                yield undo()
+                yield _undo(q, kind, name, owner, count)
                 raise
             tally = tally_grants(q, key, replies)
             valid_until = started + lease - q.drift(lease)
@@ -174,7 +165,7 @@ def acquire_steps(
                     token = token_of(q, name, tally.granted, replies)
                     proven = token is not None and (yield from _write_back(q, kind, name, token))
                 except BaseException:  # FencingError, or interrupted: held nowhere after
-                    yield undo()
+                    yield _undo(q, kind, name, owner, count)
                     raise
                 now = q.clock()
                 if proven and valid_until > now:
@@ -185,7 +176,7 @@ def acquire_steps(
             if tally.granted or tally.failed or tally.unread:
                 # Undo everywhere, also where the reply was lost or not read: such a
                 # master may have granted.
-                yield undo()
+                yield _undo(q, kind, name, owner, count)
                 settle = None
                 if tally.granted:
                     settle = kind.settle(name, owner, replies, release_id(owner))
@@ -247,6 +238,18 @@ def acquire_steps(
     except BaseException:
         yield from _give_up(q, kind, name, owner, channel, woken, registered)
         raise
+
+
+def _undo(q: Quorum, kind: LockKind, name: str, owner: str, count: int) -> Fanout:
+    """The round that takes back a try that did not win (see :func:`acquire_steps`).
+
+    Its replies are read before the owner's next round: a master that forgot the
+    scripts (NOSCRIPT) is then sent the undo again rather than left holding the grant,
+    and the owner's next try, which may go out on another connection, cannot reach a
+    master before this undo did. (A master that does not answer in time fails fast from
+    then on: see .fanout.)"""
+    undo_call = kind.undo(name, owner, count - 1, release_id(owner))
+    return q.everywhere(undo_call, cleanup=True)
 
 
 def _handed_grant(q: Quorum, handover: Handover, first_try: float | None, ms: int) -> Grant | None:
@@ -344,17 +347,18 @@ def release_steps(
     deferred = False
     woken: tuple[str, ...] = ()
     if channels:
-        handed: tuple[tuple[str, Handover], ...] = ()
+        woken = woken_by(replies)
+        # A master hands the lock over only to a waiter it woke.
+        handed: tuple[tuple[str, Handover], ...] = (
+            tuple(handed_over(replies, started).items()) if woken and handover_ms else ()
+        )
         # On one master, a lost reply may hide a hand-over to any of our waiters: all
         # of them are told, and find out by trying.
         everyone = bool(handover_ms) and any(not isinstance(r[0], list) for r in replies)
-        if handover_ms:
-            handed = tuple(handed_over(replies, started).items())
         # Only a master that said so: one whose reply was lost (slow, or frozen) is
         # not worth a round of wake-ups on every master; on one master the caller
         # sends it anyway (the release fails).
         deferred = defer and _deferred(replies)
-        woken = woken_by(replies)
         if woken or everyone or not deferred:  # a deferred wake-up wakes nobody yet
             yield Notify(channels, rid, woken, handed, everyone)
     if len(tally.granted) >= q.needed:

@@ -41,6 +41,9 @@ class SyncDriver:
                     # Most effects are rounds: carried out without a dispatch call.
                     if type(effect) is Fanout:
                         result = fanout(effect)
+                    elif type(effect) is Notify:  # the next most common: every release
+                        self.hub.notify(effect)
+                        result = None
                     else:
                         result = self._carry_out(effect, watched)
                 except BaseException as error:

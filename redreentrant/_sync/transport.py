@@ -245,7 +245,7 @@ class SyncTransport:
                 else:
                     fan.failed(i, error)
                 continue
-            if m.suspect:
+            if m.suspect_since is not None:
                 self._suspect(fan, i, now)
                 continue
             try:
@@ -274,21 +274,22 @@ class SyncTransport:
         # The master timeout runs from when the last request went out, so a slow connect
         # to one master does not eat the others' time.
         deadline = time.monotonic() + self.timeout
-        for i, conn, prior, at in sent + late:
-            count = fan.count(i)
+        if late:
+            sent += late
+        for i, conn, prior, at in sent:
+            count = len(fan.calls[i])
             if fan.decided:
                 fan.unread(i)
                 self._masters[i].behind.append(Behind.after(prior, conn, count, at))
                 continue
             fan.answered(i, self._read(i, conn, prior, count, at, deadline))
-        # A redo is a round trip of its own, with a time-out of its own.
-        redo_deadline = None
-        for i in fan.targets:
-            redo = fan.reload(i)
-            if redo is not None:
-                if redo_deadline is None:
-                    redo_deadline = time.monotonic() + self.timeout
-                fan.reloaded(i, self._run(i, redo, redo_deadline))
+        if fan.noscript:
+            # A redo is a round trip of its own, with a time-out of its own.
+            redo_deadline = time.monotonic() + self.timeout
+            for i in fan.targets:
+                redo = fan.reload(i)
+                if redo is not None:
+                    fan.reloaded(i, self._run(i, redo, redo_deadline))
         return fan.results
 
     def _take_behind(self, i: int, now: float) -> Behind | None:
