@@ -1,5 +1,5 @@
 -- name: acquire
--- version: 4
+-- version: 5
 -- Takes a free exclusive lock, or re-enters it, as a hash owner -> hold count.
 -- The key is created only by a first hold (count 1): a re-entry whose hold is gone
 -- is refused, so a lost lease is never silently taken again under an old count.
@@ -11,6 +11,11 @@
 -- registered waiters one at a time, in the order their registrations end (see
 -- release.lua). A grant ends the owner's registration. KEYS[2] lives exactly as long as
 -- its last registration, and is gone once it holds none.
+-- A polite first hold (ARGV[5] > 0: an owner whose release just woke a waiter, on
+-- several masters, where nothing is reserved) is refused, although the lock is free,
+-- while another owner is registered: the waiter woken keeps its place until it takes
+-- the lock (release.lua), so it goes first however long it takes to come, up to
+-- ARGV[5] ms; the polite owner registers behind the others.
 -- KEYS[1]  the lock hash
 -- KEYS[2]  zset of registered waiters: owner -> end of its registration (server ms)
 -- KEYS[3]  the reservation: the owner id a release woke, with a short PTTL
@@ -19,21 +24,42 @@
 -- ARGV[3]  hold count to record on a grant (1 takes the lock, >1 re-enters)
 -- ARGV[4]  ms the owner stays registered as a waiter if refused (0: do not register;
 --          a re-entry never registers)
+-- ARGV[5]  (optional) polite: the most ms a free lock is left to the registered
+--          waiters; '0' or absent: not polite
 -- Reply    {1, count} granted; {0, pttl} refused: pttl is the holder's remaining
---          lease in ms (or what is left of the reservation that refused it), or -2
---          when the key is absent (a re-entry whose hold is gone)
+--          lease in ms (or what is left of the reservation that refused it, or of the
+--          first other registration that refused a polite hold, at most ARGV[5]), or
+--          -2 when the key is absent (a re-entry whose hold is gone)
 local count = tonumber(ARGV[3])
+local polite = tonumber(ARGV[5] or '0')
 local free = false
 local pttl = -2
+local now = nil
+local function server_ms()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 if count == 1 and redis.call('exists', KEYS[1]) == 0 then
   local reserved = redis.call('get', KEYS[3])
-  if not reserved or reserved == ARGV[1] then
+  if reserved and reserved ~= ARGV[1] then
+    pttl = redis.call('pttl', KEYS[3])
+  else
     free = true
-    if reserved then
+    if polite > 0 and redis.call('exists', KEYS[2]) == 1 then
+      now = server_ms()
+      redis.call('zremrangebyscore', KEYS[2], '-inf', now)
+      local first = redis.call('zrange', KEYS[2], 0, 1, 'withscores')
+      for i = 1, #first, 2 do
+        if first[i] ~= ARGV[1] then
+          free = false
+          pttl = math.max(1, math.min(polite, tonumber(first[i + 1]) - now))
+          break
+        end
+      end
+    end
+    if free and reserved then
       redis.call('del', KEYS[3])
     end
-  else
-    pttl = redis.call('pttl', KEYS[3])
   end
 end
 if free or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
@@ -47,8 +73,7 @@ if pttl == -2 then
 end
 local wait = tonumber(ARGV[4])
 if count == 1 and wait > 0 then
-  local t = redis.call('time')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = now or server_ms()
   redis.call('zremrangebyscore', KEYS[2], '-inf', now)
   -- NX: a waiter that tries again keeps its place (and its registration's end); once
   -- that end passed it was purged above, and registers anew at the back.

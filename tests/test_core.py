@@ -33,7 +33,7 @@ from redreentrant._core.mock import FakeClock, MockTransport
 from redreentrant._core.quorum import Quorum, lease_ms
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
-from redreentrant._core.turns import COURTESY, GRACE, TENURE, Due
+from redreentrant._core.turns import COURTESY_MS, GRACE, TENURE, Due
 from redreentrant._core.watchdog import (
     RENEW_CHUNK,
     SPREAD,
@@ -46,6 +46,8 @@ from redreentrant._sync.driver import SyncDriver
 from redreentrant._sync.waker import Waker
 
 LEASE = 3.0
+#: how long a woken waiter keeps its place (KEEP_MS of lua/release.lua)
+KEEP_S = 1.0
 DRIFT = LEASE * 0.01 + 0.002
 
 
@@ -62,6 +64,9 @@ class Master:
         self.waiters: dict[str, dict[str, float]] = {}
         #: reservations per key: (owner, end)
         self.reserved: dict[str, tuple[str, float]] = {}
+        #: the waiters woken per waiters key, which keep their place (for polite
+        #: tries) until they take the lock or KEEP_S passed: owner -> end
+        self.kept: dict[str, dict[str, float]] = {}
 
     def registered(self, key: str) -> list[str]:
         """The live registrations under ``key``, the one ending first first."""
@@ -97,6 +102,7 @@ class Master:
                     return owner, handover_ms, 0
                 if reserve_ms and owner.rpartition(":")[0] != manager:
                     self.reserved[reserved] = (owner, self.clock() + reserve_ms / 1000)
+                self.kept.setdefault(key, {})[owner] = self.clock() + KEEP_S
                 return owner, 0, 0
         return "", 0, 0
 
@@ -108,19 +114,35 @@ class Master:
     def run(self, call: Call) -> Reply:
         name, keys, args = call.script.name, call.keys, call.args
         if name == "acquire":
-            (key, waiters, reserved), (owner, lease_ms, count, wait_ms) = keys, args
+            (key, waiters, reserved), (owner, lease_ms, count, wait_ms) = keys, args[:4]
+            polite = int(args[4]) if len(args) > 4 else 0
             held = self._hash(key)
             holder = self.reservation(reserved)
             free = int(count) == 1 and not held and holder in (None, owner)
-            if owner in held or free:
+            now = self.clock()
+            ahead = sorted(
+                end
+                for o, end in {
+                    **self.waiters.get(waiters, {}),
+                    **self.kept.get(waiters, {}),
+                }.items()
+                if o != owner and end > now
+            )
+            polite_ttl = (
+                min(polite, int((ahead[0] - now) * 1000)) if free and polite and ahead else 0
+            )
+            if owner in held or (free and not polite_ttl):
                 self.reserved.pop(reserved, None)
                 self.hashes[key] = {**held, str(owner): int(count)}
                 self.expires[key] = self.clock() + int(lease_ms) / 1000
                 self.waiters.get(waiters, {}).pop(str(owner), None)
+                self.kept.get(waiters, {}).pop(str(owner), None)
                 return [1, int(count)]
             ttl = int((self.expires[key] - self.clock()) * 1000) if held else -2
             if not held and holder is not None:
                 ttl = int((self.reserved[reserved][1] - self.clock()) * 1000)
+            if polite_ttl:
+                ttl = polite_ttl
             if int(count) == 1 and int(wait_ms) > 0:
                 registered = self.waiters.setdefault(waiters, {})
                 registered[str(owner)] = self.clock() + int(wait_ms) / 1000
@@ -580,15 +602,42 @@ def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_
     release(w)
     assert armed == [] and w.hub.notices[-1][1] == (other,)
     assert all(not m.reserved for m in w.masters)
-    # The releasing owner's next try waits first, for the woken waiter to take the lock.
-    w.hub.pauses.clear()
+    # The releasing owner's next try is polite: refused although the lock is free, while
+    # the woken waiter keeps its place, however long that waiter takes to come; the
+    # owner registers behind it, and waits no longer than the courtesy.
+    me = w.engine.owner_id()
+    seen: list[list[list[str]]] = []
+
+    def waiter_comes() -> None:
+        if not seen:
+            assert all(not m._hash(lock_key("x")) for m in w.masters)  # still free
+            seen.append(registered(w))
+            for m in w.masters:
+                assert m.run(EXCLUSIVE.acquire("x", other, lease_ms(LEASE), 1, 0)) == [1, 1]
+
+    w.hub.on_wait = waiter_comes
+    assert not w.acquire(blocking=True, timeout=0.2)
+    assert seen == [[[me]] * 5]  # registered (the woken waiter's place is kept apart)
+    assert w.hub.pauses == [] and w.hub.waits[0] == pytest.approx(COURTESY_MS / 1000 + 0.001)
+    # Once only: when the lock is free again, the owner's next acquire is a plain one.
+    for m in w.masters:
+        m.run(EXCLUSIVE.release("x", other, 0, "r1"))
+    w.hub.on_wait = lambda: None
     assert w.acquire(blocking=True, timeout=1.0)
-    assert w.hub.pauses == [pytest.approx(COURTESY)]
-    # Once only: its next acquire tries at once.
+    assert [len(c.args) for per in w.transport.rounds[-1] for c in per] == [4] * 5
+
+
+def test_a_polite_try_that_no_woken_waiter_answers_waits_the_courtesy_then_takes_the_lock() -> None:
+    w, _, _ = contended(size=5)
+    assert w.acquire()
+    w.clock.advance(TENURE * 1.1)
     release(w)
-    w.hub.pauses.clear()
-    assert w.acquire(blocking=True, timeout=1.0)
-    assert w.hub.pauses == []
+    w.hub.waits.clear()
+    # The woken waiter never comes: the owner's polite try is refused, it waits the
+    # courtesy, and its next (plain) try takes the free lock.
+    assert w.acquire(blocking=True, timeout=10.0)
+    assert w.hub.waits == [pytest.approx(COURTESY_MS / 1000 + 0.001, abs=0.002)]
+    assert all(m.registered(waiters_key("x")) == [] for m in w.masters)  # its place ended
 
 
 def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_release_id() -> None:

@@ -24,7 +24,10 @@ import redis
 from workers import contend, take
 
 from redreentrant import LockManager
+from redreentrant._core import turns
+from redreentrant._core.effects import Call
 from redreentrant._core.keys import PREFIX, home_channel, lock_key, waiters_key, wake_channel
+from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant.asyncio import LockManager as AsyncLockManager
 from redreentrant.testing import LocalEnsemble
 from redreentrant.testing.proxy import TcpProxy
@@ -214,6 +217,72 @@ def test_managers_on_several_masters_keep_the_lock_for_a_turn_each_in_turn(
         acquires = delta(before[i], after[i], "evalsha", "eval") - total
         assert acquires <= 1.6 * total, f"{url}: {acquires / total:.2f} acquires per increment"
     assert min(done) >= total / workers / 4, done
+    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+
+
+def run_call(url: str, call: Call) -> Any:
+    """Run one script call on ``url`` as an owner of no manager (a raw client)."""
+    with redis.Redis.from_url(url, decode_responses=True) as r:
+        return r.eval(call.script.source, len(call.keys), *call.keys, *call.args)
+
+
+def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
+    ensemble: LocalEnsemble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A waiter woken at the end of a turn may take long to come (its thread waits for
+    # the interpreter, its process to be scheduled). The releasing owner coming straight
+    # back must not take the free lock from under it meanwhile: that is how a manager
+    # per thread on several masters starved. Here the waiter is a raw client that
+    # comes 0.1 s after its wake-up; the courtesy is made long, so the test does not
+    # depend on how fast this machine is.
+    monkeypatch.setattr(turns, "COURTESY_MS", 5000, raising=False)
+    urls, name = ensemble.urls[:3], "slow-woken"
+    slow = "slow-manager:t1"
+    listeners = [redis.Redis.from_url(url).pubsub() for url in urls]
+    try:
+        for p in listeners:
+            p.subscribe(home_channel("slow-manager"))
+            assert p.get_message(timeout=10) is not None  # the subscription's confirmation
+        with LockManager(urls, lease=30.0) as mgr:
+            # A first wait makes the manager hear its home channel (until every master
+            # confirmed it, a wait counts as woken at once: a wake-up may be missed).
+            for url in urls:
+                assert run_call(url, EXCLUSIVE.acquire("warm-up", slow, 200, 1, 0)) == [1, 1]
+            with mgr.lock("warm-up"):
+                pass
+            lock = mgr.lock(name)
+            lock.acquire()
+            for url in urls:  # refused, registered as a waiter
+                assert run_call(url, EXCLUSIVE.acquire(name, slow, 30_000, 1, 30_000))[0] == 0
+            time.sleep(turns.TENURE * 3)  # the turn is over: the release wakes the waiter
+            lock.release()
+            for p in listeners:
+                message = p.get_message(timeout=10)
+                assert message is not None and slow in message["data"].decode()
+            outcome: list[object] = []
+
+            def slow_waiter() -> None:
+                try:
+                    wait_until(lambda: all(len(r) == 2 for r in registered(ensemble, name)[:3]))
+                    time.sleep(0.1)  # the waiter is slow
+                    outcome.extend(
+                        run_call(url, EXCLUSIVE.acquire(name, slow, 30_000, 1, 0)) for url in urls
+                    )
+                    for url in urls:  # its release wakes the owner, registered behind it
+                        run_call(url, EXCLUSIVE.release(name, slow, 0, "slow-manager:1"))
+                except BaseException as error:
+                    outcome.append(error)
+
+            waiter = threading.Thread(target=slow_waiter, daemon=True)
+            waiter.start()
+            # The same owner (thread) comes straight back: it waits for its turn.
+            assert lock.acquire(timeout=30)
+            waiter.join(timeout=30)
+            assert outcome == [[1, 1]] * 3  # the woken waiter took the lock first
+            lock.release()
+    finally:
+        for p in listeners:
+            p.close()
     assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
 
 

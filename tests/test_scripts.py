@@ -22,7 +22,7 @@ from redreentrant._core.keys import (
 #: name -> (version, first 16 hex digits of the text's SHA-256). A script edit must bump
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
-    "acquire": (4, "56b5dc6795b4e626"),
+    "acquire": (5, "234dd23525740959"),
     "release": (9, "f153e1482237ae31"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
@@ -73,8 +73,10 @@ RESERVED = reserved_key("job")
 KEYS = [KEY, WAITERS, RESERVED]
 
 
-def acquire(r: fakeredis.FakeRedis, owner: str, count: int = 1, wait: int = 0) -> object:
-    return run(r, scripts.ACQUIRE, KEYS, owner, 5000, count, wait)
+def acquire(
+    r: fakeredis.FakeRedis, owner: str, count: int = 1, wait: int = 0, polite: int = 0
+) -> object:
+    return run(r, scripts.ACQUIRE, KEYS, owner, 5000, count, wait, *([polite] if polite else []))
 
 
 def release(
@@ -298,6 +300,34 @@ def test_a_woken_waiter_of_another_manager_has_the_lock_reserved_until_it_takes_
     assert r.zrange(WAITERS, 0, -1) == [b"m2:b", b"m1:a"]
     assert acquire(r, "m2:b") == [1, 1]  # the woken waiter takes it
     assert not r.exists(RESERVED) and r.zrange(WAITERS, 0, -1) == [b"m1:a"]
+
+
+def test_a_polite_acquire_lets_a_registered_waiter_go_first_for_a_while_at_most(
+    r: fakeredis.FakeRedis,
+) -> None:
+    hub2 = home(r, "m2")
+    acquire(r, "m1:a")
+    acquire(r, "m2:b", wait=30000)
+    assert release(r, "m1:a", 0, "r1") == [0, b"m2:b", 0, 0]  # several masters: no reservation
+    # The releasing owner's polite try: refused although the lock is free, told at most
+    # the courtesy, and registered behind the woken waiter.
+    status, ttl = acquire(r, "m1:a", wait=30000, polite=50)  # type: ignore[misc]
+    assert status == 0 and 0 < ttl <= 50
+    assert not r.exists(KEY) and r.zrange(WAITERS, 0, -1) == [b"m2:b", b"m1:a"]
+    # A plain try is not polite: anyone else may still take a free lock.
+    assert acquire(r, "m3:c") == [1, 1]
+    r.delete(KEY)
+    assert acquire(r, "m2:b") == [1, 1]  # the woken waiter
+    r.delete(KEY)
+    r.zrem(WAITERS, "m1:a")
+    # With nobody else registered (its own place does not count), a polite try takes it.
+    assert acquire(r, "m3:c") == [1, 1]
+    assert acquire(r, "m4:d", wait=30000)[0] == 0  # type: ignore[index]
+    r.delete(KEY)
+    assert r.zrange(WAITERS, 0, -1) == [b"m4:d"]
+    assert acquire(r, "m4:d", polite=50) == [1, 1]
+    assert not r.exists(WAITERS)
+    hub2.close()
 
 
 def test_a_reservation_ends_by_itself(r: fakeredis.FakeRedis) -> None:

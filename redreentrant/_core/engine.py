@@ -259,16 +259,16 @@ class Engine:
         site = call_site(caller)
         deadline = None if timeout == -1 or not blocking else self.clock() + timeout
         # After its turn on several masters, an owner lets the waiter woken go first.
-        courtesy = self.turns.courtesy(kind, name, owner) if q.size > 1 else 0.0
+        polite = self.turns.polite(kind, name, owner) if q.size > 1 else 0
         listener = settings.listener
         if listener is not None:
             return (yield from self._acquire_told(
                 listener, kind, name, owner, lease, lease_s, deadline, blocking, fencing, cap,
-                signal, site, courtesy,
+                signal, site, polite,
             ))  # fmt: skip
         steps = acquire_steps(
             q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed, fencing,
-            None, courtesy,
+            None, polite,
         )  # fmt: skip
         grant = yield from steps
         if grant is not None and self.closed:
@@ -289,7 +289,7 @@ class Engine:
         cap: float | None,
         signal: Signal | None,
         site: CallSite | str,
-        courtesy: float,
+        polite: int,
     ) -> Steps[bool]:
         """:meth:`acquire`'s first hold, telling ``listener`` what happens."""
         info = LockInfo(name, kind.label, owner)
@@ -302,7 +302,7 @@ class Engine:
 
         steps = acquire_steps(
             self.quorum, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed,
-            fencing, contended, courtesy,
+            fencing, contended, polite,
         )  # fmt: skip
         try:
             grant = yield from steps

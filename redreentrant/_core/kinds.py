@@ -65,11 +65,17 @@ class LockKind:
         """Channels whose local waiters a full release here should wake at once."""
         return (keys.wake_channel(name),)
 
-    def acquire(self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int) -> Call:
+    def acquire(
+        self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int, polite_ms: int = 0
+    ) -> Call:
         """Take (count 1) or re-enter (count > 1); replies ``{1, n}`` or ``{0, ms}``.
 
-        A refused take registers the owner as a waiter for ``wait_ms`` (0: not at all)."""
-        return Call(scripts.ACQUIRE, self._keys(name), (owner, lease_ms, count, wait_ms))
+        A refused take registers the owner as a waiter for ``wait_ms`` (0: not at all).
+        A ``polite_ms`` take (see :mod:`.turns`) is refused, although the lock is free,
+        while another owner is registered, and told what is left of that registration,
+        at most ``polite_ms``."""
+        args = (owner, lease_ms, count, wait_ms)
+        return Call(scripts.ACQUIRE, self._keys(name), (*args, polite_ms) if polite_ms else args)
 
     def release(
         self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
@@ -214,7 +220,10 @@ class _ReadWriteKind(LockKind):
     def notify_channels(self, name: str) -> tuple[str, ...]:
         return self._channels(name)
 
-    def acquire(self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int) -> Call:
+    def acquire(
+        self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int, polite_ms: int = 0
+    ) -> Call:
+        # Never polite: a read/write lock takes no turns (it does not hand over).
         return Call(
             scripts.RWLOCK,
             self._keys(name),
@@ -336,7 +345,10 @@ class FairKind(LockKind):
     def notify_channels(self, name: str) -> tuple[str, ...]:
         return ()  # the next owner is chosen in Redis and woken through its own channel
 
-    def acquire(self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int) -> Call:
+    def acquire(
+        self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int, polite_ms: int = 0
+    ) -> Call:
+        # Never polite: the queue decides who goes first.
         return Call(
             scripts.FAIRLOCK, self._keys(name), ("acquire", owner, lease_ms, count, wait_ms)
         )

@@ -91,7 +91,7 @@ def acquire_steps(
     closed: Callable[[], bool] = lambda: False,
     fencing: bool = False,
     contended: Callable[[Tally], None] | None = None,
-    courtesy: float = 0.0,
+    polite_ms: int = 0,
 ) -> Steps[Grant | None]:
     """Take (``count == 1``) or re-enter (``count > 1``) a lock.
 
@@ -99,9 +99,10 @@ def acquire_steps(
     time. Re-entry never waits: it succeeds, or raises :class:`LockLostError` because
     the owner's hold is gone. A waiter whose manager was closed (``closed()``) gives up
     with :class:`ManagerClosedError` before its next try. ``contended`` (if given) is
-    told of every round that did not win. ``courtesy`` (seconds) delays a blocking
-    first hold's first try: after its turn, the owner lets the waiter woken go first
-    (see :mod:`.turns`).
+    told of every round that did not win. With ``polite_ms``, a blocking first hold's
+    first try is polite: after its turn, the owner lets the waiter woken go first (the masters
+    refuse it while another owner is registered, telling it to wait at most that long;
+    see :mod:`.turns`); its later tries are not.
 
     With ``fencing`` (a first hold of a kind that supports it), each try also steps the
     lock's fencing counters (see :mod:`.fencing`), and a grant is returned only once
@@ -130,8 +131,7 @@ def acquire_steps(
     # fenced one needs a token, which only a round of its own steps.
     handing = kind.hands_over and count == 1 and not fenced
     splits = 0
-    if courtesy > 0 and blocking and count == 1:
-        yield Pause(courtesy if deadline is None else max(0.0, min(courtesy, deadline - q.clock())))
+    polite = polite_ms if count == 1 and blocking else 0
     try:
         while True:
             if closed():
@@ -145,7 +145,8 @@ def acquire_steps(
             registered = registered or wait_ms > 0
             if registered and first_try is None:
                 first_try = started
-            calls = [kind.acquire(name, owner, ms, count, wait_ms)]
+            calls = [kind.acquire(name, owner, ms, count, wait_ms, polite)]
+            polite = 0
             if fenced:
                 calls.append(kind.fence_next(name, owner, FENCE_TTL_MS))
             acquire = q.everywhere(*calls, early=early)

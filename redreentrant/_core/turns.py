@@ -18,8 +18,14 @@ lock keeps it for a *turn*:
     (``lua/acquire.lua``), or handed over to it if it is an owner of the same manager
     (see :func:`.rounds.release_steps`);
   - on several masters, which could reserve it for different waiters and split the
-    vote, the releasing owner's next acquire of the lock waits :data:`COURTESY` before
-    its first try (:meth:`Turns.courtesy`), the time a woken waiter takes to come.
+    vote, the releasing owner's next acquire of the lock (within :data:`COURTESY_MS`)
+    makes a *polite* first try (:meth:`Turns.polite`, ``lua/acquire.lua``): the masters
+    refuse it, although the lock is free, while another owner is registered there, as
+    the waiter woken is until it takes the lock. The releasing owner then registers
+    behind the others, and the woken waiter goes first however long it takes to come
+    (a thread that waits for the interpreter, a process to be scheduled), up to
+    :data:`COURTESY_MS`: a refused polite try is told to wait no longer than that, so a
+    woken waiter that never comes holds the free lock up that long at most.
 
 The threads (or tasks) of one manager thus also take turns of :data:`TENURE`: a thread
 that hands the lock to another costs a thread switch, which is dearer than the round
@@ -53,9 +59,10 @@ GRACE = 0.002
 #: how long (ms) a lock stays reserved for the waiter a release woke
 RESERVE_MS = 50
 
-#: several masters: how long (seconds) an owner whose release ended its manager's turn
-#: and woke a waiter lets that waiter take the lock, before its own next try
-COURTESY = 0.003
+#: several masters: how long (ms) an owner whose release ended its manager's turn and
+#: woke a waiter lets that waiter go first: its next acquire within that time is polite,
+#: and a refused polite try waits that long at most before it tries as usual
+COURTESY_MS = 50
 
 #: how many locks' turns a manager keeps (a hold freed by the watchdog, its owner
 #: gone, never tells its turn's end: then it starts afresh)
@@ -84,8 +91,7 @@ class Turns:
         self._since: dict[tuple[LockKind, str], float] = {}
         #: the deferred wake-ups: lock -> when to send it
         self._pending: dict[tuple[LockKind, str], float] = {}
-        #: several masters: (lock, owner) -> until when that owner lets the woken waiter
-        #: take the lock
+        #: several masters: (lock, owner) -> until when that owner's next acquire is polite
         self._courtesy: dict[tuple[LockKind, str, str], float] = {}
 
     def granted(self, kind: LockKind, name: str) -> None:
@@ -109,7 +115,7 @@ class Turns:
     ) -> float | None:
         """A final release of ``name`` went through; returns when to send the wake-up
         it ``deferred`` (None if it did not: its turn is over, and the owner
-        ``courteous``, if given, lets the waiter it woke go first: see :meth:`courtesy`)."""
+        ``courteous``, if given, lets the waiter it woke go first: see :meth:`polite`)."""
         key = (kind, name)
         with self._lock:
             if not deferred:
@@ -119,20 +125,21 @@ class Turns:
                     now = self._clock()
                     if len(self._courtesy) >= MAX_TURNS:
                         self._courtesy = {k: t for k, t in self._courtesy.items() if t > now}
-                    self._courtesy[(kind, name, courteous)] = now + COURTESY
+                    self._courtesy[(kind, name, courteous)] = now + COURTESY_MS / 1000
                 return None
             due = self._clock() + GRACE
             self._pending[key] = due
             return due
 
-    def courtesy(self, kind: LockKind, name: str, owner: str) -> float:
-        """How long (seconds) ``owner`` waits before it tries to take ``name`` again:
-        after its turn ended with a wake-up, the woken waiter goes first."""
+    def polite(self, kind: LockKind, name: str, owner: str) -> int:
+        """Whether ``owner``'s acquire of ``name`` now makes a polite first try (its turn
+        ended with a wake-up, and the woken waiter goes first): the try's ``polite_ms``
+        (:data:`COURTESY_MS`), or 0. Once only."""
         if not self._courtesy:
-            return 0.0
+            return 0
         with self._lock:
             until = self._courtesy.pop((kind, name, owner), None)
-        return 0.0 if until is None else max(0.0, until - self._clock())
+        return COURTESY_MS if until is not None and until > self._clock() else 0
 
     def due(self) -> tuple[list[Due], float | None]:
         """The deferred wake-ups to send now (their turns are over), and when the next
