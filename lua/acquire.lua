@@ -1,5 +1,5 @@
 -- name: acquire
--- version: 5
+-- version: 6
 -- Takes a free exclusive lock, or re-enters it, as a hash owner -> hold count.
 -- The key is created only by a first hold (count 1): a re-entry whose hold is gone
 -- is refused, so a lost lease is never silently taken again under an old count.
@@ -9,8 +9,11 @@
 -- A refused first hold may register its owner as a waiter in KEYS[2], for ARGV[4] ms
 -- (server time), keeping its place when already registered: a release then wakes the
 -- registered waiters one at a time, in the order their registrations end (see
--- release.lua). A grant ends the owner's registration. KEYS[2] lives exactly as long as
--- its last registration, and is gone once it holds none.
+-- release.lua). A grant keeps the owner's registration, where it has one, until its
+-- final release (or abandon) ends it: a try granted here but not by a quorum (a split
+-- vote, undone) keeps its place in the same order on every master, which the masters
+-- then agree on whom to wake next. KEYS[2] lives exactly as long as its last
+-- registration, and is gone once it holds none.
 -- A polite first hold (ARGV[5] > 0: an owner whose release just woke a waiter, on
 -- several masters, where nothing is reserved) is refused, although the lock is free,
 -- while another owner is registered: the waiter woken keeps its place until it takes
@@ -65,7 +68,6 @@ end
 if free or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   redis.call('hset', KEYS[1], ARGV[1], count)
   redis.call('pexpire', KEYS[1], ARGV[2])
-  redis.call('zrem', KEYS[2], ARGV[1])
   return {1, count}
 end
 if pttl == -2 then

@@ -1,5 +1,5 @@
 -- name: release
--- version: 9
+-- version: 10
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -33,8 +33,10 @@
 --            ARGV[6] home channel prefix, ARGV[7] '1' to end the owner's own
 --            registration too (a final release: a try that reached this master too
 --            late to count may have registered it), '0' to keep it (undoing a try that
---            failed elsewhere, while still waiting), ARGV[8] (optional) a hand-over
---            lease in ms, '0' or absent for none: when the waiter to wake belongs to
+--            failed elsewhere, while still waiting: such an undo wakes nobody, for the
+--            owner undoing tries again or gives up, which wakes the next waiter, and a
+--            wake-up would draw one more contender into the split), ARGV[8]
+--            (optional) a hand-over lease in ms, '0' or absent for none: when the waiter to wake belongs to
 --            the releasing owner's own manager, it is granted the lock at once instead
 --            (hold count 1, that PTTL; its registration ends) and nothing is published:
 --            that manager reads this reply and tells it. A waiter of another manager
@@ -162,7 +164,7 @@ if count > 0 then
   return {1, ''}
 end
 redis.call('hdel', hash, owner)
-if redis.call('exists', hash) == 1 then
+if redis.call('exists', hash) == 1 or ARGV[7] == '0' then
   return {0, '', 0, 0}
 end
 local woken, handed, deferred = wake_next(ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[8] or '0'),

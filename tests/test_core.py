@@ -135,8 +135,7 @@ class Master:
                 self.reserved.pop(reserved, None)
                 self.hashes[key] = {**held, str(owner): int(count)}
                 self.expires[key] = self.clock() + int(lease_ms) / 1000
-                self.waiters.get(waiters, {}).pop(str(owner), None)
-                self.kept.get(waiters, {}).pop(str(owner), None)
+                # The registration stays until the final release (lua/acquire.lua).
                 return [1, int(count)]
             ttl = int((self.expires[key] - self.clock()) * 1000) if held else -2
             if not held and holder is not None:
@@ -174,6 +173,7 @@ class Master:
             (key, waiters, reserved), owner, left, leave = keys, str(args[1]), int(args[2]), args[6]
             if leave == "1":
                 self.waiters.get(waiters, {}).pop(owner, None)
+                self.kept.get(waiters, {}).pop(owner, None)
             held = self._hash(key)
             if owner not in held:
                 return [-1, ""]
@@ -181,6 +181,10 @@ class Master:
                 held[owner] = left
                 return [1, ""]
             del held[owner]
+            if not held and leave == "0":  # an undo wakes nobody
+                self.hashes.pop(key, None)
+                self.expires.pop(key, None)
+                return [0, "", 0, 0]
             if not held:
                 self.hashes.pop(key, None)
                 self.expires.pop(key, None)
@@ -403,7 +407,11 @@ def test_a_refused_waiter_registers_on_the_masters_and_subscribes_no_lock_channe
     first = w.transport.rounds[0][0][0]
     assert first.script.name == "acquire" and first.args[3] == lease_ms(LEASE)
     assert seen and all(per == [[owner]] * 5 for per in seen)  # registered while it waits
-    assert registered(w) == [[]] * 5  # the grant ended the registration
+    # The registration stays while it holds (a split vote's undo keeps its place), and
+    # its release ends it.
+    assert registered(w) == [[owner]] * 5
+    w.run(w.engine.release(EXCLUSIVE, "x", owner, False))
+    assert registered(w) == [[]] * 5
 
 
 def test_a_waiter_that_gives_up_takes_its_registration_back() -> None:
@@ -637,6 +645,7 @@ def test_a_polite_try_that_no_woken_waiter_answers_waits_the_courtesy_then_takes
     # courtesy, and its next (plain) try takes the free lock.
     assert w.acquire(blocking=True, timeout=10.0)
     assert w.hub.waits == [pytest.approx(COURTESY_MS / 1000 + 0.001, abs=0.002)]
+    release(w)
     assert all(m.registered(waiters_key("x")) == [] for m in w.masters)  # its place ended
 
 

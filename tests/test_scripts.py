@@ -22,8 +22,8 @@ from redreentrant._core.keys import (
 #: name -> (version, first 16 hex digits of the text's SHA-256). A script edit must bump
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
-    "acquire": (5, "234dd23525740959"),
-    "release": (9, "f153e1482237ae31"),
+    "acquire": (6, "ec1df563b609ad6f"),
+    "release": (10, "4a8b162c25258dc4"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (2, "997474ce8e091d11"),
@@ -115,7 +115,7 @@ def test_acquire_refuses_another_owner_with_the_holders_ttl(r: fakeredis.FakeRed
     assert not r.exists(WAITERS)  # not asked to register
 
 
-def test_a_refused_waiter_registers_until_its_wait_ends_and_a_grant_ends_it(
+def test_a_refused_waiter_registers_until_its_wait_ends_or_its_final_release(
     r: fakeredis.FakeRedis,
 ) -> None:
     acquire(r, "m:a")
@@ -126,7 +126,11 @@ def test_a_refused_waiter_registers_until_its_wait_ends_and_a_grant_ends_it(
     assert acquire(r, "m:a", count=2, wait=3000) == [1, 2]  # a re-entry never registers
     r.delete(KEY)
     assert acquire(r, "m:b", wait=3000) == [1, 1]
-    assert r.zrange(WAITERS, 0, -1) == [b"m:c"]
+    # The registration stays while it holds (an undo keeps its place): the final
+    # release ends it.
+    assert r.zrange(WAITERS, 0, -1) == [b"m:c", b"m:b"]
+    assert release(r, "m:b", 0, "r1")[0] == 0  # type: ignore[index]
+    assert b"m:b" not in r.zrange(WAITERS, 0, -1)
 
 
 def test_reentry_records_the_count_and_never_recreates_a_lost_hold(
@@ -187,8 +191,8 @@ def test_a_woken_waiter_that_loses_the_race_keeps_its_place_and_is_woken_again(
     assert r.zrange(WAITERS, 0, -1) == [b"m1:b", b"m2:c"]  # b kept its place
     assert release(r, "m0:a", 0, "r2") == [0, b"m1:b", 0, 0]  # b again, not c
     assert hub2.get_message(timeout=0.05) is None
-    assert acquire(r, "m1:b", wait=3000) == [1, 1]  # its grant ends its registration
-    assert r.zrange(WAITERS, 0, -1) == [b"m2:c"]
+    assert acquire(r, "m1:b", wait=3000) == [1, 1]
+    assert release(r, "m1:b", 0, "r3")[1] == b"m2:c"  # its release ends its place
     hub1.close()
     hub2.close()
 
@@ -299,7 +303,7 @@ def test_a_woken_waiter_of_another_manager_has_the_lock_reserved_until_it_takes_
     assert acquire(r, "m3:x")[0] == 0  # type: ignore[index]
     assert r.zrange(WAITERS, 0, -1) == [b"m2:b", b"m1:a"]
     assert acquire(r, "m2:b") == [1, 1]  # the woken waiter takes it
-    assert not r.exists(RESERVED) and r.zrange(WAITERS, 0, -1) == [b"m1:a"]
+    assert not r.exists(RESERVED) and r.zrange(WAITERS, 0, -1) == [b"m2:b", b"m1:a"]
 
 
 def test_a_polite_acquire_lets_a_registered_waiter_go_first_for_a_while_at_most(
@@ -319,14 +323,34 @@ def test_a_polite_acquire_lets_a_registered_waiter_go_first_for_a_while_at_most(
     r.delete(KEY)
     assert acquire(r, "m2:b") == [1, 1]  # the woken waiter
     r.delete(KEY)
-    r.zrem(WAITERS, "m1:a")
+    r.zrem(WAITERS, "m1:a", "m2:b")
     # With nobody else registered (its own place does not count), a polite try takes it.
     assert acquire(r, "m3:c") == [1, 1]
     assert acquire(r, "m4:d", wait=30000)[0] == 0  # type: ignore[index]
     r.delete(KEY)
     assert r.zrange(WAITERS, 0, -1) == [b"m4:d"]
     assert acquire(r, "m4:d", polite=50) == [1, 1]
-    assert not r.exists(WAITERS)
+    assert r.zrange(WAITERS, 0, -1) == [b"m4:d"]  # until its final release
+    hub2.close()
+
+
+def test_a_try_granted_then_undone_keeps_its_place_and_its_undo_wakes_nobody(
+    r: fakeredis.FakeRedis,
+) -> None:
+    # A split vote on several masters: a waiter's try is granted on some masters, not
+    # by a quorum, and undone there. It must keep its place on every master (else the
+    # masters' queues differ, and later releases wake different waiters, which split
+    # again), and its undo must not wake another contender into the split.
+    hub1, hub2 = home(r, "m1"), home(r, "m2")
+    acquire(r, "m0:h")
+    acquire(r, "m1:a", wait=30000)
+    acquire(r, "m2:b", wait=30000)
+    r.delete(KEY)  # free on this master (as the holder's lease ended here)
+    assert acquire(r, "m1:a", wait=30000) == [1, 1]
+    assert release(r, "m1:a", 0, "r1", leave="0") == [0, b"", 0, 0]  # the undo
+    assert r.zrange(WAITERS, 0, -1) == [b"m1:a", b"m2:b"]
+    assert hub1.get_message(timeout=0.05) is None and hub2.get_message(timeout=0.05) is None
+    hub1.close()
     hub2.close()
 
 

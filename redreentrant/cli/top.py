@@ -441,7 +441,11 @@ def _rows(
                 per_master.append(PerMaster(view.master, error=first_line(view.error)))
                 continue
             lv = next((lv for lv in view.locks if lv.kind == kind), None)
-            waiting = registered if kind == "lock" else (list(lv.queue) if lv else [])
+            if kind == "lock":
+                # A holder keeps its registration until its final release: not a waiter.
+                waiting = [o for o in registered if lv is None or o not in lv.holders]
+            else:
+                waiting = list(lv.queue) if lv else []
             per_master.append(PerMaster(view.master, view=lv, waiters=waiting))
         if not any(pm.view is not None or pm.waiters for pm in per_master):
             continue
