@@ -1,5 +1,5 @@
 -- name: release
--- version: 10
+-- version: 11
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -33,9 +33,10 @@
 --            ARGV[6] home channel prefix, ARGV[7] '1' to end the owner's own
 --            registration too (a final release: a try that reached this master too
 --            late to count may have registered it), '0' to keep it (undoing a try that
---            failed elsewhere, while still waiting: such an undo wakes nobody, for the
---            owner undoing tries again or gives up, which wakes the next waiter, and a
---            wake-up would draw one more contender into the split), ARGV[8]
+--            failed elsewhere, while still waiting: such an undo wakes no registered
+--            waiter, for the owner undoing tries again or gives up, which wakes the
+--            next waiter, and a wake-up would draw one more contender into the split;
+--            it still publishes on the lock's channel for earlier versions), ARGV[8]
 --            (optional) a hand-over lease in ms, '0' or absent for none: when the waiter to wake belongs to
 --            the releasing owner's own manager, it is granted the lock at once instead
 --            (hold count 1, that PTTL; its registration ends) and nothing is published:
@@ -164,7 +165,14 @@ if count > 0 then
   return {1, ''}
 end
 redis.call('hdel', hash, owner)
-if redis.call('exists', hash) == 1 or ARGV[7] == '0' then
+if redis.call('exists', hash) == 1 then
+  return {0, '', 0, 0}
+end
+if ARGV[7] == '0' then
+  -- An undo wakes no registered waiter; waiters of an earlier version are told still.
+  if redis.call('pubsub', 'numsub', ARGV[4])[2] > 0 then
+    redis.call('publish', ARGV[4], ARGV[5])
+  end
   return {0, '', 0, 0}
 end
 local woken, handed, deferred = wake_next(ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[8] or '0'),

@@ -181,7 +181,7 @@ class Master:
                 held[owner] = left
                 return [1, ""]
             del held[owner]
-            if not held and leave == "0":  # an undo wakes nobody
+            if not held and leave == "0":  # an undo wakes no registered waiter
                 self.hashes.pop(key, None)
                 self.expires.pop(key, None)
                 return [0, "", 0, 0]

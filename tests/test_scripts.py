@@ -23,7 +23,7 @@ from redreentrant._core.keys import (
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
     "acquire": (6, "ec1df563b609ad6f"),
-    "release": (10, "4a8b162c25258dc4"),
+    "release": (11, "cc4a0fc5cb383d65"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (2, "997474ce8e091d11"),
@@ -424,6 +424,10 @@ def test_release_publishes_on_the_lock_channel_only_for_subscribers_of_it(
     release(r, "a", 0, "r2")
     message = old.get_message(timeout=1)
     assert message is not None and message["data"] == b"r2"
+    acquire(r, "a")
+    release(r, "a", 0, "r3", leave="0")  # an undo, which wakes no registered waiter
+    message = old.get_message(timeout=1)
+    assert message is not None and message["data"] == b"r3"
 
 
 def test_release_by_a_non_owner_changes_nothing(r: fakeredis.FakeRedis) -> None:
