@@ -1,14 +1,15 @@
 -- name: release
--- version: 11
+-- version: 12
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
 -- When the lock becomes free here, the registered waiter whose registration ends first
 -- is woken on its manager's home channel: the home prefix followed by the owner id
 -- less its last ':' part (an owner id is '<manager id>:<token>'), with the message
--- '<release id>\n<owner id>\n<wake channel>'. It keeps its place in KEYS[2] until it
--- takes the lock (acquire.lua), gives up ('abandon') or its registration ends, which a
--- wake-up brings forward to KEEP_MS after it at the latest: a woken waiter that loses
+-- '<release id>\n<owner id>\n<wake channel>'. It keeps its place in KEYS[2] until its
+-- final release (a grant keeps it: acquire.lua), gives up ('abandon') or its
+-- registration ends, which a wake-up brings forward to KEEP_MS after it at the latest:
+-- a woken waiter that loses
 -- the race for the lock (on several masters, a split vote) is the one woken next, not
 -- sent to the back, while one that never comes (its process frozen) holds up the
 -- waiters behind it for KEEP_MS at most. A waiter whose manager hears nothing there

@@ -235,7 +235,7 @@ def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
     # per thread on several masters starved. Here the waiter is a raw client that
     # comes 0.1 s after its wake-up; the courtesy is made long, so the test does not
     # depend on how fast this machine is.
-    monkeypatch.setattr(turns, "COURTESY_MS", 5000, raising=False)
+    monkeypatch.setattr(turns, "COURTESY_MS", 5000)
     urls, name = ensemble.urls[:3], "slow-woken"
     slow = "slow-manager:t1"
     listeners = [redis.Redis.from_url(url).pubsub() for url in urls]

@@ -100,9 +100,9 @@ def acquire_steps(
     the owner's hold is gone. A waiter whose manager was closed (``closed()``) gives up
     with :class:`ManagerClosedError` before its next try. ``contended`` (if given) is
     told of every round that did not win. With ``polite_ms``, a blocking first hold's
-    first try is polite: after its turn, the owner lets the waiter woken go first (the masters
-    refuse it while another owner is registered, telling it to wait at most that long;
-    see :mod:`.turns`); its later tries are not.
+    first try is polite: after its turn, the owner lets the waiter woken go first (the
+    masters refuse it while another owner is registered, telling it to wait at most
+    that long; see :mod:`.turns`); its later tries are not.
 
     With ``fencing`` (a first hold of a kind that supports it), each try also steps the
     lock's fencing counters (see :mod:`.fencing`), and a grant is returned only once
