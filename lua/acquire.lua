@@ -1,5 +1,5 @@
 -- name: acquire
--- version: 6
+-- version: 7
 -- Takes a free exclusive lock, or re-enters it, as a hash owner -> hold count.
 -- The key is created only by a first hold (count 1): a re-entry whose hold is gone
 -- is refused, so a lost lease is never silently taken again under an old count.
@@ -19,6 +19,11 @@
 -- while another owner is registered: the waiter woken keeps its place until it takes
 -- the lock (release.lua), so it goes first however long it takes to come, up to
 -- ARGV[5] ms; the polite owner registers behind the others.
+-- A registration's end may be proposed by the owner (ARGV[6], by its own clock, the
+-- same in every try of one acquire and on every master): the masters then order their
+-- waiters alike, whatever order the tries reached them in. It is taken only when it
+-- lies after the server's time and at most PLACE_SKEW_MS beyond now + ARGV[4] (the
+-- clocks roughly agree); otherwise the registration ends at now + ARGV[4].
 -- KEYS[1]  the lock hash
 -- KEYS[2]  zset of registered waiters: owner -> end of its registration (server ms)
 -- KEYS[3]  the reservation: the owner id a release woke, with a short PTTL
@@ -29,10 +34,13 @@
 --          a re-entry never registers)
 -- ARGV[5]  (optional) polite: the most ms a free lock is left to the registered
 --          waiters; '0' or absent: not polite
+-- ARGV[6]  (optional) the proposed end of the owner's registration, in ms since the
+--          epoch; '0' or absent: none (ARGV[5] is then sent as '0' when not polite)
 -- Reply    {1, count} granted; {0, pttl} refused: pttl is the holder's remaining
 --          lease in ms (or what is left of the reservation that refused it, or of the
 --          first other registration that refused a polite hold, at most ARGV[5]), or
 --          -2 when the key is absent (a re-entry whose hold is gone)
+local PLACE_SKEW_MS = 1000
 local count = tonumber(ARGV[3])
 local polite = tonumber(ARGV[5] or '0')
 local free = false
@@ -77,9 +85,14 @@ local wait = tonumber(ARGV[4])
 if count == 1 and wait > 0 then
   now = now or server_ms()
   redis.call('zremrangebyscore', KEYS[2], '-inf', now)
+  local ends = now + wait
+  local place = tonumber(ARGV[6] or '0')
+  if place > now and place <= ends + PLACE_SKEW_MS then
+    ends = place
+  end
   -- NX: a waiter that tries again keeps its place (and its registration's end); once
   -- that end passed it was purged above, and registers anew at the back.
-  redis.call('zadd', KEYS[2], 'NX', now + wait, ARGV[1])
+  redis.call('zadd', KEYS[2], 'NX', ends, ARGV[1])
   local last = redis.call('zrange', KEYS[2], -1, -1, 'withscores')
   redis.call('pexpire', KEYS[2], math.max(1, tonumber(last[2]) - now))
 end

@@ -48,6 +48,8 @@ from redreentrant._sync.waker import Waker
 LEASE = 3.0
 #: how long a woken waiter keeps its place (KEEP_MS of lua/release.lua)
 KEEP_S = 1.0
+#: how far beyond its own end of a registration a master takes a proposed place
+PLACE_SKEW_S = 1.0
 DRIFT = LEASE * 0.01 + 0.002
 
 
@@ -144,7 +146,11 @@ class Master:
                 ttl = polite_ttl
             if int(count) == 1 and int(wait_ms) > 0:
                 registered = self.waiters.setdefault(waiters, {})
-                registered[str(owner)] = self.clock() + int(wait_ms) / 1000
+                ends = now + int(wait_ms) / 1000
+                place = int(args[5]) / 1000 if len(args) > 5 else 0.0
+                if now < place <= ends + PLACE_SKEW_S:  # a place proposed, and plausible
+                    ends = place
+                registered[str(owner)] = ends
             return [0, ttl]
         if name == "release" and args[0] == "force":
             (key, waiters, reserved) = keys
@@ -300,6 +306,7 @@ class World:
             threading.Lock,
             self.clock,
             pick,
+            wall=self.clock,
         )
         self.driver = SyncDriver(self.transport, self.hub, self.engine.check_open)
 
@@ -624,7 +631,7 @@ def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_
                 assert m.run(EXCLUSIVE.acquire("x", other, lease_ms(LEASE), 1, 0)) == [1, 1]
 
     w.hub.on_wait = waiter_comes
-    assert not w.acquire(blocking=True, timeout=0.2)
+    assert not w.acquire(blocking=True, timeout=COURTESY_MS / 1000 + 0.1)
     assert seen == [[[me]] * 5]  # registered (the woken waiter's place is kept apart)
     assert w.hub.pauses == [] and w.hub.waits[0] == pytest.approx(COURTESY_MS / 1000 + 0.001)
     # Once only: when the lock is free again, the owner's next acquire is a plain one.
@@ -632,7 +639,7 @@ def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_
         m.run(EXCLUSIVE.release("x", other, 0, "r1"))
     w.hub.on_wait = lambda: None
     assert w.acquire(blocking=True, timeout=1.0)
-    assert [len(c.args) for per in w.transport.rounds[-1] for c in per] == [4] * 5
+    assert [c.args[4] for per in w.transport.rounds[-1] for c in per] == [0] * 5
 
 
 def test_a_polite_try_that_no_woken_waiter_answers_waits_the_courtesy_then_takes_the_lock() -> None:
@@ -647,6 +654,67 @@ def test_a_polite_try_that_no_woken_waiter_answers_waits_the_courtesy_then_takes
     assert w.hub.waits == [pytest.approx(COURTESY_MS / 1000 + 0.001, abs=0.002)]
     release(w)
     assert all(m.registered(waiters_key("x")) == [] for m in w.masters)  # its place ended
+
+
+def test_on_several_masters_a_turn_ended_by_a_deferred_wake_up_is_courteous_too() -> None:
+    # The owner did not come back within the grace, so its manager sent the wake-up: the
+    # owner's next acquire lets the waiter woken go first, as after a release that woke
+    # it (the waiter never comes here: the owner waits the courtesy, then takes it).
+    w, other, _ = contended(size=5)
+    assert w.acquire()
+    release(w)
+    w.clock.advance(GRACE * 1.5)
+    due, _ = w.engine.turns.due()
+    w.run(w.engine.send_wakes(due))
+    assert registered(w) == [[]] * 5 and all(other in m.kept[waiters_key("x")] for m in w.masters)
+    w.hub.waits.clear()
+    rounds = len(w.transport.rounds)
+    assert w.acquire(blocking=True, timeout=10.0)
+    first = w.transport.rounds[rounds]
+    assert [c.args[4] for per in first for c in per] == [COURTESY_MS] * 5  # polite
+    assert w.hub.waits == [pytest.approx(COURTESY_MS / 1000 + 0.001, abs=0.002)]
+
+
+def test_an_owner_back_while_its_deferred_wake_up_is_sent_owes_no_courtesy_later() -> None:
+    # The manager's timer decided to send the wake-up just as the owner came back and
+    # took the lock again: the owner holds it, its turn goes on, and a later acquire of
+    # it is a plain one (a courtesy left over would have it refused, its turn lost).
+    w, _, _ = contended(size=5)
+    assert w.acquire()
+    release(w)
+    w.clock.advance(GRACE * 1.5)
+    due: list[list[Due]] = []
+
+    def timer_fires(master: int, call: Call) -> None:
+        if not due:
+            due.append(w.engine.turns.due()[0])
+
+    w.on_call = timer_fires
+    assert w.acquire()  # back: its try went out as the timer fired
+    w.on_call = lambda master, call: None
+    w.run(w.engine.send_wakes(due[0]))  # held there: it wakes nobody
+    release(w)
+    w.hub.waits.clear()
+    rounds = len(w.transport.rounds)
+    assert w.acquire(blocking=True, timeout=10.0)
+    assert [c.args[4] for per in w.transport.rounds[rounds] for c in per] == [0] * 5
+    assert w.hub.waits == []
+
+
+def test_every_try_of_an_acquire_proposes_the_same_place_to_every_master() -> None:
+    # So that the masters order their waiters alike, whatever order the tries reach
+    # them in (lua/acquire.lua): the place ends a wait after the first try began.
+    w = World()
+    w.take_elsewhere(range(5), ttl=0.5)
+    began = w.clock()
+    assert w.acquire(blocking=True, timeout=10)
+    tries = [
+        [c.args[5] for per in r for c in per]
+        for r in w.transport.rounds
+        if r[0][0].script.name == "acquire"
+    ]
+    place = int(began * 1000) + lease_ms(LEASE)
+    assert len(tries) >= 2 and all(t == [place] * 5 for t in tries)
 
 
 def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_release_id() -> None:

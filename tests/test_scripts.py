@@ -22,7 +22,7 @@ from redreentrant._core.keys import (
 #: name -> (version, first 16 hex digits of the text's SHA-256). A script edit must bump
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
-    "acquire": (6, "ec1df563b609ad6f"),
+    "acquire": (7, "0fdb1e34ed434125"),
     "release": (12, "59dbddb121878805"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (1, "7a9585981bbb8ce4"),
@@ -74,9 +74,15 @@ KEYS = [KEY, WAITERS, RESERVED]
 
 
 def acquire(
-    r: fakeredis.FakeRedis, owner: str, count: int = 1, wait: int = 0, polite: int = 0
+    r: fakeredis.FakeRedis,
+    owner: str,
+    count: int = 1,
+    wait: int = 0,
+    polite: int = 0,
+    place: int = 0,
 ) -> object:
-    return run(r, scripts.ACQUIRE, KEYS, owner, 5000, count, wait, *([polite] if polite else []))
+    extra = [polite, place] if place else [polite] if polite else []
+    return run(r, scripts.ACQUIRE, KEYS, owner, 5000, count, wait, *extra)
 
 
 def release(
@@ -352,6 +358,39 @@ def test_a_try_granted_then_undone_keeps_its_place_and_its_undo_wakes_nobody(
     assert hub1.get_message(timeout=0.05) is None and hub2.get_message(timeout=0.05) is None
     hub1.close()
     hub2.close()
+
+
+def test_waiters_that_reach_the_masters_in_either_order_are_ordered_alike_by_their_places() -> None:
+    # Two waiters' tries, sent at about the same time, reach two masters in opposite
+    # orders. Registered by each master's own clock, they would be queued differently,
+    # and a release on each would wake a different one first (a split vote). The place
+    # each proposes (the same in every try, on every master) orders them alike.
+    one, two = (fakeredis.FakeRedis(server=fakeredis.FakeServer()) for _ in range(2))
+    now = int(time.time() * 1000)
+    a, b = now + 30_000, now + 29_990  # b's acquire began first
+    for master in (one, two):
+        acquire(master, "m0:h")
+    acquire(one, "m1:a", wait=30_000, place=a)
+    acquire(one, "m2:b", wait=30_000, place=b)
+    acquire(two, "m2:b", wait=30_000, place=b)
+    acquire(two, "m1:a", wait=30_000, place=a)
+    assert one.zrange(WAITERS, 0, -1) == two.zrange(WAITERS, 0, -1) == [b"m2:b", b"m1:a"]
+    assert [int(s) for _, s in one.zrange(WAITERS, 0, -1, withscores=True)] == [b, a]
+
+
+def test_an_implausible_place_is_ignored_for_the_masters_own_clock(
+    r: fakeredis.FakeRedis,
+) -> None:
+    # A client whose clock is far off proposes a place in the past (it would be purged
+    # at once) or far beyond its wait (a dead waiter's place would outlive it): the
+    # master registers it by its own clock instead.
+    acquire(r, "m0:h")
+    before = int(time.time() * 1000)
+    acquire(r, "m1:a", wait=3000, place=before - 10)
+    acquire(r, "m2:b", wait=3000, place=before + 3000 + 60_000)
+    after = int(time.time() * 1000)
+    for _, score in r.zrange(WAITERS, 0, -1, withscores=True):
+        assert before + 3000 <= score <= after + 3000
 
 
 def test_a_reservation_ends_by_itself(r: fakeredis.FakeRedis) -> None:

@@ -108,7 +108,8 @@ class Engine:
 
     The flavour injects what the core may not do itself: ``token()`` names the calling
     owner (a thread or a task), ``guard()`` makes the lock of the holds table, and
-    ``clock``/``uniform`` are the time and randomness the rounds use.
+    ``clock``/``uniform`` are the time and randomness the rounds use (``wall``, the
+    wall clock waiters tell their place in).
     """
 
     def __init__(
@@ -119,10 +120,11 @@ class Engine:
         guard: Callable[[], AbstractContextManager[object]],
         clock: Clock,
         uniform: Uniform,
+        wall: Clock = time.time,
     ) -> None:
         self.settings = settings
         self.quorum = Quorum(
-            tuple(masters), settings.drift_factor, settings.retry_jitter, clock, uniform
+            tuple(masters), settings.drift_factor, settings.retry_jitter, clock, uniform, wall
         )
         self.clock = clock
         self._token = token
@@ -542,13 +544,15 @@ class Engine:
             if defer:
                 # The master may have deferred the wake-up: send it in any case (it
                 # does nothing where the lock is held or nobody waits).
-                self._deferred_wake(kind, name)
+                self._deferred_wake(kind, name, owner if several else None)
             listener = self.settings.listener
             if listener is not None:
                 tell(partial(listener.quorum_unavailable, error.action, error.errors))
             raise
         if turns and freed.deferred:
-            self._deferred_wake(kind, name)
+            # On several masters, once the wake-up is sent, the releasing owner lets the
+            # waiter woken go first (as below).
+            self._deferred_wake(kind, name, owner if several else None)
         elif turns:
             # On several masters nothing reserves the lock for the waiter woken (they
             # could reserve it for different ones): the releasing owner lets it go first.
@@ -559,8 +563,8 @@ class Engine:
             held = self.clock() - hold.acquired_at
             tell(partial(self.settings.listener.released, info, held))
 
-    def _deferred_wake(self, kind: LockKind, name: str) -> None:
-        due = self.turns.released(kind, name, True)
+    def _deferred_wake(self, kind: LockKind, name: str, courteous: str | None) -> None:
+        due = self.turns.released(kind, name, True, courteous)
         if due is not None:
             self.on_deferred_wake(due)
 

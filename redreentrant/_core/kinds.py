@@ -66,16 +66,28 @@ class LockKind:
         return (keys.wake_channel(name),)
 
     def acquire(
-        self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int, polite_ms: int = 0
+        self,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        count: int,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
     ) -> Call:
         """Take (count 1) or re-enter (count > 1); replies ``{1, n}`` or ``{0, ms}``.
 
-        A refused take registers the owner as a waiter for ``wait_ms`` (0: not at all).
-        A ``polite_ms`` take (see :mod:`.turns`) is refused, although the lock is free,
-        while another owner is registered, and told what is left of that registration,
-        at most ``polite_ms``."""
-        args = (owner, lease_ms, count, wait_ms)
-        return Call(scripts.ACQUIRE, self._keys(name), (*args, polite_ms) if polite_ms else args)
+        A refused take registers the owner as a waiter for ``wait_ms`` (0: not at all),
+        until ``place_ms`` if given (the end the owner proposes, in ms since the epoch,
+        the same on every master: see ``lua/acquire.lua``). A ``polite_ms`` take (see
+        :mod:`.turns`) is refused, although the lock is free, while another owner is
+        registered, and told what is left of that registration, at most ``polite_ms``."""
+        args: tuple[str | int, ...] = (owner, lease_ms, count, wait_ms)
+        if place_ms:
+            args = (*args, polite_ms, place_ms)
+        elif polite_ms:
+            args = (*args, polite_ms)
+        return Call(scripts.ACQUIRE, self._keys(name), args)
 
     def release(
         self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
@@ -221,9 +233,17 @@ class _ReadWriteKind(LockKind):
         return self._channels(name)
 
     def acquire(
-        self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int, polite_ms: int = 0
+        self,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        count: int,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
     ) -> Call:
-        # Never polite: a read/write lock takes no turns (it does not hand over).
+        # Never polite: a read/write lock takes no turns (it does not hand over). No
+        # place either: its waiting writers are woken by broadcast, not in order.
         return Call(
             scripts.RWLOCK,
             self._keys(name),
@@ -346,9 +366,16 @@ class FairKind(LockKind):
         return ()  # the next owner is chosen in Redis and woken through its own channel
 
     def acquire(
-        self, name: str, owner: str, lease_ms: int, count: int, wait_ms: int, polite_ms: int = 0
+        self,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        count: int,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
     ) -> Call:
-        # Never polite: the queue decides who goes first.
+        # Never polite, and no proposed place: fairlock.lua keeps its own queue.
         return Call(
             scripts.FAIRLOCK, self._keys(name), ("acquire", owner, lease_ms, count, wait_ms)
         )

@@ -12,7 +12,8 @@ from functools import cached_property
 from .effects import UNREAD, Call, Early, Fanout, Handover, Reply
 from .errors import LockKeyTypeError, QuorumUnavailableError
 
-#: A monotonic clock (seconds): ``time.monotonic`` unless a test injects another.
+#: A clock (seconds): ``time.monotonic`` (or ``time.time``, for a wall clock) unless a
+#: test injects another.
 Clock = Callable[[], float]
 #: ``uniform(a, b)``: a random float in ``[a, b]`` (``random.uniform`` unless injected).
 Uniform = Callable[[float, float], float]
@@ -32,6 +33,10 @@ class Quorum:
     #: that tests can drive slow rounds and jitter deterministically
     clock: Clock = time.monotonic
     uniform: Uniform = random.uniform
+    #: the wall clock (seconds since the epoch) a waiter's proposed place on the
+    #: masters is told in (see :func:`.rounds.acquire_steps`): comparable between
+    #: clients, unlike ``clock``
+    wall: Clock = time.time
 
     # Asked for on every round: worked out once (cached_property writes the instance's
     # __dict__, which a frozen dataclass allows; later looks are plain attribute reads).

@@ -132,6 +132,10 @@ def acquire_steps(
     handing = kind.hands_over and count == 1 and not fenced
     splits = 0
     polite = polite_ms if count == 1 and blocking else 0
+    # The end of the owner's place as a waiter, proposed to every master (ms since the
+    # epoch, by q.wall): the same in each try, so that the masters order their waiters
+    # alike whatever order the tries reach them in (see lua/acquire.lua).
+    place = 0
     try:
         while True:
             if closed():
@@ -145,7 +149,11 @@ def acquire_steps(
             registered = registered or wait_ms > 0
             if registered and first_try is None:
                 first_try = started
-            calls = [kind.acquire(name, owner, ms, count, wait_ms, polite)]
+            if wait_ms and kind.targeted:
+                wall_ms = int(q.wall() * 1000)
+                if place <= wall_ms:  # the first try, or the place ended: a new one
+                    place = wall_ms + wait_ms
+            calls = [kind.acquire(name, owner, ms, count, wait_ms, polite, place)]
             polite = 0
             if fenced:
                 calls.append(kind.fence_next(name, owner, FENCE_TTL_MS))

@@ -25,7 +25,10 @@ lock keeps it for a *turn*:
     behind the others, and the woken waiter goes first however long it takes to come
     (a thread that waits for the interpreter, a process to be scheduled), up to
     :data:`COURTESY_MS`: a refused polite try is told to wait no longer than that, so a
-    woken waiter that never comes holds the free lock up that long at most.
+    woken waiter that never comes holds the free lock up that long at most. The same
+    holds when the turn ended with a deferred wake-up sent by the manager (the owner
+    did not come back within :data:`GRACE`): the owner whose release deferred it is
+    polite once it was sent, unless an owner of the manager took the lock meanwhile.
 
 The threads (or tasks) of one manager thus also take turns of :data:`TENURE`: a thread
 that hands the lock to another costs a thread switch, which is dearer than the round
@@ -53,16 +56,19 @@ from .quorum import Clock
 TENURE = 0.01
 
 #: how long (seconds) a deferred wake-up waits for an owner of the same manager to
-#: take the lock again
-GRACE = 0.002
+#: take the lock again: one default switch interval of the interpreter (5 ms), which a
+#: thread coming back from a release may wait for the GIL when other threads run
+GRACE = 0.005
 
 #: how long (ms) a lock stays reserved for the waiter a release woke
 RESERVE_MS = 50
 
 #: several masters: how long (ms) an owner whose release ended its manager's turn and
 #: woke a waiter lets that waiter go first: its next acquire within that time is polite,
-#: and a refused polite try waits that long at most before it tries as usual
-COURTESY_MS = 50
+#: and a refused polite try waits that long at most before it tries as usual. Long
+#: enough for a woken thread or process of a loaded host to come (it costs nothing when
+#: the waiter comes: the polite owner waits behind it anyway)
+COURTESY_MS = 250
 
 #: how many locks' turns a manager keeps (a hold freed by the watchdog, its owner
 #: gone, never tells its turn's end: then it starts afresh)
@@ -91,6 +97,9 @@ class Turns:
         self._since: dict[tuple[LockKind, str], float] = {}
         #: the deferred wake-ups: lock -> when to send it
         self._pending: dict[tuple[LockKind, str], float] = {}
+        #: several masters: the owner whose release deferred a pending wake-up, which
+        #: is courteous once the wake-up is sent
+        self._deferrers: dict[tuple[LockKind, str], str] = {}
         #: several masters: (lock, owner) -> until when that owner's next acquire is polite
         self._courtesy: dict[tuple[LockKind, str, str], float] = {}
 
@@ -100,6 +109,11 @@ class Turns:
         turn begins."""
         key = (kind, name)
         with self._lock:
+            self._deferrers.pop(key, None)
+            if self._courtesy:
+                # Its owners hold it now: whatever courtesy was due is moot (one of them
+                # may have come back while its deferred wake-up was being sent).
+                self._courtesy = {c: t for c, t in self._courtesy.items() if c[:2] != key}
             if self._pending.pop(key, None) is None or key not in self._since:
                 if len(self._since) >= MAX_TURNS:
                     self._since = {k: self._since[k] for k in self._pending if k in self._since}
@@ -114,22 +128,30 @@ class Turns:
         self, kind: LockKind, name: str, deferred: bool, courteous: str | None = None
     ) -> float | None:
         """A final release of ``name`` went through; returns when to send the wake-up
-        it ``deferred`` (None if it did not: its turn is over, and the owner
-        ``courteous``, if given, lets the waiter it woke go first: see :meth:`polite`)."""
+        it ``deferred`` (None if it did not: its turn is over). The owner
+        ``courteous``, if given, lets the waiter woken go first (see :meth:`polite`):
+        at once when the release woke one, else once the deferred wake-up is sent."""
         key = (kind, name)
         with self._lock:
             if not deferred:
                 self._since.pop(key, None)
                 self._pending.pop(key, None)
+                self._deferrers.pop(key, None)
                 if courteous is not None:
-                    now = self._clock()
-                    if len(self._courtesy) >= MAX_TURNS:
-                        self._courtesy = {k: t for k, t in self._courtesy.items() if t > now}
-                    self._courtesy[(kind, name, courteous)] = now + COURTESY_MS / 1000
+                    self._be_courteous(kind, name, courteous, self._clock())
                 return None
             due = self._clock() + GRACE
             self._pending[key] = due
+            if courteous is not None:
+                self._deferrers[key] = courteous
+            else:
+                self._deferrers.pop(key, None)
             return due
+
+    def _be_courteous(self, kind: LockKind, name: str, owner: str, now: float) -> None:
+        if len(self._courtesy) >= MAX_TURNS:
+            self._courtesy = {k: t for k, t in self._courtesy.items() if t > now}
+        self._courtesy[(kind, name, owner)] = now + COURTESY_MS / 1000
 
     def polite(self, kind: LockKind, name: str, owner: str) -> int:
         """Whether ``owner``'s acquire of ``name`` now makes a polite first try (its turn
@@ -152,6 +174,9 @@ class Turns:
                 if at <= now:
                     del self._pending[key]
                     self._since.pop(key, None)
+                    owner = self._deferrers.pop(key, None)
+                    if owner is not None:
+                        self._be_courteous(*key, owner, now)
                     out.append(Due(*key))
                 elif later is None or at < later:
                     later = at
@@ -162,5 +187,6 @@ class Turns:
         with self._lock:
             out = [Due(*key) for key in self._pending]
             self._pending.clear()
+            self._deferrers.clear()
             self._since.clear()
         return out
