@@ -19,7 +19,9 @@ Workloads (``--only`` takes their names):
   CPU time per renewal tick.
 
 Libraries are interleaved (A, B, C, then A, B, C again) and every measurement is
-repeated ``--rounds`` times; tables show the median and [min-max] over the rounds. The
+repeated ``--rounds`` times; tables show the median and [min-max] over the rounds. In
+``uncontended``, each measurement is also cut into 10 slices that take turns with the
+other libraries' (on the same masters), so that a noisy spell slows them alike. The
 TARGETS table at the end compares ratios from this run. Prints figures and exits 0: it
 is not a test. See benchmarks/README.md.
 """
@@ -36,7 +38,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,96 +181,172 @@ def masters_label(n: int) -> str:
     return f"{n} master" + ("s" if n > 1 else "")
 
 
-def _timed_loop(step: Callable[[], None], duration: float) -> float:
+#: each uncontended measurement is cut into this many slices, and the slices of every
+#: library on the same masters take turns (A, B, C, A, B, C, ...): a noisy spell of
+#: the shared machine then slows them all alike, and their ratios hold
+SLICES = 10
+
+SyncStep = Callable[[], None]
+AsyncStep = Callable[[], Awaitable[None]]
+
+
+def _count(step: SyncStep, seconds: float) -> tuple[int, float]:
     cycles = 0
     start = now = time.perf_counter()
-    end = start + duration
+    end = start + seconds
     while now < end:
         step()
         cycles += 1
         now = time.perf_counter()
-    return cycles / (now - start)
+    return cycles, now - start
 
 
-def measure_sync_lib(spec: LibSpec, masters: Sequence[str], name: str, duration: float) -> float:
-    backend = open_sync(spec, masters)
-    try:
-        ops = backend.new_lock(name)
+async def _acount(step: AsyncStep, seconds: float) -> tuple[int, float]:
+    cycles = 0
+    start = now = time.perf_counter()
+    end = start + seconds
+    while now < end:
+        await step()
+        cycles += 1
+        now = time.perf_counter()
+    return cycles, now - start
 
-        def step() -> None:
-            if not ops.acquire():
-                raise RuntimeError("uncontended acquire returned False")
-            ops.release()
 
+class Meter:
+    """One library's uncontended loop on one lock, open across a round's slices."""
+
+    def start(self) -> None:
+        """Open it, check one cycle, warm it up."""
+        raise NotImplementedError
+
+    def run(self, seconds: float) -> tuple[int, float]:
+        """Cycles for about ``seconds``: (cycles, seconds taken)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class SyncMeter(Meter):
+    def __init__(self, opener: Callable[[], tuple[SyncStep, SyncStep]]) -> None:
+        self._opener = opener
+        self._step: SyncStep = lambda: None
+        self._close: SyncStep | None = None
+
+    def start(self) -> None:
+        self._step, self._close = self._opener()
         for _ in range(WARMUP_CYCLES):
+            self._step()
+
+    def run(self, seconds: float) -> tuple[int, float]:
+        return _count(self._step, seconds)
+
+    def stop(self) -> None:
+        if self._close is not None:
+            self._close()
+
+
+class AsyncMeter(Meter):
+    """Driven on ``loop``, which runs only while this meter's slice runs."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        opener: Callable[[], Awaitable[tuple[AsyncStep, AsyncStep]]],
+    ) -> None:
+        self._loop = loop
+        self._opener = opener
+        self._step: AsyncStep | None = None
+        self._close: AsyncStep | None = None
+
+    def start(self) -> None:
+        self._step, self._close = self._loop.run_until_complete(self._opener())
+        step = self._step
+
+        async def warm() -> None:
+            for _ in range(WARMUP_CYCLES):
+                await step()
+
+        self._loop.run_until_complete(warm())
+
+    def run(self, seconds: float) -> tuple[int, float]:
+        assert self._step is not None
+        return self._loop.run_until_complete(_acount(self._step, seconds))
+
+    def stop(self) -> None:
+        if self._close is not None:
+            self._loop.run_until_complete(self._close())
+
+
+def sync_lib_meter(spec: LibSpec, masters: Sequence[str], name: str) -> Meter:
+    def opener() -> tuple[SyncStep, SyncStep]:
+        backend = open_sync(spec, masters)
+        try:
+            ops = backend.new_lock(name)
+
+            def step() -> None:
+                if not ops.acquire():
+                    raise RuntimeError("uncontended acquire returned False")
+                ops.release()
+
             step()
-        return _timed_loop(step, duration)
-    finally:
-        backend.close()
+        except BaseException:
+            backend.close()
+            raise
+        return step, backend.close
+
+    return SyncMeter(opener)
 
 
-async def _measure_async_lib(
-    spec: LibSpec, masters: Sequence[str], name: str, duration: float
-) -> float:
-    backend = open_async(spec, masters)
-    try:
-        ops = backend.new_lock(name)
+def async_lib_meter(
+    spec: LibSpec, masters: Sequence[str], name: str, loop: asyncio.AbstractEventLoop
+) -> Meter:
+    async def opener() -> tuple[AsyncStep, AsyncStep]:
+        backend = open_async(spec, masters)
+        try:
+            ops = backend.new_lock(name)
 
-        async def step() -> None:
-            if not await ops.acquire():
-                raise RuntimeError("uncontended acquire returned False")
-            await ops.release()
+            async def step() -> None:
+                if not await ops.acquire():
+                    raise RuntimeError("uncontended acquire returned False")
+                await ops.release()
 
-        for _ in range(WARMUP_CYCLES):
             await step()
-        cycles = 0
-        start = now = time.perf_counter()
-        while now < start + duration:
-            await step()
-            cycles += 1
-            now = time.perf_counter()
-        return cycles / (now - start)
-    finally:
-        await backend.close()
+        except BaseException:
+            await backend.close()
+            raise
+        return step, backend.close
+
+    return AsyncMeter(loop, opener)
 
 
-def measure_async_lib(spec: LibSpec, masters: Sequence[str], name: str, duration: float) -> float:
-    return asyncio.run(_measure_async_lib(spec, masters, name, duration))
+def raw_meter(masters: Sequence[str], name: str, ping: bool) -> Meter:
+    def opener() -> tuple[SyncStep, SyncStep]:
+        floor = RawFloor(masters, name, ping=ping)
+        try:
+            floor.cycle(check=True)
+        except BaseException:
+            floor.close()
+            raise
+        return floor.cycle, floor.close
+
+    return SyncMeter(opener)
 
 
-def measure_raw(masters: Sequence[str], name: str, duration: float, ping: bool) -> float:
-    floor = RawFloor(masters, name, ping=ping)
-    try:
-        floor.cycle(check=True)
-        for _ in range(WARMUP_CYCLES):
-            floor.cycle()
-        return _timed_loop(floor.cycle, duration)
-    finally:
-        floor.close()
+def raw_async_meter(
+    masters: Sequence[str], name: str, ping: bool, loop: asyncio.AbstractEventLoop
+) -> Meter:
+    async def opener() -> tuple[AsyncStep, AsyncStep]:
+        floor = AsyncRawFloor(masters, name, ping=ping)
+        try:
+            await floor.open()
+            await floor.cycle(check=True)
+        except BaseException:
+            await floor.close()
+            raise
+        return floor.cycle, floor.close
 
-
-async def _measure_raw_async(
-    masters: Sequence[str], name: str, duration: float, ping: bool
-) -> float:
-    floor = AsyncRawFloor(masters, name, ping=ping)
-    try:
-        await floor.open()
-        await floor.cycle(check=True)
-        for _ in range(WARMUP_CYCLES):
-            await floor.cycle()
-        cycles = 0
-        start = now = time.perf_counter()
-        while now < start + duration:
-            await floor.cycle()
-            cycles += 1
-            now = time.perf_counter()
-        return cycles / (now - start)
-    finally:
-        await floor.close()
-
-
-def measure_raw_async(masters: Sequence[str], name: str, duration: float, ping: bool) -> float:
-    return asyncio.run(_measure_raw_async(masters, name, duration, ping))
+    return AsyncMeter(loop, opener)
 
 
 def _noop_listener() -> Any:
@@ -277,86 +355,108 @@ def _noop_listener() -> Any:
     return LockListener()  # every method a no-op: what a listener's calls cost
 
 
-def uncontended_plan(urls: Sequence[str]) -> list[tuple[int, str, Callable[..., float]]]:
-    """(masters, library label, measure(masters, name, duration)) in interleaving order."""
-    plan: list[tuple[int, str, Callable[..., float]]] = []
+#: makes a library's meter: (masters, lock name, the round's event loop) -> Meter
+MeterFactory = Callable[[Sequence[str], str, asyncio.AbstractEventLoop], Meter]
+
+
+def uncontended_plan(urls: Sequence[str]) -> list[tuple[int, str, MeterFactory]]:
+    """(masters, library label, meter factory) in interleaving order."""
+    plan: list[tuple[int, str, MeterFactory]] = []
+
+    def lib(spec: LibSpec) -> MeterFactory:
+        return lambda m, nm, loop: sync_lib_meter(spec, m, nm)
+
+    def alib(spec: LibSpec) -> MeterFactory:
+        return lambda m, nm, loop: async_lib_meter(spec, m, nm, loop)
+
     for n in (1, 3, 5):
         if n > len(urls):
             continue
         plan += [
-            (n, RAW_SYNC, lambda m, nm, d: measure_raw(m, nm, d, False)),
-            (n, RR, lambda m, nm, d: measure_sync_lib(LibSpec(RR, RR), m, nm, d)),
-            (
-                n,
-                RR_LISTENED,
-                lambda m, nm, d: measure_sync_lib(
-                    LibSpec(RR, RR_LISTENED, {"listener": _noop_listener()}), m, nm, d
-                ),
-            ),
-            (
-                n,
-                RR_FENCED,
-                lambda m, nm, d: measure_sync_lib(
-                    LibSpec(RR, RR_FENCED, {"fencing": True}), m, nm, d
-                ),
-            ),
-            (n, RAW_ASYNC, lambda m, nm, d: measure_raw_async(m, nm, d, False)),
-            (
-                n,
-                RR_ASYNC,
-                lambda m, nm, d: measure_async_lib(LibSpec(RR_ASYNC, RR_ASYNC), m, nm, d),
-            ),
-            (n, PING_SYNC, lambda m, nm, d: measure_raw(m, nm, d, True)),
-            (n, PING_ASYNC, lambda m, nm, d: measure_raw_async(m, nm, d, True)),
+            (n, RAW_SYNC, lambda m, nm, loop: raw_meter(m, nm, False)),
+            (n, RR, lib(LibSpec(RR, RR))),
+            (n, RR_LISTENED, lib(LibSpec(RR, RR_LISTENED, {"listener": _noop_listener()}))),
+            (n, RR_FENCED, lib(LibSpec(RR, RR_FENCED, {"fencing": True}))),
+            (n, RAW_ASYNC, lambda m, nm, loop: raw_async_meter(m, nm, False, loop)),
+            (n, RR_ASYNC, alib(LibSpec(RR_ASYNC, RR_ASYNC))),
+            (n, PING_SYNC, lambda m, nm, loop: raw_meter(m, nm, True)),
+            (n, PING_ASYNC, lambda m, nm, loop: raw_async_meter(m, nm, True, loop)),
         ]
         if n == 1:
             plan += [
-                (
-                    n,
-                    REDIS_PY,
-                    lambda m, nm, d: measure_sync_lib(LibSpec(REDIS_PY, REDIS_PY), m, nm, d),
-                ),
-                (n, PRL, lambda m, nm, d: measure_sync_lib(LibSpec(PRL, PRL), m, nm, d)),
-                (
-                    n,
-                    REDIS_PY_ASYNC,
-                    lambda m, nm, d: measure_async_lib(
-                        LibSpec(REDIS_PY_ASYNC, REDIS_PY_ASYNC), m, nm, d
-                    ),
-                ),
+                (n, REDIS_PY, lib(LibSpec(REDIS_PY, REDIS_PY))),
+                (n, PRL, lib(LibSpec(PRL, PRL))),
+                (n, REDIS_PY_ASYNC, alib(LibSpec(REDIS_PY_ASYNC, REDIS_PY_ASYNC))),
             ]
         plan += [
-            (n, POTTERY, lambda m, nm, d: measure_sync_lib(LibSpec(POTTERY, POTTERY), m, nm, d)),
-            (
-                n,
-                REDLOCK_PY,
-                lambda m, nm, d: measure_sync_lib(LibSpec(REDLOCK_PY, REDLOCK_PY), m, nm, d),
-            ),
-            (
-                n,
-                AIOREDLOCK,
-                lambda m, nm, d: measure_async_lib(LibSpec(AIOREDLOCK, AIOREDLOCK), m, nm, d),
-            ),
+            (n, POTTERY, lib(LibSpec(POTTERY, POTTERY))),
+            (n, REDLOCK_PY, lib(LibSpec(REDLOCK_PY, REDLOCK_PY))),
+            (n, AIOREDLOCK, alib(LibSpec(AIOREDLOCK, AIOREDLOCK))),
         ]
     return plan
 
 
 def run_uncontended(ctx: Context) -> None:
+    """Per round and number of masters: every library's meter is opened, then their
+    slices take turns (see :data:`SLICES`); a library's figure is its cycles over its
+    slices' time."""
     plan = uncontended_plan(ctx.urls)
-    for rnd in range(ctx.args.rounds):
-        log(f"uncontended: round {rnd + 1}/{ctx.args.rounds}")
-        for n, lib, measure in plan:
+    sizes = sorted({n for n, _, _ in plan})
+    loop = asyncio.new_event_loop()
+    try:
+        for rnd in range(ctx.args.rounds):
+            log(f"uncontended: round {rnd + 1}/{ctx.args.rounds}")
+            for n in sizes:
+                _uncontended_round(ctx, loop, n, [(lib, f) for m, lib, f in plan if m == n])
+    finally:
+        loop.close()
+
+
+def _uncontended_round(
+    ctx: Context,
+    loop: asyncio.AbstractEventLoop,
+    n: int,
+    libs: Sequence[tuple[str, MeterFactory]],
+) -> None:
+    meters: list[tuple[Row, str, Meter]] = []
+    try:
+        for i, (lib, factory) in enumerate(libs):
             row = ctx.results.row("uncontended", masters_label(n), lib)
             if row.error:
                 continue
-            name = f"{ctx.run_id}:u{n}:{lib.split()[0]}"
             try:
-                rate = measure(ctx.urls[:n], name, ctx.args.duration)
+                meter = factory(ctx.urls[:n], f"{ctx.run_id}:u{n}:{i}", loop)
+                meter.start()
             except Exception as exc:
                 row.fail(exc)
                 continue
+            meters.append((row, lib, meter))
+        totals: dict[str, list[float]] = {lib: [0, 0.0] for _, lib, _ in meters}
+        for _ in range(SLICES):
+            for row, lib, meter in meters:
+                if row.error:
+                    continue
+                try:
+                    cycles, seconds = meter.run(ctx.args.duration / SLICES)
+                except Exception as exc:
+                    row.fail(exc)
+                    continue
+                totals[lib][0] += cycles
+                totals[lib][1] += seconds
+        for row, lib, _ in meters:
+            done, took = totals[lib]
+            if row.error or not took:
+                continue
+            rate = done / took
             row.add("cycles/s", rate)
             log(f"  {masters_label(n):10} {lib:24} {rate:9.0f}/s")
+    finally:
+        for row, _, meter in meters:
+            try:
+                meter.stop()
+            except Exception as exc:
+                if not row.error:
+                    row.note(f"close: {fail_text(exc)}"[:200])
 
 
 # --------------------------------------------------------------------------- workload 2

@@ -31,6 +31,16 @@ STALL_S = 20.0  # a worker still busy this long after the window's end has stall
 SETUP_TIMEOUT_S = 60.0  # for workers to open their backends (the first time: imports)
 
 
+def warm_up(backend: Backend, name: str) -> None:
+    """One acquire and release of a lock of the worker's own, before the window: every
+    library's connections are open (and its scripts loaded) by the time it starts, so
+    the window measures the contention, not the set-up, for every library alike."""
+    ops = backend.new_lock(name)
+    if not ops.acquire():
+        raise RuntimeError("the warm-up acquire of an uncontended lock returned False")
+    ops.release()
+
+
 @dataclass(frozen=True)
 class LoopParams:
     """What each worker does: acquire ``name``; if ``counter_key``, a non-atomic
@@ -130,6 +140,7 @@ def run_threads(
         try:
             if backend is None:
                 backend = open_sync(spec, urls)
+            warm_up(backend, f"{params.name}:warm:{i}")
             ops = backend.new_lock(params.name)  # made by the thread that will own it
         except Exception as exc:
             results[i].errors.append(fail_text(exc))
@@ -195,8 +206,10 @@ def process_main(
         setup_error: str | None = None
         try:
             backend = open_sync(spec, urls)
+            warm_up(backend, f"{params.name}:warm:{index}")
             ops = backend.new_lock(params.name)
             counter = redis.Redis.from_url(params.counter_url)
+            counter.ping()
         except Exception as exc:
             setup_error = fail_text(exc)
         results.put(("ready", run_no, index, setup_error))
