@@ -1,5 +1,5 @@
 -- name: release
--- version: 12
+-- version: 13
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -51,7 +51,8 @@
 --            Reply {1, ''} still held with the new count; {0, woken, ms, deferred} the
 --            owner's hold is gone (freed here), ms the hand-over lease if the woken
 --            waiter was granted the lock, else 0, deferred 1 if the wake-up was
---            deferred, else 0; {-1, ''} the owner held nothing on this master
+--            deferred (KEYS[2] exists: someone is registered), else 0; {-1, ''}
+--            the owner held nothing on this master
 --   abandon  ARGV[2] owner, ARGV[3] wake channel, ARGV[4] release id, ARGV[5] home
 --            prefix: a waiter gives up. Ends its registration, takes back a hold it
 --            was handed meanwhile and, if the lock is free here, wakes the next waiter
@@ -83,15 +84,15 @@ end
 local function wake_next(channel, id, prefix, handover, local_manager, reserve, defer)
   local now = 0
   if redis.call('exists', waiters) == 1 then
+    if defer then
+      -- KEYS[2] lives as long as its last registration: someone waits (or a waiter
+      -- whose registration ended meanwhile, which the deferred wake-up purges). No
+      -- purge here: a deferral is on the hot path of every contended turn.
+      return '', 0, 1
+    end
     local t = redis.call('time')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     redis.call('zremrangebyscore', waiters, '-inf', now)
-    if defer then
-      local first = redis.call('zrange', waiters, 0, 0)
-      if #first > 0 then
-        return '', 0, 1
-      end
-    end
   end
   if redis.call('pubsub', 'numsub', channel)[2] > 0 then
     redis.call('publish', channel, id)
