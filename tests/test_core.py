@@ -717,6 +717,20 @@ def test_every_try_of_an_acquire_proposes_the_same_place_to_every_master() -> No
     assert len(tries) >= 2 and all(t == [place] * 5 for t in tries)
 
 
+def test_a_waiter_renews_its_registration_when_its_place_ends_not_a_wait_later() -> None:
+    # The place proposed at the first try ends a lease after it; a later try keeps it
+    # (the masters keep the first registration). The waiter must try again when that
+    # place ends, not a whole wait after its latest try: in between it would be
+    # registered nowhere, and a release would wake the others, never it.
+    w = World()
+    w.round_time = 1.0
+    w.take_elsewhere(range(5), ttl=10.0)
+    w.hub.wakes = 1  # the first wait ends at once, with a wake-up the others took
+    assert w.acquire(blocking=True, timeout=-1)
+    # First try: [0, 1] s, its place ends at 3 s. Second try: [1, 2] s: one second left.
+    assert w.hub.waits[:2] == [pytest.approx(LEASE - 1.0), pytest.approx(LEASE - 2.0)]
+
+
 def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_release_id() -> None:
     # A manager counts each wake-up once per release id: ids that two processes could
     # both make (their counts are their own) would drop one's wake-up as a repeat of

@@ -230,7 +230,10 @@ def acquire_steps(
             if kind.queued:
                 pause = min(pause, wait_s / 3)  # refresh our place before it lapses
             elif kind.targeted:
-                pause = min(pause, wait_s)  # renew the registration as it ends
+                # Renew the registration as it ends: at the end of its place (proposed
+                # at an earlier try, so sooner than this try's wait), else of the wait.
+                ends = place / 1000 - q.wall() if place else wait_s
+                pause = min(pause, max(ends, 0.0))
             before = generation
             generation = yield Wait(channel, owner, generation, min(remaining, pause))
             woken = generation != before
