@@ -39,6 +39,7 @@ from redreentrant._core.watchdog import (
     SPREAD,
     RoundTimes,
     WatchdogBase,
+    renew_chunk,
     tick_steps,
     verdict_margin,
 )
@@ -1183,7 +1184,8 @@ def test_a_local_release_wakes_the_waiter_the_masters_chose_if_it_waits_here() -
 def test_many_holds_are_renewed_in_chunks_each_with_its_own_validity() -> None:
     w = World()
     owner = w.engine.owner_id()
-    count = 2 * RENEW_CHUNK + 10
+    chunk = renew_chunk(5)
+    count = 2 * chunk + 10
     w.round_time = 0.0  # taking them costs no (fake) time
     for n in range(count):
         steps = w.engine.acquire(EXCLUSIVE, f"x{n}", owner, False, -1, None)
@@ -1195,13 +1197,31 @@ def test_many_holds_are_renewed_in_chunks_each_with_its_own_validity() -> None:
     lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True))
     rounds = w.transport.rounds[before:]
     assert lost == [] and len(rounds) == 3  # two full chunks and the rest
-    assert all(len(call.keys) <= RENEW_CHUNK for r in rounds for per in r for call in per)
+    assert all(len(call.keys) <= chunk for r in rounds for per in r for call in per)
     ends = sorted({h.valid_until for h in holds})
     assert len(ends) == 3  # each chunk's validity runs from its own round's start
     # The chunks are spread over the first half of the renewal interval.
     gap = SPREAD * LEASE / 3 / 3
     assert ends[1] - ends[0] == pytest.approx(gap) and ends[2] - ends[1] == pytest.approx(gap)
     assert w.hub.pauses == [pytest.approx(gap - 0.01), pytest.approx(gap - 0.01)]
+
+
+@pytest.mark.parametrize(
+    ("size", "chunk"), [(1, RENEW_CHUNK), (3, 2 * RENEW_CHUNK), (5, 2 * RENEW_CHUNK)]
+)
+def test_renewal_chunks_are_larger_on_several_masters(size: int, chunk: int) -> None:
+    # A chunk costs a round trip per master: on several masters, fewer and larger ones.
+    assert renew_chunk(size) == chunk
+    w = World(size)
+    w.round_time = 0.0
+    owner = w.engine.owner_id()
+    for n in range(chunk + 1):
+        assert w.run(w.engine.acquire(EXCLUSIVE, f"x{n}", owner, False, -1, None))
+    w.clock.advance(LEASE / 3)
+    before = len(w.transport.rounds)
+    assert w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True)) == []
+    rounds = w.transport.rounds[before:]
+    assert [len(r[0][0].keys) for r in rounds] == [chunk, 1]
 
 
 def test_the_verdict_margin_grows_with_how_long_renewal_rounds_take() -> None:
@@ -1222,7 +1242,7 @@ def test_an_owner_that_ends_mid_tick_is_swept_before_the_next_chunk() -> None:
     w = World()
     w.round_time = 0.0
     owner = w.engine.owner_id()
-    for n in range(RENEW_CHUNK + 1):
+    for n in range(renew_chunk(5) + 1):
         assert w.run(w.engine.acquire(EXCLUSIVE, f"x{n}", owner, False, -1, None))
     alive = [True]
     checks = iter([False, True])  # the owner ends after the first chunk
@@ -1237,7 +1257,7 @@ def test_an_owner_that_ends_mid_tick_is_swept_before_the_next_chunk() -> None:
         w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: alive[0], True, None, sweep_due
     )
     lost = w.run(tick)
-    assert len(lost) == RENEW_CHUNK + 1  # all of them freed, not left to the next tick
+    assert len(lost) == renew_chunk(5) + 1  # all of them freed, not left to the next tick
     assert all(not m.hashes.get(lock_key("x0")) for m in w.masters)
 
 
