@@ -332,7 +332,10 @@ class AsyncRawFloor:
 
     def __init__(self, urls: Sequence[str], name: str, ping: bool = False) -> None:
         connection: Any = redis.asyncio.Connection
-        self.conns: list[Any] = [connection(**host_port_db(u)) for u in urls]
+        # No socket time-out, as the sync floor's connections and redreentrant's asyncio
+        # ones: with one (redis.asyncio's default is 5 s), every send runs in a task of
+        # its own (asyncio.wait_for) and every read under a timer.
+        self.conns: list[Any] = [connection(**host_port_db(u), socket_timeout=None) for u in urls]
         self.ping = ping
         self.acq_args, self.rel_args = raw_calls(name)
         self.n = 0
