@@ -732,6 +732,30 @@ def test_a_waiter_renews_its_registration_when_its_place_ends_not_a_wait_later()
     assert w.hub.waits[:2] == [pytest.approx(LEASE - 1.0), pytest.approx(LEASE - 2.0)]
 
 
+def test_on_one_master_no_place_is_proposed_and_each_acquire_sends_the_same_call() -> None:
+    # One master orders its waiters by itself; without a place (which changes with every
+    # acquire) the call is the same each time, and is packed once.
+    w = World(1)
+    for _ in range(2):
+        assert w.acquire(blocking=True, timeout=10)
+        w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
+        w.clock.advance(0.5)
+    acquires = [r[0][0] for r in w.transport.rounds if r[0][0].script.name == "acquire"]
+    assert len(acquires) == 2 and acquires[0] == acquires[1]
+    assert len(acquires[0].args) < 6  # no place
+
+
+def test_on_one_master_a_waiter_still_renews_its_registration_when_it_ends() -> None:
+    # As on several masters (the test above it): the master keeps the registration of
+    # the first try, which ends a wait after it; the waiter tries again then.
+    w = World(1)
+    w.round_time = 1.0
+    w.take_elsewhere(range(1), ttl=10.0)
+    w.hub.wakes = 1  # the first wait ends at once, with a wake-up another waiter took
+    assert w.acquire(blocking=True, timeout=-1)
+    assert w.hub.waits[:2] == [pytest.approx(LEASE - 1.0), pytest.approx(LEASE - 2.0)]
+
+
 def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_release_id() -> None:
     # A manager counts each wake-up once per release id: ids that two processes could
     # both make (their counts are their own) would drop one's wake-up as a repeat of

@@ -134,8 +134,12 @@ def acquire_steps(
     polite = polite_ms if count == 1 and blocking else 0
     # The end of the owner's place as a waiter, proposed to every master (ms since the
     # epoch, by q.wall): the same in each try, so that the masters order their waiters
-    # alike whatever order the tries reach them in (see lua/acquire.lua).
+    # alike whatever order the tries reach them in (see lua/acquire.lua). One master
+    # orders them alike by itself: it is not sent there (its registration ends a wait
+    # after the first try reached it, about when the place does), and the calls stay
+    # the same from one acquire to the next (packed once, see fanout.WireCache).
     place = 0
+    propose = q.size > 1
     try:
         while True:
             if closed():
@@ -153,7 +157,7 @@ def acquire_steps(
                 wall_ms = int(q.wall() * 1000)
                 if place <= wall_ms:  # the first try, or the place ended: a new one
                     place = wall_ms + wait_ms
-            calls = [kind.acquire(name, owner, ms, count, wait_ms, polite, place)]
+            calls = [kind.acquire(name, owner, ms, count, wait_ms, polite, place if propose else 0)]
             polite = 0
             if fenced:
                 calls.append(kind.fence_next(name, owner, FENCE_TTL_MS))
