@@ -718,14 +718,18 @@ def test_every_try_of_an_acquire_proposes_the_same_place_to_every_master() -> No
     assert len(tries) >= 2 and all(t == [place] * 5 for t in tries)
 
 
-def test_a_waiter_renews_its_registration_when_its_place_ends_not_a_wait_later() -> None:
+@pytest.mark.parametrize("size", [5, 1])
+def test_a_waiter_renews_its_registration_when_its_place_ends_not_a_wait_later(
+    size: int,
+) -> None:
     # The place proposed at the first try ends a lease after it; a later try keeps it
     # (the masters keep the first registration). The waiter must try again when that
     # place ends, not a whole wait after its latest try: in between it would be
-    # registered nowhere, and a release would wake the others, never it.
-    w = World()
+    # registered nowhere, and a release would wake the others, never it. One master is
+    # proposed no place, but keeps its first registration alike.
+    w = World(size)
     w.round_time = 1.0
-    w.take_elsewhere(range(5), ttl=10.0)
+    w.take_elsewhere(range(size), ttl=10.0)
     w.hub.wakes = 1  # the first wait ends at once, with a wake-up the others took
     assert w.acquire(blocking=True, timeout=-1)
     # First try: [0, 1] s, its place ends at 3 s. Second try: [1, 2] s: one second left.
@@ -743,17 +747,6 @@ def test_on_one_master_no_place_is_proposed_and_each_acquire_sends_the_same_call
     acquires = [r[0][0] for r in w.transport.rounds if r[0][0].script.name == "acquire"]
     assert len(acquires) == 2 and acquires[0] == acquires[1]
     assert len(acquires[0].args) < 6  # no place
-
-
-def test_on_one_master_a_waiter_still_renews_its_registration_when_it_ends() -> None:
-    # As on several masters (the test above it): the master keeps the registration of
-    # the first try, which ends a wait after it; the waiter tries again then.
-    w = World(1)
-    w.round_time = 1.0
-    w.take_elsewhere(range(1), ttl=10.0)
-    w.hub.wakes = 1  # the first wait ends at once, with a wake-up another waiter took
-    assert w.acquire(blocking=True, timeout=-1)
-    assert w.hub.waits[:2] == [pytest.approx(LEASE - 1.0), pytest.approx(LEASE - 2.0)]
 
 
 def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_release_id() -> None:
