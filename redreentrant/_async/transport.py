@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import math
 import sys
-from collections.abc import Collection, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -34,6 +34,9 @@ from .._core.fanout import (
     MasterHealth,
     WireCache,
     connection_getter,
+    is_noscript,
+    lone_calls,
+    pack_calls,
     preload_commands,
     read_failed,
     suspect_error_text,
@@ -51,12 +54,18 @@ else:  # redis-py depends on async-timeout there
 _Pending = tuple[int, Any, Behind | None, float]
 
 
-def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
-    """Master ``i``'s commands, packed once per round for every master with the same
-    calls and the same connection class and encoding (in C where it can be)."""
+def _packing(conn: Any) -> tuple[object, Callable[[list[tuple[object, ...]]], list[bytes]]]:
+    """How ``conn`` packs commands: what the bytes depend on (its class and encoding),
+    and the packer (in C where it can be)."""
     enc = conn.encoder
     how = (type(conn), enc.encoding, enc.encoding_errors)
-    pack = wire_packer(enc.encoding, enc.encoding_errors) or conn.pack_commands
+    return how, wire_packer(enc.encoding, enc.encoding_errors) or conn.pack_commands
+
+
+def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
+    """Master ``i``'s commands, packed once per round for every master with the same
+    calls and the same connection class and encoding."""
+    how, pack = _packing(conn)
     return fan.packed(i, how, pack)
 
 
@@ -239,8 +248,42 @@ class AsyncTransport:
     def fanout(self, fanout: Fanout) -> Coroutine[Any, Any, list[list[Reply]]]:
         # Not a coroutine itself: the round's is awaited directly (one frame less).
         if not self._ends.clustered:
+            lone = lone_calls(fanout.calls, self._masters)
+            if lone is not None and self._masters[0].idle:
+                return self._lone(fanout, lone)
             return self._round(fanout.calls, fanout.early, None, fanout.cleanup)
         return self._routed(fanout)
+
+    async def _lone(self, fanout: Fanout, calls: Sequence[Call]) -> list[list[Reply]]:
+        """The usual round on one master (see :func:`~redreentrant._core.fanout.lone_calls`
+        and the sync transport), on an idle connection; a full round when NOSCRIPT
+        says the call did not run."""
+        m = self._masters[0]
+        if not m.idle:  # taken meanwhile (the caller checked): a full round
+            return await self._round(fanout.calls, fanout.early, None, fanout.cleanup)
+        conn = m.idle.pop()
+        how, pack = _packing(conn)
+        wire = None if fanout.cleanup else self._wire
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        error = await self._send(0, conn, pack_calls(calls, how, pack, wire))
+        if error is not None:
+            return [read_failed([], len(calls), error)]
+        # Under the transport's one timer, as a full round's reads (see _ReadTimer).
+        read = self._read_timer.start(loop, loop.time() + self.timeout)
+        try:
+            replies = await self._read(0, conn, None, len(calls), now, None)
+        except asyncio.CancelledError:
+            if not self._read_timer.expired(read):
+                raise
+            m.timed_out(loop.time())  # the read left the connection behind
+            error = RedisTimeoutError(f"no reply within {self.timeout:.3f}s")
+            replies = read_failed([], len(calls), error)
+        finally:
+            self._read_timer.stop(read)
+        if is_noscript(replies[0]):
+            return await self._round(fanout.calls, fanout.early, None, fanout.cleanup)
+        return [replies]
 
     async def _routed(self, fanout: Fanout) -> list[list[Reply]]:
         """A round over members some of which are Redis Clusters (see the sync transport)."""

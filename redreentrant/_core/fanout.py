@@ -155,6 +155,39 @@ def read_failed(out: list[Reply], count: int, error: BaseException) -> list[Repl
     return out + [error] * (count - len(out))
 
 
+def pack_calls(
+    calls: Sequence[Call],
+    how: object,
+    pack: Callable[[list[tuple[object, ...]]], T],
+    wire: WireCache | None,
+) -> T:
+    """``calls`` packed by ``pack`` (``how``: what the packing depends on), through
+    ``wire`` when given (calls that are not kept, such as clean-ups with their unique
+    release ids, are packed anew)."""
+    if wire is None:
+        return pack([evalsha_args(c) for c in calls])
+    return wire.packed(how, calls, pack)
+
+
+def lone_calls(
+    calls: Sequence[Sequence[Call]], health: Sequence[MasterHealth]
+) -> Sequence[Call] | None:
+    """The calls of a round that needs none of :class:`FanoutRound`'s bookkeeping, or
+    None: one call to the only master, which owes nothing and is not suspect (the
+    usual round on one master, whose one reply is its outcome). Its transport sends it
+    on an idle connection and reads the reply as any round's (a time-out leaves the
+    connection behind, a broken stream drops it); with no idle connection it makes a
+    full round instead. A NOSCRIPT reply means the call did not run: the transport then
+    makes it again as a full round, which loads the script (see
+    :meth:`FanoutRound.reload`)."""
+    if len(calls) != 1 or len(calls[0]) != 1:
+        return None
+    m = health[0]
+    if m.behind or m.suspect_since is not None:
+        return None
+    return calls[0]
+
+
 class FanoutRound:
     """One round: ``calls[i]`` for master ``i``, and what each master answered.
 
@@ -212,10 +245,7 @@ class FanoutRound:
         key = (id(calls), how)
         out = self._packed.get(key, _MISSING)
         if out is _MISSING:
-            wire = self._wire
-            out = self._packed[key] = (
-                pack(self.commands(i)) if wire is None else wire.packed(how, calls, pack)
-            )
+            out = self._packed[key] = pack_calls(calls, how, pack, self._wire)
         result: T = out  # stored by this method, from ``pack``
         return result
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,6 +42,9 @@ from .._core.fanout import (
     MasterHealth,
     WireCache,
     connection_getter,
+    is_noscript,
+    lone_calls,
+    pack_calls,
     preload_commands,
     read_failed,
     suspect_error_text,
@@ -66,14 +69,21 @@ def _pack(conn: Any, commands: list[tuple[object, ...]]) -> list[bytes]:
     return conn.pack_commands(commands)  # type: ignore[no-any-return]
 
 
-def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
-    """Master ``i``'s commands, packed once per round for every master with the same
-    calls and the same connection class and encoding (by hiredis directly where it
-    can be: redis-py's own wrapper around it costs more than the packing)."""
+def _packing(conn: Any) -> tuple[object, Callable[[list[tuple[object, ...]]], list[bytes]]]:
+    """How ``conn`` packs commands: what the bytes depend on (its class and encoding),
+    and the packer (hiredis directly where it can be: redis-py's own wrapper around it
+    costs more than the packing)."""
     enc = conn.encoder
     how = (type(conn), enc.encoding, enc.encoding_errors)
     pack = wire_packer(enc.encoding, enc.encoding_errors)
-    return fan.packed(i, how, pack or (lambda commands: _pack(conn, commands)))
+    return how, pack or (lambda commands: _pack(conn, commands))
+
+
+def _packed(fan: FanoutRound, i: int, conn: Any) -> list[bytes]:
+    """Master ``i``'s commands, packed once per round for every master with the same
+    calls and the same connection class and encoding."""
+    how, pack = _packing(conn)
+    return fan.packed(i, how, pack)
 
 
 def _no_connection() -> Any:
@@ -191,6 +201,11 @@ class SyncTransport:
         if self._pid != process_id():
             self._reset()  # a forked child must not share the parent's sockets
         if not self._ends.clustered:
+            lone = lone_calls(fanout.calls, self._masters)
+            if lone is not None:
+                answer = self._lone(lone, fanout.cleanup)
+                if answer is not None:
+                    return [answer]
             return self._round(fanout.calls, fanout.early, None, fanout.cleanup)
         steps = route(fanout, self._ends, time.monotonic, self.timeout)
         result: object = None
@@ -210,6 +225,24 @@ class SyncTransport:
         except StopIteration as stop:
             replies: list[list[Reply]] = stop.value
             return replies
+
+    def _lone(self, calls: Sequence[Call], cleanup: bool) -> list[Reply] | None:
+        """The usual round on one master (see :func:`~redreentrant._core.fanout.lone_calls`),
+        on an idle connection: its replies, or None when it must be a full round after
+        all (no idle connection; NOSCRIPT: the call did not run)."""
+        try:
+            conn = self._masters[0].idle.pop()  # list.pop is atomic: safe across threads
+        except IndexError:
+            return None
+        how, pack = _packing(conn)
+        now = time.monotonic()
+        error = self._send(0, conn, pack_calls(calls, how, pack, None if cleanup else self._wire))
+        if error is not None:
+            return read_failed([], len(calls), error)
+        replies = self._read(0, conn, None, len(calls), now, time.monotonic() + self.timeout)
+        if is_noscript(replies[0]):
+            return None
+        return replies
 
     def _round(
         self,
