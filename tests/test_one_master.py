@@ -64,9 +64,9 @@ def test_the_usual_round_on_one_master_makes_no_full_round(
             with lock, lock:  # a first hold, a re-entry and two releases
                 assert lock.hold_count == 2
         assert len(rounds) == before
-    with LockManager(ensemble.urls[:3], lease=5.0) as mgr:  # several masters: full rounds
-        with mgr.lock("lone"):
-            pass
+    # Several masters: full rounds.
+    with LockManager(ensemble.urls[:3], lease=5.0) as mgr, mgr.lock("lone"):
+        pass
     assert rounds[-1] == 3
     assert lock_keys(ensemble) == []
 

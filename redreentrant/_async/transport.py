@@ -434,14 +434,17 @@ class AsyncTransport:
                 return behind
             conn = behind.conn
             try:
-                while behind.owed:
-                    try:
-                        reply = await conn.read_response(timeout=0, disconnect_on_error=False)
-                        if reply is None:
-                            break  # nothing more has come
-                    except self._error_replies:
-                        pass  # an error reply is a reply
-                    behind.read()
+                # One time-out for the replies read here, rather than one per reply (a
+                # timer each): none is waited for, the first that has not come yet ends
+                # the catch-up (a read cancelled before its reply came consumed nothing).
+                with contextlib.suppress(asyncio.TimeoutError):
+                    async with timeout_at(asyncio.get_running_loop().time()):
+                        while behind.owed:
+                            with contextlib.suppress(*self._error_replies):  # a reply too
+                                await conn.read_response(
+                                    timeout=math.inf, disconnect_on_error=False
+                                )
+                            behind.read()
             except Exception:
                 await self._drop(i, conn)
                 continue
