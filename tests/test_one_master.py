@@ -169,6 +169,13 @@ def test_asyncio_a_frozen_single_master_is_waited_for_once_then_rejoins(
         except QuorumUnavailableError:
             return False
 
+    async def take_and_release(lock: ra.Lock, why: str) -> None:
+        end = asyncio.get_running_loop().time() + 10
+        while not await taken(lock):
+            assert asyncio.get_running_loop().time() < end, why
+            await asyncio.sleep(0.05)
+        await lock.release()
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         async with ra.LockManager([ensemble[0].url], lease=5.0, master_timeout=TIMEOUT) as mgr:
@@ -186,17 +193,9 @@ def test_asyncio_a_frozen_single_master_is_waited_for_once_then_rejoins(
                     await lock.acquire(blocking=False)
             assert loop.time() - started < 5 * TIMEOUT
             ensemble[0].resume()
-            end = loop.time() + 10
-            while not await taken(lock):
-                assert loop.time() < end, "the master did not rejoin"
-                await asyncio.sleep(0.05)
-            await lock.release()
+            await take_and_release(lock, "the master did not rejoin")
             ensemble[0].restart()
-            end = loop.time() + 10
-            while not await taken(lock):
-                assert loop.time() < end, "the restarted master was not reconnected to"
-                await asyncio.sleep(0.05)
-            await lock.release()
+            await take_and_release(lock, "the restarted master was not reconnected to")
 
     asyncio.run(main())
     assert lock_keys(ensemble) == []
