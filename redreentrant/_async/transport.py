@@ -249,7 +249,7 @@ class AsyncTransport:
         # Not a coroutine itself: the round's is awaited directly (one frame less).
         if not self._ends.clustered:
             lone = lone_calls(fanout.calls, self._masters)
-            if lone is not None and self._masters[0].idle:
+            if lone is not None:
                 return self._lone(fanout, lone)
             return self._round(fanout.calls, fanout.early, None, fanout.cleanup)
         return self._routed(fanout)
@@ -259,7 +259,7 @@ class AsyncTransport:
         and the sync transport), on an idle connection; a full round when NOSCRIPT
         says the call did not run."""
         m = self._masters[0]
-        if not m.idle:  # taken meanwhile (the caller checked): a full round
+        if not m.idle:  # none to take (the first round connects): a full round
             return await self._round(fanout.calls, fanout.early, None, fanout.cleanup)
         conn = m.idle.pop()
         how, pack = _packing(conn)
