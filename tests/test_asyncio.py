@@ -452,3 +452,64 @@ def test_a_local_release_wakes_local_waiting_tasks_without_pubsub(
         return order
 
     assert sorted(run(main())) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("masters", [1, 3])
+def test_acquires_cancelled_mid_send_give_their_connections_back(
+    urls: list[str], monkeypatch: pytest.MonkeyPatch, masters: int
+) -> None:
+    """A send waits when the socket's buffer is full; an acquire cancelled then (a
+    caller's time-out) must not keep the connection it was sending on: with a
+    bounded pool, a few such cancellations would leave no connection to make a round
+    with."""
+    stalling = asyncio.Event()
+    stalled = asyncio.Event()
+    send = redis.asyncio.Connection.send_packed_command
+
+    async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
+        if stalling.is_set():  # this send only: the acquire's clean-up is sent as usual
+            stalling.clear()
+            stalled.set()
+            try:
+                await asyncio.Event().wait()  # the buffer stays full
+            except BaseException:
+                await self.disconnect(nowait=True)  # as redis-py does when interrupted
+                raise
+        await send(self, command, check_health)
+
+    monkeypatch.setattr(redis.asyncio.Connection, "send_packed_command", send_packed_command)
+
+    async def main() -> None:
+        clients = [redis.asyncio.Redis.from_url(u, max_connections=2) for u in urls[:masters]]
+        try:
+            async with LockManager(clients, lease=30) as mgr:
+                lock = mgr.lock("cancel-mid-send")
+                assert await lock.acquire()  # connected: later rounds take idle ones
+                await lock.release()
+
+                async def take() -> None:
+                    async with lock:
+                        pass
+
+                for _ in range(4):
+                    stalling.set()
+                    stalled.clear()
+                    task = asyncio.create_task(take())
+                    sending = asyncio.ensure_future(stalled.wait())
+                    await asyncio.wait({task, sending}, return_when=asyncio.FIRST_COMPLETED)
+                    sending.cancel()
+                    assert not task.done(), task.exception()  # in its send, not failed
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                    assert lock.hold_count == 0
+                # Two connections per master at most: none may have been kept.
+                assert await lock.acquire(timeout=5)
+                await lock.release()
+                for view in await mgr.inspect("cancel-mid-send"):
+                    assert view.locks == []
+        finally:
+            for client in clients:
+                await client.aclose()
+
+    run(main())

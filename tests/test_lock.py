@@ -274,3 +274,43 @@ def test_a_closed_manager_refuses_work(urls: list[str]) -> None:
     mgr.close()
     with pytest.raises(RuntimeError, match="closed"):
         lock.acquire()
+
+
+@pytest.mark.parametrize("masters", [1, 3])
+def test_acquires_interrupted_mid_send_give_their_connections_back(
+    urls: list[str], monkeypatch: pytest.MonkeyPatch, masters: int
+) -> None:
+    """A send interrupted (KeyboardInterrupt) leaves its stream out of step; the
+    connection must go back to the pool (closed), not be kept: with a bounded pool, a
+    few such interruptions would leave no connection to make a round with."""
+    interrupting = threading.Event()
+    send = redis.Connection.send_packed_command
+
+    def send_packed_command(
+        self: redis.Connection, command: object, check_health: bool = True
+    ) -> None:
+        if interrupting.is_set():  # this send only: the acquire's clean-up goes out
+            interrupting.clear()
+            raise KeyboardInterrupt
+        send(self, command, check_health)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(redis.Connection, "send_packed_command", send_packed_command)
+    clients = [redis.Redis.from_url(u, max_connections=2) for u in urls[:masters]]
+    try:
+        with LockManager(clients, lease=30) as mgr:
+            lock = mgr.lock("interrupted-mid-send")
+            with lock:  # connected: later rounds take idle connections
+                pass
+            for _ in range(4):
+                interrupting.set()
+                with pytest.raises(KeyboardInterrupt):
+                    lock.acquire()
+                assert lock.hold_count == 0
+            # Two connections per master at most: none may have been kept.
+            assert lock.acquire(timeout=5)
+            lock.release()
+            for view in mgr.inspect("interrupted-mid-send"):
+                assert view.locks == []
+    finally:
+        for client in clients:
+            client.close()

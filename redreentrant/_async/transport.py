@@ -230,6 +230,9 @@ class AsyncTransport:
         except Exception as error:
             await self._drop(i, conn)
             return error
+        except BaseException:  # cancelled: as in _send
+            await self._drop(i, conn)
+            raise
         return conn
 
     async def _give(self, i: int, conn: Any) -> None:
@@ -498,6 +501,11 @@ class AsyncTransport:
         except Exception as error:
             await self._drop(i, conn)
             return error
+        except BaseException:
+            # Cancelled while the send waited (a full socket buffer): part of it may
+            # have gone out. No round reads it now: back to the pool, or it is lost.
+            await self._drop(i, conn)
+            raise
         return None
 
     async def _run(

@@ -387,6 +387,11 @@ class SyncTransport:
         except Exception as error:
             self._drop(i, conn)
             return error
+        except BaseException:
+            # Interrupted mid-send (KeyboardInterrupt): the stream is out of step, and
+            # no round reads it: back to the pool, or it is lost.
+            self._drop(i, conn)
+            raise
         return None
 
     def _run(self, i: int, commands: list[tuple[object, ...]], deadline: float) -> list[Reply]:
