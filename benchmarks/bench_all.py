@@ -22,7 +22,9 @@ Libraries are interleaved (A, B, C, then A, B, C again) and every measurement is
 repeated ``--rounds`` times; tables show the median and [min-max] over the rounds. In
 ``uncontended``, each measurement is also cut into 10 slices that take turns with the
 other libraries' (on the same masters), so that a noisy spell slows them alike. The
-TARGETS table at the end compares ratios from this run. Prints figures and exits 0: it
+TARGETS table at the end compares ratios from this run (of the libraries' medians; the
+ratio of each round, the libraries interleaved within it, is shown beside it where the
+target compares two libraries' rates). Prints figures and exits 0: it
 is not a test. See benchmarks/README.md.
 """
 
@@ -1119,15 +1121,27 @@ def _ok(row: Row | None) -> bool:
     return row is not None and not row.error and bool(row.metrics)
 
 
+def per_round(a: Row | None, b: Row | None, metric: str) -> str:
+    """The ratio a/b of each round (the libraries interleaved within it), shown beside
+    a target's ratio of medians: how much of a verdict is the machine's noise."""
+    if a is None or b is None:
+        return ""
+    pairs = zip(a.metrics.get(metric, []), b.metrics.get(metric, []), strict=False)
+    ratios = [x / y for x, y in pairs if y and not (math.isnan(x) or math.isnan(y))]
+    return f" (rounds {', '.join(f'{r:.2f}' for r in ratios)})" if len(ratios) > 1 else ""
+
+
 def evaluate(results: Results, args: argparse.Namespace) -> list[Target]:
     out: list[Target] = []
 
-    def add(what: str, goal: str, ratio: float | None, need: float, text: str = "") -> None:
+    def add(
+        what: str, goal: str, ratio: float | None, need: float, text: str = "", rounds: str = ""
+    ) -> None:
         if ratio is None or math.isnan(ratio):
             out.append(Target(what, goal, text or "-", "n/a"))
         else:
             verdict = "PASS" if ratio >= need else "MISS"
-            out.append(Target(what, goal, text or f"{ratio:.2f}x", verdict, ratio))
+            out.append(Target(what, goal, (text or f"{ratio:.2f}x") + rounds, verdict, ratio))
 
     # Contended.
     rr_labels = {"threads": f"{RR} (one manager)", "processes": f"{RR} (manager/process)"}
@@ -1156,6 +1170,7 @@ def evaluate(results: Results, args: argparse.Namespace) -> list[Target]:
                     f"rr >= best non-starving peer ({best.library if best else 'none'})",
                     ratio,
                     1.0,
+                    rounds=per_round(rr, best, "incr/s"),
                 )
             else:
                 for peer, need in ((POTTERY, 2.0), (REDLOCK_PY, 1.0)):
@@ -1166,7 +1181,14 @@ def evaluate(results: Results, args: argparse.Namespace) -> list[Target]:
                     if p is not None and p.metrics and not p_rate:
                         text = "peer made no progress"
                         ratio = math.inf if rr_rate else None
-                    add(f"contended {case}", f"rr >= {need:g}x {peer}", ratio, need, text)
+                    add(
+                        f"contended {case}",
+                        f"rr >= {need:g}x {peer}",
+                        ratio,
+                        need,
+                        text,
+                        per_round(rr, p, "incr/s"),
+                    )
     for r in results.of("contended"):
         if r.library.startswith(RR) and r.metrics:
             share = min(r.metrics.get("share", [math.nan]))
@@ -1222,12 +1244,14 @@ def evaluate(results: Results, args: argparse.Namespace) -> list[Target]:
             "rr sync >= 0.8x RAW floor (sync)",
             rr_v / raw_v if rr_v and raw_v else None,
             0.8,
+            rounds=per_round(rr, raw, "cycles/s"),
         )
         add(
             f"uncontended {case}",
             "rr asyncio >= 0.9x rr sync",
             rra_v / rr_v if rra_v and rr_v else None,
             0.9,
+            rounds=per_round(rra, rr, "cycles/s"),
         )
 
     # Held locks.
