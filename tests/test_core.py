@@ -1420,6 +1420,66 @@ def test_the_deadline_clock_follows_renewals_and_releases_without_scanning() -> 
     assert holds.next_deadline(margin) == pytest.approx(first.valid_until - margin)
 
 
+def test_the_deadline_clock_looks_in_small_steps_however_many_holds_were_renewed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """10,000 managed holds, renewed a round of 64 at a time as the watchdog does: no
+    look of the deadline clock may go over the queue in one go with the table's lock
+    held (every acquire and release needs that lock), and the looks still find the one
+    hold left unrenewed before its validity ends, and no other."""
+    import heapq
+
+    import redreentrant._core.holds as holds_module
+
+    steps: list[int] = [0]
+
+    def counted(f: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            steps[0] += 1
+            return f(*args)
+
+        return call
+
+    monkeypatch.setattr(
+        holds_module,
+        "heapq",
+        type("CountedHeapq", (), {n: staticmethod(counted(getattr(heapq, n))) for n in
+              ("heappush", "heappop", "heapreplace", "heapify")}),
+    )  # fmt: skip
+    lease = 3.0
+    margin = verdict_margin(lease / 3)
+    holds = Holds(threading.Lock())
+    now = 1000.0
+    taken = [
+        Hold(EXCLUSIVE, f"x{n}", "m:p:u:t1", 1, lease, True, now + lease) for n in range(10_000)
+    ]
+    for hold in taken:
+        holds.add(hold)
+    forgotten = taken[5_000]
+    # Two ticks: each renews every hold but one, in rounds of 64 spread over the tick.
+    for tick in range(1, 3):
+        start = now + tick * (lease / 3)
+        for k in range(0, len(taken), 64):
+            at = start + k / len(taken) * 0.9 * (lease / 3)
+            chunk = [h for h in taken[k : k + 64] if h is not forgotten]
+            holds.renewed_all(chunk, at + lease)
+    # The clock's looks from the first tick on, each when the last one said.
+    clock = now + lease / 3
+    lost: list[Hold] = []
+    looks = 0
+    while not lost and looks < 10_000:
+        looks += 1
+        steps[0] = 0
+        lost = holds.overdue(clock, margin)
+        due = holds.next_deadline(margin)
+        assert steps[0] < 2_000, steps[0]  # a few hundred entries, never the 10,000
+        assert due is not None
+        clock = max(clock, due)
+    assert lost == [forgotten]
+    assert clock <= forgotten.valid_until - margin  # found before its validity ends
+    assert all(h.lost is None for h in taken if h is not forgotten)
+
+
 def test_the_deadline_clock_is_woken_only_by_a_hold_due_before_its_next_look() -> None:
     w = World()
     w.round_time = 0.0

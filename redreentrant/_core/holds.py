@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from .kinds import LockKind
+
+#: how many holds one look of the deadline clock reads at most (see
+#: :meth:`Holds.overdue`): the holds' lock is held meanwhile, which every acquire and
+#: release needs; the clock looks again at once for the rest
+LOOK_BUDGET = 512
 
 
 class Signal(Protocol):
@@ -51,6 +57,9 @@ class Hold:
     ident: tuple[str, str, str] = field(init=False, repr=False)
     #: the owner's thread or task token (the last part of the owner id)
     token: str = field(init=False, repr=False)
+    #: the validity its newest entry in the deadline clock's queue carries (see
+    #: :class:`Holds`)
+    queued: float = field(default=-math.inf, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Looked up on every add and remove of the hold: worked out once.
@@ -76,11 +85,14 @@ class Holds:
     def __init__(self, lock: AbstractContextManager[object]) -> None:
         self._lock = lock
         self._table: dict[tuple[str, str, str], Hold] = {}
-        # The deadline clock's queue: one entry per managed hold, ``(valid_until when
-        # queued, n, hold)``. An entry is brought up to date only when it comes to the
-        # top (validity only moves later), and dropped there once its hold is gone, so
-        # neither a renewal nor a look at the next deadline scans every hold.
-        self._deadlines: list[tuple[float, int, Hold]] = []
+        # The deadline clock's queue: ``(validity, n, holds)``, one entry per hold taken
+        # and one per renewal round (its holds, all renewed to one validity). A hold's
+        # newest entry is the one whose validity it notes in ``queued``: its older
+        # entries are passed over when they come to the top, so a renewal of thousands
+        # of holds adds one entry, and makes no work for the clock's look beyond
+        # reading each hold once when that entry comes to the top. A hold whose
+        # validity moved without a new entry (a re-entry) is queued again there.
+        self._deadlines: list[tuple[float, int, tuple[Hold, ...]]] = []
         self._order = itertools.count()
         # The managed holds by owner token: liveness is checked per owner, not per hold.
         self._by_token: dict[str, set[Hold]] = {}
@@ -99,7 +111,7 @@ class Holds:
                 heap = self._deadlines
                 if len(heap) > 2 * len(self._table) + 64:
                     self._compact()
-                heapq.heappush(heap, (hold.valid_until, next(self._order), hold))
+                self._queue((hold,), hold.valid_until)
                 owned = self._by_token.get(hold.token)
                 if owned is None:
                     self._by_token[hold.token] = {hold}
@@ -115,34 +127,41 @@ class Holds:
             if not owned:
                 del self._by_token[hold.token]
 
-    def _compact(self) -> None:
-        """Drop the queue's entries of holds that are gone (under the lock).
+    def _queue(self, holds: tuple[Hold, ...], valid_until: float) -> None:
+        """Queue ``holds`` for the deadline clock at ``valid_until`` (under the lock)."""
+        for h in holds:
+            h.queued = valid_until
+        heapq.heappush(self._deadlines, (valid_until, next(self._order), holds))
 
-        A released hold's entry stays queued until it comes to the top, which may be a
-        lease away: a lock taken and released in a loop would pile up entries (and the
-        holds they keep alive) meanwhile. Done when most entries are stale, so its cost
-        is a constant share of each add."""
-        table = self._table
-        kept: dict[int, tuple[float, int, Hold]] = {}
-        for entry in self._deadlines:
-            h = entry[2]
-            if h.lost is None and table.get(h.ident) is h:
-                kept.setdefault(id(h), entry)  # one entry per hold (a hold added again)
-        self._deadlines[:] = kept.values()
+    def _compact(self) -> None:
+        """Queue the current managed holds afresh, one entry each (under the lock).
+
+        A released hold's entries stay queued until they come to the top, which may be
+        a lease away: a lock taken and released in a loop would pile up entries (and the
+        holds they keep alive) meanwhile. Done when the queue holds more than twice as
+        many entries as the table holds, so its cost is a constant share of each add."""
+        fresh = [h for h in self._table.values() if h.managed and h.lost is None]
+        self._deadlines.clear()
+        for h in fresh:
+            h.queued = h.valid_until
+            self._deadlines.append((h.valid_until, next(self._order), (h,)))
         heapq.heapify(self._deadlines)
 
-    def _first(self) -> Hold | None:
-        """The managed hold whose validity ends first (under the lock)."""
-        heap = self._deadlines
-        while heap:
-            queued, _, h = heap[0]
-            if h.lost is not None or self._table.get(h.ident) is not h:
-                heapq.heappop(heap)
-            elif queued < h.valid_until:
-                heapq.heapreplace(heap, (h.valid_until, next(self._order), h))
+    def _due(self, entry: tuple[float, int, tuple[Hold, ...]]) -> list[Hold]:
+        """The holds an entry at the top of the queue still stands for (under the lock):
+        current, and this is their newest entry. One whose validity moved on without a
+        new entry is queued again."""
+        queued, _, holds = entry
+        table = self._table
+        out: list[Hold] = []
+        for h in holds:
+            if h.queued != queued or h.lost is not None or table.get(h.ident) is not h:
+                continue
+            if h.valid_until > queued:
+                self._queue((h,), h.valid_until)
             else:
-                return h
-        return None
+                out.append(h)
+        return out
 
     def remove(self, hold: Hold) -> None:
         with self._lock:
@@ -187,14 +206,16 @@ class Holds:
 
     def renewed_all(self, holds: Sequence[Hold], valid_until: float) -> int:
         """:meth:`renewed` for many holds, under one lock; how many were recorded."""
-        done = 0
+        renewed: list[Hold] = []
         table = self._table
         with self._lock:
             for hold in holds:
                 if hold.lost is None and table.get(hold.ident) is hold:
                     hold.valid_until = valid_until
-                    done += 1
-        return done
+                    renewed.append(hold)
+            if renewed:
+                self._queue(tuple(renewed), valid_until)
+        return len(renewed)
 
     def mark_lost(self, hold: Hold, why: str) -> bool:
         """Mark ``hold`` lost (True), unless it was released or lost already."""
@@ -205,24 +226,42 @@ class Holds:
 
     def overdue(self, now: float, margin: float) -> list[Hold]:
         """Mark lost, and return, the managed holds whose validity ends within
-        ``margin`` of ``now`` without a renewal: reported before their validity ends."""
+        ``margin`` of ``now`` without a renewal: reported before their validity ends.
+
+        At most :data:`LOOK_BUDGET` holds are read: when more entries were due, the
+        rest is left to the next look, which :meth:`next_deadline` then puts at once."""
         out: list[Hold] = []
+        heap = self._deadlines
+        budget = LOOK_BUDGET
         with self._lock:
-            while (h := self._first()) is not None and h.valid_until - margin <= now:
-                if h.renew_until is not None and h.renew_until <= now:
-                    why = "it was held for its max_hold: the watchdog stopped renewing it"
-                else:
-                    why = "the lease could not be renewed on a quorum before its validity ended"
-                h.lose(why)
-                heapq.heappop(self._deadlines)
-                out.append(h)
+            while heap and heap[0][0] - margin <= now and budget > 0:
+                entry = heapq.heappop(heap)
+                budget -= len(entry[2])
+                for h in self._due(entry):
+                    if h.renew_until is not None and h.renew_until <= now:
+                        why = "it was held for its max_hold: the watchdog stopped renewing it"
+                    else:
+                        why = "the lease could not be renewed on a quorum before its validity ended"
+                    h.lose(why)
+                    out.append(h)
         return out
 
     def next_deadline(self, margin: float) -> float | None:
-        """When the next managed hold becomes overdue (see :meth:`overdue`), if any."""
+        """When the next managed hold becomes overdue (see :meth:`overdue`), if any; or
+        earlier, when the entries at the top of the queue that stand for no hold any
+        more (a renewal round leaves one per round) hold more than
+        :data:`LOOK_BUDGET` holds: the clock then looks again sooner, and they are
+        passed over as they come due, a few at a time."""
+        heap = self._deadlines
+        budget = LOOK_BUDGET
         with self._lock:
-            h = self._first()
-        return None if h is None else h.valid_until - margin
+            while heap and budget > 0:
+                entry = heap[0]
+                if self._due(entry):
+                    break
+                heapq.heappop(heap)  # stands for no hold any more (or queued again)
+                budget -= len(entry[2])
+            return heap[0][0] - margin if heap else None
 
     def all(self) -> list[Hold]:
         with self._lock:
