@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .kinds import LockKind
 
-#: how many holds one look of the deadline clock reads at most (see
+#: how many queue entries and holds one look of the deadline clock reads at most (see
 #: :meth:`Holds.overdue`): the holds' lock is held meanwhile, which every acquire and
 #: release needs; the clock looks again at once for the rest
 LOOK_BUDGET = 512
@@ -57,9 +56,8 @@ class Hold:
     ident: tuple[str, str, str] = field(init=False, repr=False)
     #: the owner's thread or task token (the last part of the owner id)
     token: str = field(init=False, repr=False)
-    #: the validity its newest entry in the deadline clock's queue carries (see
-    #: :class:`Holds`)
-    queued: float = field(default=-math.inf, init=False, repr=False)
+    #: its newest entry in the deadline clock's queue (see :class:`Holds`)
+    entry: list[Any] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Looked up on every add and remove of the hold: worked out once.
@@ -85,14 +83,14 @@ class Holds:
     def __init__(self, lock: AbstractContextManager[object]) -> None:
         self._lock = lock
         self._table: dict[tuple[str, str, str], Hold] = {}
-        # The deadline clock's queue: ``(validity, n, holds)``, one entry per hold taken
-        # and one per renewal round (its holds, all renewed to one validity). A hold's
-        # newest entry is the one whose validity it notes in ``queued``: its older
-        # entries are passed over when they come to the top, so a renewal of thousands
-        # of holds adds one entry, and makes no work for the clock's look beyond
-        # reading each hold once when that entry comes to the top. A hold whose
-        # validity moved without a new entry (a re-entry) is queued again there.
-        self._deadlines: list[tuple[float, int, tuple[Hold, ...]]] = []
+        # The deadline clock's queue: ``[validity, n, holds, live]``, one entry per hold
+        # taken and one per renewal round (its holds, all renewed to one validity).
+        # ``live`` counts the holds whose newest entry it is (``Hold.entry``): an entry
+        # whose holds all moved on (renewed since, or released) is passed over at once
+        # when it comes to the top, so a renewal of thousands of holds adds one entry
+        # and costs the clock's looks nothing. A hold whose validity moved without a
+        # new entry (a re-entry) is queued again when its entry comes to the top.
+        self._deadlines: list[list[Any]] = []
         self._order = itertools.count()
         # The managed holds by owner token: liveness is checked per owner, not per hold.
         self._by_token: dict[str, set[Hold]] = {}
@@ -121,6 +119,10 @@ class Holds:
     def _forget(self, hold: Hold) -> None:
         """Take ``hold`` off the table (under the lock)."""
         del self._table[hold.ident]
+        entry = hold.entry
+        if entry is not None:
+            entry[3] -= 1
+            hold.entry = None
         owned = self._by_token.get(hold.token)
         if owned is not None:
             owned.discard(hold)
@@ -129,33 +131,39 @@ class Holds:
 
     def _queue(self, holds: tuple[Hold, ...], valid_until: float) -> None:
         """Queue ``holds`` for the deadline clock at ``valid_until`` (under the lock)."""
+        entry: list[Any] = [valid_until, next(self._order), holds, len(holds)]
         for h in holds:
-            h.queued = valid_until
-        heapq.heappush(self._deadlines, (valid_until, next(self._order), holds))
+            old = h.entry
+            if old is not None:
+                old[3] -= 1
+            h.entry = entry
+        heapq.heappush(self._deadlines, entry)
 
     def _compact(self) -> None:
         """Queue the current managed holds afresh, one entry each (under the lock).
 
         A released hold's entries stay queued until they come to the top, which may be
-        a lease away: a lock taken and released in a loop would pile up entries (and the
-        holds they keep alive) meanwhile. Done when the queue holds more than twice as
-        many entries as the table holds, so its cost is a constant share of each add."""
-        fresh = [h for h in self._table.values() if h.managed and h.lost is None]
+        a lease away: a lock taken and released in a loop would pile up entries
+        meanwhile. Done when the queue holds more than twice as many entries as the
+        table holds, so its cost is a constant share of each add."""
         self._deadlines.clear()
-        for h in fresh:
-            h.queued = h.valid_until
-            self._deadlines.append((h.valid_until, next(self._order), (h,)))
-        heapq.heapify(self._deadlines)
+        for h in self._table.values():
+            h.entry = None
+            if h.managed and h.lost is None:
+                self._queue((h,), h.valid_until)
 
-    def _due(self, entry: tuple[float, int, tuple[Hold, ...]]) -> list[Hold]:
+    def _due(self, entry: list[Any]) -> list[Hold]:
         """The holds an entry at the top of the queue still stands for (under the lock):
         current, and this is their newest entry. One whose validity moved on without a
         new entry is queued again."""
-        queued, _, holds = entry
+        if not entry[3]:
+            return []
+        queued: float = entry[0]
+        holds: tuple[Hold, ...] = entry[2]
         table = self._table
         out: list[Hold] = []
         for h in holds:
-            if h.queued != queued or h.lost is not None or table.get(h.ident) is not h:
+            if h.entry is not entry or h.lost is not None or table.get(h.ident) is not h:
                 continue
             if h.valid_until > queued:
                 self._queue((h,), h.valid_until)
@@ -236,7 +244,7 @@ class Holds:
         with self._lock:
             while heap and heap[0][0] - margin <= now and budget > 0:
                 entry = heapq.heappop(heap)
-                budget -= len(entry[2])
+                budget -= 1 + (len(entry[2]) if entry[3] else 0)
                 for h in self._due(entry):
                     if h.renew_until is not None and h.renew_until <= now:
                         why = "it was held for its max_hold: the watchdog stopped renewing it"
@@ -260,7 +268,7 @@ class Holds:
                 if self._due(entry):
                     break
                 heapq.heappop(heap)  # stands for no hold any more (or queued again)
-                budget -= len(entry[2])
+                budget -= 1 + (len(entry[2]) if entry[3] else 0)
             return heap[0][0] - margin if heap else None
 
     def all(self) -> list[Hold]:
