@@ -86,9 +86,9 @@ class Holds:
         # The deadline clock's queue: ``[validity, n, holds, live]``, one entry per hold
         # taken and one per renewal round (its holds, all renewed to one validity).
         # ``live`` counts the holds whose newest entry it is (``Hold.entry``): an entry
-        # whose holds all moved on (renewed since, or released) is passed over at once
-        # when it comes to the top, so a renewal of thousands of holds adds one entry
-        # and costs the clock's looks nothing. A hold whose validity moved without a
+        # whose holds all moved on (renewed since, or released) is passed over without
+        # reading them when it comes to the top, so a renewal of thousands of holds
+        # adds one entry and costs a look one pop. A hold whose validity moved without a
         # new entry (a re-entry) is queued again when its entry comes to the top.
         self._deadlines: list[list[Any]] = []
         self._order = itertools.count()
@@ -236,8 +236,9 @@ class Holds:
         """Mark lost, and return, the managed holds whose validity ends within
         ``margin`` of ``now`` without a renewal: reported before their validity ends.
 
-        At most :data:`LOOK_BUDGET` holds are read: when more entries were due, the
-        rest is left to the next look, which :meth:`next_deadline` then puts at once."""
+        At most :data:`LOOK_BUDGET` entries and holds are read: when more were due,
+        the rest is left to the next look, which :meth:`next_deadline` then puts at
+        once."""
         out: list[Hold] = []
         heap = self._deadlines
         budget = LOOK_BUDGET
@@ -256,10 +257,10 @@ class Holds:
 
     def next_deadline(self, margin: float) -> float | None:
         """When the next managed hold becomes overdue (see :meth:`overdue`), if any; or
-        earlier, when the entries at the top of the queue that stand for no hold any
-        more (a renewal round leaves one per round) hold more than
-        :data:`LOOK_BUDGET` holds: the clock then looks again sooner, and they are
-        passed over as they come due, a few at a time."""
+        earlier, when passing over the entries at the top of the queue that stand for
+        no hold any more (each renewal round leaves one behind) would read more than
+        :data:`LOOK_BUDGET` entries and holds: the clock then looks again sooner for
+        the rest."""
         heap = self._deadlines
         budget = LOOK_BUDGET
         with self._lock:
