@@ -108,7 +108,11 @@ class LockManager(ManagerCore[Lock]):
         ]
         # Confirmations of a subscription may take a round trip from every master.
         self._hub = AsyncWakeupHub(pubsubs, 2 * timeout, engine.home_channel)
-        self._transport = AsyncTransport(clients, timeout, settings.probe_interval, self._nodes)
+        # The clients made here from URLs: their rounds may use wire connections.
+        wired = [i for i, c in enumerate(clients) if any(c is o for o in self._own_clients)]
+        self._transport = AsyncTransport(
+            clients, timeout, settings.probe_interval, self._nodes, wired
+        )
         self._driver = AsyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = AsyncWatchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started

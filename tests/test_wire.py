@@ -1,0 +1,200 @@
+"""The asyncio transport's wire connections (redreentrant._async.wire) against real
+masters: which masters use them, replies and error replies as redis.asyncio gives them,
+time-outs and cancellations that lose no reply, a connection the server closes, and the
+handshake (user, password, database) under a whole manager."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+from redreentrant._async.manager import url_client
+from redreentrant._async.wire import WireConnection, WirePool, wire_pool
+from redreentrant._core.keys import lock_key
+from redreentrant.asyncio import LockManager, QuorumUnavailableError
+from redreentrant.testing import LocalEnsemble
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("hiredis") is None,
+    reason="wire connections need hiredis (the matrix's venvs test the fallback)",
+)
+
+
+def pool_of(url: str) -> WirePool:
+    pool = wire_pool(url_client(url, 1.0), url)
+    assert pool is not None
+    return pool
+
+
+async def connect(url: str) -> WireConnection:
+    return await pool_of(url).get_connection()
+
+
+def test_plain_url_clients_get_wire_connections_and_other_clients_do_not(
+    urls: list[str],
+) -> None:
+    url = urls[0]
+    host_port = url.removeprefix("redis://").split("/")[0]
+    assert isinstance(wire_pool(url_client(url, 1.0), url), WirePool)
+    assert isinstance(wire_pool(url_client(f"redis://u:pw@{host_port}/3", 1.0), url), WirePool)
+    # What a wire connection does not carry out keeps the client's own connections:
+    # TLS, a unix socket, options beyond host/port/db/user/password, a socket time-out,
+    # RESP3, an encoding hiredis does not pack, another kind of client.
+    refused = [
+        url_client(f"rediss://{host_port}", 1.0),
+        url_client("unix:///tmp/none.sock", 1.0),
+        redis.asyncio.Redis.from_url(url, socket_keepalive=True, socket_timeout=None),
+        redis.asyncio.Redis.from_url(url),  # redis.asyncio's default socket time-out
+        redis.asyncio.Redis.from_url(url, protocol=3, socket_timeout=None),
+        redis.asyncio.Redis.from_url(url, encoding="latin-1", socket_timeout=None),
+        redis.Redis.from_url(url),
+        object(),
+    ]
+    for client in refused:
+        assert wire_pool(client, url) is None, client
+
+
+def test_replies_and_error_replies_match_redis_asyncio(urls: list[str]) -> None:
+    """The transport judges replies and errors alike on both kinds of connection."""
+    commands: list[tuple[object, ...]] = [
+        ("SET", "wire:s", "v"),
+        ("GET", "wire:s"),
+        ("GET", "wire:none"),
+        ("RPUSH", "wire:l", "a", "b"),
+        ("LRANGE", "wire:l", 0, -1),
+        ("EVAL", "return {1, 'x', {2}}", 0),
+        ("EVALSHA", "0" * 40, 0),  # NOSCRIPT: redis-py's NoScriptError
+        ("HGET", "wire:l", "f"),  # WRONGTYPE: a ResponseError naming it
+        ("NOSUCHCOMMAND",),
+    ]
+
+    async def replies_of(conn: object, send: object) -> list[object]:
+        out: list[object] = []
+        for command in commands:
+            await send(*command)  # type: ignore[operator]
+            try:
+                out.append(await conn.read_response())  # type: ignore[attr-defined]
+            except ResponseError as error:
+                out.append((type(error), str(error)))
+        return out
+
+    async def main() -> None:
+        wire = await connect(urls[0])
+        client = url_client(urls[0], 1.0)
+        theirs = await client.connection_pool.get_connection()
+        try:
+            ours = await replies_of(wire, wire.send_command)
+            await client.delete("wire:s", "wire:l")
+            expected = await replies_of(theirs, theirs.send_command)
+        finally:
+            await client.connection_pool.release(theirs)
+            await client.delete("wire:s", "wire:l")
+            await client.aclose()
+            await wire.disconnect()
+        assert ours == expected
+        assert ours[6][0] is NoScriptError  # type: ignore[index]
+        assert "WRONGTYPE" in ours[7][1]  # type: ignore[index]
+
+    asyncio.run(main())
+
+
+def test_a_read_that_times_out_or_is_cancelled_leaves_its_reply_owed(urls: list[str]) -> None:
+    """As redis.asyncio: a time-out returns None and a cancelled read consumes
+    nothing; the reply is read later, in order."""
+    key = f"wire:{uuid.uuid4().hex}"
+
+    async def main() -> None:
+        wire = await connect(urls[0])
+        pusher = url_client(urls[0], 1.0)
+        try:
+            await wire.send_command("BLPOP", key, 10)
+            await wire.send_command("PING")
+            assert await wire.read_response(timeout=0.05) is None
+            reading = asyncio.ensure_future(wire.read_response())
+            await asyncio.sleep(0.05)
+            reading.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reading
+            await pusher.rpush(key, "v")
+            assert await wire.read_response(timeout=5.0) == [key.encode(), b"v"]
+            assert await wire.read_response(timeout=5.0) == b"PONG"
+        finally:
+            await pusher.delete(key)
+            await pusher.aclose()
+            await wire.disconnect()
+
+    asyncio.run(main())
+
+
+def test_a_connection_the_server_closes_fails_its_reads_and_sends(urls: list[str]) -> None:
+    async def main() -> None:
+        wire = await connect(urls[0])
+        admin = url_client(urls[0], 1.0)
+        try:
+            await wire.send_command("CLIENT", "ID")
+            client_id = await wire.read_response(timeout=5.0)
+            await wire.send_command("BLPOP", f"wire:{uuid.uuid4().hex}", 10)
+            reading = asyncio.ensure_future(wire.read_response())
+            await asyncio.sleep(0.05)
+            assert await admin.client_kill_filter(_id=client_id) == 1
+            with pytest.raises(RedisConnectionError):
+                await asyncio.wait_for(reading, 5.0)
+            with pytest.raises(RedisConnectionError):
+                await wire.send_command("PING")
+        finally:
+            await admin.aclose()
+            await wire.disconnect()
+
+    asyncio.run(main())
+
+
+@pytest.fixture
+def acl_user(ensemble: LocalEnsemble) -> Iterator[tuple[str, str]]:
+    """A user with a password on every master (removed afterwards)."""
+    user, password = f"wire{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    for url in ensemble.urls:
+        with redis.Redis.from_url(url) as r:
+            r.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"],
+                          channels=["*"], commands=["+@all"])  # fmt: skip
+    yield user, password
+    for url in ensemble.urls:
+        with redis.Redis.from_url(url) as r:
+            r.acl_deluser(user)
+
+
+def test_a_manager_of_urls_with_user_password_and_db_locks_there(
+    ensemble: LocalEnsemble, acl_user: tuple[str, str]
+) -> None:
+    user, password = acl_user
+    hosts = [u.removeprefix("redis://").split("/")[0] for u in ensemble.urls[:3]]
+    name = f"wire-{uuid.uuid4().hex}"
+
+    def keys_in_db(db: int) -> list[int]:
+        counts = []
+        for host in hosts:
+            with redis.Redis.from_url(f"redis://{host}/{db}") as r:
+                counts.append(int(r.exists(lock_key(name))))
+        return counts
+
+    async def main() -> None:
+        good = [f"redis://{user}:{password}@{h}/3" for h in hosts]
+        async with LockManager(good, lease=5.0) as mgr:
+            async with mgr.lock(name):
+                assert keys_in_db(3) == [1, 1, 1]
+                assert keys_in_db(0) == [0, 0, 0]
+            assert keys_in_db(3) == [0, 0, 0]
+        bad = [f"redis://{user}:wrong@{h}/3" for h in hosts]
+        async with LockManager(bad, lease=5.0, master_timeout=0.5) as mgr:
+            with pytest.raises(QuorumUnavailableError, match=r"(?i)password|auth"):
+                await mgr.lock(name).acquire()
+        assert keys_in_db(3) == [0, 0, 0]
+
+    asyncio.run(main())
