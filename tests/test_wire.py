@@ -1,7 +1,7 @@
-"""The asyncio transport's wire connections (redreentrant._async.wire) against real
-masters: which masters use them, replies and error replies as redis.asyncio gives them,
-time-outs and cancellations that lose no reply, a connection the server closes, and the
-handshake (user, password, database) under a whole manager."""
+"""The transports' wire connections (redreentrant._sync.wire, redreentrant._async.wire)
+against real masters: which masters use them, replies and error replies as redis-py's
+connections give them, time-outs and cancellations that lose no reply, a connection the
+server closes, and the handshake (user, password, database) under a whole manager."""
 
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
+import redreentrant
 from redreentrant._async.manager import url_client
 from redreentrant._async.wire import WireConnection, WirePool, wire_pool
 from redreentrant._core.keys import lock_key
+from redreentrant._sync import wire as sync_wire
+from redreentrant._sync.manager import url_client as sync_url_client
 from redreentrant.asyncio import LockManager, QuorumUnavailableError
 from redreentrant.testing import LocalEnsemble
 
@@ -198,3 +201,134 @@ def test_a_manager_of_urls_with_user_password_and_db_locks_there(
         assert keys_in_db(3) == [0, 0, 0]
 
     asyncio.run(main())
+
+
+# -- sync ---------------------------------------------------------------------------------
+
+
+def sync_connect(url: str, timeout: float = 1.0) -> sync_wire.WireConnection:
+    pool = sync_wire.wire_pool(sync_url_client(url, timeout), url)
+    assert pool is not None
+    return pool.get_connection()
+
+
+def test_plain_sync_url_clients_get_wire_connections_and_other_clients_do_not(
+    urls: list[str],
+) -> None:
+    url = urls[0]
+    host_port = url.removeprefix("redis://").split("/")[0]
+    assert isinstance(sync_wire.wire_pool(sync_url_client(url, 1.0), url), sync_wire.WirePool)
+    refused = [
+        sync_url_client(f"rediss://{host_port}", 1.0),
+        sync_url_client("unix:///tmp/none.sock", 1.0),
+        redis.Redis.from_url(url, socket_keepalive=True),
+        redis.Redis.from_url(url, protocol=3),
+        redis.Redis.from_url(url, encoding="latin-1"),
+        url_client(url, 1.0),  # an asyncio client
+    ]
+    for client in refused:
+        assert sync_wire.wire_pool(client, url) is None, client
+
+
+def test_sync_replies_and_error_replies_match_redis_py(urls: list[str]) -> None:
+    commands: list[tuple[object, ...]] = [
+        ("SET", "wire:s", "v"),
+        ("GET", "wire:s"),
+        ("GET", "wire:none"),
+        ("RPUSH", "wire:l", "a", "b"),
+        ("LRANGE", "wire:l", 0, -1),
+        ("EVAL", "return {1, 'x', {2}}", 0),
+        ("EVALSHA", "0" * 40, 0),
+        ("HGET", "wire:l", "f"),
+        ("NOSUCHCOMMAND",),
+    ]
+
+    def replies_of(conn: object) -> list[object]:
+        out: list[object] = []
+        for command in commands:
+            conn.send_command(*command)  # type: ignore[attr-defined]
+            try:
+                out.append(conn.read_response())  # type: ignore[attr-defined]
+            except ResponseError as error:
+                out.append((type(error), str(error)))
+        return out
+
+    wire = sync_connect(urls[0])
+    client = sync_url_client(urls[0], 1.0)
+    theirs = client.connection_pool.get_connection()
+    try:
+        ours = replies_of(wire)
+        client.delete("wire:s", "wire:l")
+        expected = replies_of(theirs)
+    finally:
+        client.connection_pool.release(theirs)
+        client.delete("wire:s", "wire:l")
+        client.close()
+        wire.disconnect()
+    assert ours == expected
+    assert ours[6][0] is NoScriptError  # type: ignore[index]
+
+
+def test_a_sync_read_that_times_out_leaves_its_reply_owed(urls: list[str]) -> None:
+    """The socket's time-out (set in the kernel on Linux) bounds a read, which then
+    consumed nothing: the reply is read later, in order, on the same connection."""
+    key = f"wire:{uuid.uuid4().hex}"
+    wire = sync_connect(urls[0], timeout=0.1)
+    pusher = redis.Redis.from_url(urls[0])
+    try:
+        wire.send_command("BLPOP", key, 10)
+        wire.send_command("PING")
+        with pytest.raises(redis.TimeoutError):
+            wire.read_response()
+        assert not wire.can_read(timeout=0.05)
+        pusher.rpush(key, "v")
+        assert wire.can_read(timeout=5.0)
+        assert wire.read_response() == [key.encode(), b"v"]
+        assert wire.read_response() == b"PONG"
+    finally:
+        pusher.delete(key)
+        pusher.close()
+        wire.disconnect()
+
+
+def test_a_sync_connection_the_server_closes_fails_its_reads_and_sends(urls: list[str]) -> None:
+    wire = sync_connect(urls[0], timeout=5.0)
+    admin = redis.Redis.from_url(urls[0])
+    try:
+        wire.send_command("CLIENT", "ID")
+        client_id = wire.read_response()
+        assert admin.client_kill_filter(_id=client_id) == 1
+        with pytest.raises(RedisConnectionError):
+            wire.send_command("PING")
+            wire.read_response()
+        with pytest.raises(RedisConnectionError):
+            wire.send_command("PING")
+    finally:
+        admin.close()
+        wire.disconnect()
+
+
+def test_a_sync_manager_of_urls_with_user_password_and_db_locks_there(
+    ensemble: LocalEnsemble, acl_user: tuple[str, str]
+) -> None:
+    user, password = acl_user
+    hosts = [u.removeprefix("redis://").split("/")[0] for u in ensemble.urls[:3]]
+    name = f"wire-{uuid.uuid4().hex}"
+
+    def keys_in_db(db: int) -> list[int]:
+        counts = []
+        for host in hosts:
+            with redis.Redis.from_url(f"redis://{host}/{db}") as r:
+                counts.append(int(r.exists(lock_key(name))))
+        return counts
+
+    good = [f"redis://{user}:{password}@{h}/3" for h in hosts]
+    with redreentrant.LockManager(good, lease=5.0) as mgr, mgr.lock(name):
+        assert keys_in_db(3) == [1, 1, 1]
+        assert keys_in_db(0) == [0, 0, 0]
+    assert keys_in_db(3) == [0, 0, 0]
+    bad = [f"redis://{user}:wrong@{h}/3" for h in hosts]
+    refused = pytest.raises(redreentrant.QuorumUnavailableError, match=r"(?i)password|auth")
+    with redreentrant.LockManager(bad, lease=5.0, master_timeout=0.5) as mgr, refused:
+        mgr.lock(name).acquire()
+    assert keys_in_db(3) == [0, 0, 0]

@@ -9,9 +9,10 @@ packed commands, read the next reply (bounded by a time-out, or cancelled withou
 consuming anything), close. Here the protocol parses replies with hiredis as they come
 (``data_received``), and a read waits on one future only when no reply is there yet.
 
-Used only where nothing else is needed (see :func:`wire_pool`): a master the manager
-made itself from a plain ``redis://`` URL (host, port, and optionally db, user name and
-password), with hiredis installed. Every other master, and everything besides the
+Used only where nothing else is needed (see :func:`wire_pool` and
+:mod:`redreentrant._core.wire`): a master the manager made itself from a plain
+``redis://`` URL (host, port, and optionally db, user name and password), with hiredis
+installed. Every other master, and everything besides the
 rounds (pub/sub, the application's own commands), uses the client's own
 ``redis.asyncio`` connections.
 """
@@ -31,19 +32,7 @@ from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.fanout import wire_packer
-
-#: the connection options of a URL-made client that a wire connection carries out
-HANDLED = frozenset({"host", "port", "db", "username", "password", "socket_connect_timeout"})
-#: options it may leave aside: what they ask for is what it does anyway (no socket
-#: time-out, protocol 2, no handshake), or they concern redis-py's internals only
-IGNORED: dict[str, object] = {
-    "socket_timeout": None,
-    "protocol": 2,
-    "driver_info": None,
-    "lib_name": None,
-    "lib_version": None,
-}
-INTERNAL = frozenset({"himport_registry"})
+from .._core.wire import WireOptions, wire_options
 
 _NOTHING = object()
 
@@ -228,14 +217,8 @@ class WirePool:
     """Makes a master's wire connections (the transport keeps them: ``release`` closes
     one)."""
 
-    def __init__(self, options: dict[str, Any], encoder: Any, name: str) -> None:
-        self._host = str(options["host"])
-        self._port = int(options["port"])
-        self._db = int(options.get("db") or 0)
-        self._username: str | None = options.get("username")
-        self._password: str | None = options.get("password")
-        timeout = options.get("socket_connect_timeout")
-        self._connect_timeout: float | None = None if timeout is None else float(timeout)
+    def __init__(self, options: WireOptions, encoder: Any, name: str) -> None:
+        self._options = options
         self._encoder = encoder
         self._name = name
 
@@ -248,27 +231,23 @@ class WirePool:
         def protocol() -> _Protocol:
             return _Protocol(encoding, encoder.encoding_errors)
 
+        options = self._options
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(protocol, self._host, self._port),
-                self._connect_timeout,
+                loop.create_connection(protocol, options.host, options.port),
+                options.connect_timeout,
             )
         except (asyncio.TimeoutError, TimeoutError):
             raise RedisTimeoutError(f"{self._name}: timed out connecting") from None
         except OSError as error:
             raise RedisConnectionError(f"{self._name}: {error}") from error
         conn = WireConnection(proto, encoder, self._name)
-        handshake: list[tuple[object, ...]] = []
-        if self._password is not None:
-            user = () if self._username is None else (self._username,)
-            handshake.append(("AUTH", *user, self._password))
-        if self._db:
-            handshake.append(("SELECT", self._db))
+        handshake = options.handshake()
         if handshake:
             try:
                 await conn.send_packed_command(conn.pack_commands(handshake))
                 for _ in handshake:
-                    reply = await conn.read_response(timeout=self._connect_timeout)
+                    reply = await conn.read_response(timeout=options.connect_timeout)
                     if reply is None:
                         raise RedisTimeoutError(f"{self._name}: no answer to the handshake")
             except BaseException:
@@ -290,13 +269,9 @@ def wire_pool(client: object, name: str) -> WirePool | None:
     pool: Any = client.connection_pool
     if pool.connection_class is not redis.asyncio.Connection:
         return None
-    options: dict[str, Any] = dict(pool.connection_kwargs)
-    for key, value in options.items():
-        if key in HANDLED or key in INTERNAL:
-            continue
-        if key not in IGNORED or value != IGNORED[key]:
-            return None
-    if "host" not in options or "port" not in options:
+    options = wire_options(pool.connection_kwargs)
+    # No socket time-out: the transport bounds the reads of a round itself.
+    if options is None or options.socket_timeout is not None:
         return None
     encoder = pool.get_encoder()
     if wire_packer(encoder.encoding, encoder.encoding_errors) is None:

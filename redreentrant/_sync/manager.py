@@ -116,7 +116,11 @@ class LockManager(ManagerCore[Lock]):
         ]
         # Confirmations of a subscription may take a round trip from every master.
         self._hub = WakeupHub(pubsubs, 2 * timeout, engine.home_channel)
-        self._transport = SyncTransport(clients, timeout, settings.probe_interval, self._nodes)
+        # The clients made here from URLs: their rounds may use wire connections.
+        wired = [i for i, c in enumerate(clients) if any(c is o for o in self._own_clients)]
+        self._transport = SyncTransport(
+            clients, timeout, settings.probe_interval, self._nodes, wired
+        )
         self._driver = SyncDriver(self._transport, self._hub, engine.check_open)
         self._watchdog = Watchdog(self._driver.run, engine, self._report)
         engine.on_managed_hold = self._watchdog.ensure_started

@@ -53,6 +53,7 @@ from .._core.fanout import (
 from .._core.masters import master_name, with_valkey
 from .._core.owner import process_id
 from .cluster import NodeClients
+from .wire import wire_pool
 
 #: how far past the round's deadline (a share of the master timeout) a read may wait
 #: when it waits on the socket's own time-out
@@ -105,23 +106,32 @@ class SyncTransport:
         timeout: float,
         probe_interval: float = 1.0,
         nodes: NodeClients | None = None,
+        wired: Collection[int] = (),
     ) -> None:
+        """``wired``: the members whose rounds may run on wire connections (see
+        :mod:`.wire`) rather than on their clients' own: the clients made from URLs."""
         self.timeout = timeout
         self.probe_interval = probe_interval
         self._ends = Endpoints(members, probe_interval, threading.Lock)
         self._nodes = nodes or NodeClients(members, timeout)
         self._grow_lock = threading.Lock()
-        #: per endpoint: its client (None for a cluster member's own number), name, getter
+        #: per endpoint: its client (None for a cluster member's own number), name, the
+        #: pool its connections come from and go back to, and that pool's getter
         self.clients: list[Any] = []
         self._names: list[str] = []
+        self._pools: list[Any] = []
         self._getters: list[Any] = []
         for i, member in enumerate(members):
             plain = self._ends.cluster(i) is None
             self.clients.append(member if plain else None)
             self._names.append(master_name(member))
-            self._getters.append(
-                connection_getter(member.connection_pool) if plain else _no_connection
-            )
+            pool = None
+            if plain:
+                pool = (wire_pool(member, self._names[i]) if i in wired else None) or (
+                    member.connection_pool
+                )
+            self._pools.append(pool)
+            self._getters.append(connection_getter(pool) if plain else _no_connection)
         # An error reply, and a read that timed out, as redis-py or valkey-py raise them.
         self._error_replies = with_valkey(ResponseError, "valkey.exceptions", "ResponseError")
         self._timeouts = with_valkey(redis.TimeoutError, "valkey.exceptions", "TimeoutError")
@@ -145,6 +155,7 @@ class SyncTransport:
                 client = self._nodes.client(i, node)
                 self.clients.append(client)
                 self._names.append(f"{self._names[i]} node {node[0]}:{node[1]}")
+                self._pools.append(client.connection_pool)
                 self._getters.append(connection_getter(client.connection_pool))
                 # Last: the endpoint is in use once its health is there.
                 self._masters.append(MasterHealth(self.probe_interval))
@@ -186,7 +197,7 @@ class SyncTransport:
 
     def _give(self, i: int, conn: Any) -> None:
         if self._closed:
-            self.clients[i].connection_pool.release(conn)
+            self._pools[i].release(conn)
         else:
             self._masters[i].idle.append(conn)
 
@@ -195,7 +206,7 @@ class SyncTransport:
         # comes through _new_connection, which loads the scripts (the master may have
         # restarted without them).
         conn.disconnect()
-        self.clients[i].connection_pool.release(conn)
+        self._pools[i].release(conn)
 
     def fanout(self, fanout: Fanout) -> list[list[Reply]]:
         if self._pid != process_id():
@@ -460,7 +471,7 @@ class SyncTransport:
         for i, m in enumerate(self._masters):
             if self.clients[i] is None:
                 continue
-            pool = self.clients[i].connection_pool
+            pool = self._pools[i]
             while m.idle:
                 pool.release(m.idle.pop())
             while m.behind:
