@@ -31,6 +31,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+#: commands whose replies (and error replies) both kinds of connection must give alike
+COMMANDS: list[tuple[object, ...]] = [
+    ("SET", "wire:s", "v"),
+    ("GET", "wire:s"),
+    ("GET", "wire:none"),
+    ("RPUSH", "wire:l", "a", "b"),
+    ("LRANGE", "wire:l", 0, -1),
+    ("EVAL", "return {1, 'x', {2}}", 0),
+    ("EVALSHA", "0" * 40, 0),  # NOSCRIPT: redis-py's NoScriptError
+    ("HGET", "wire:l", "f"),  # WRONGTYPE: a ResponseError naming it
+    ("NOSUCHCOMMAND",),
+]
+
+
 def pool_of(url: str) -> WirePool:
     pool = wire_pool(url_client(url, 1.0), url)
     assert pool is not None
@@ -67,21 +81,10 @@ def test_plain_url_clients_get_wire_connections_and_other_clients_do_not(
 
 def test_replies_and_error_replies_match_redis_asyncio(urls: list[str]) -> None:
     """The transport judges replies and errors alike on both kinds of connection."""
-    commands: list[tuple[object, ...]] = [
-        ("SET", "wire:s", "v"),
-        ("GET", "wire:s"),
-        ("GET", "wire:none"),
-        ("RPUSH", "wire:l", "a", "b"),
-        ("LRANGE", "wire:l", 0, -1),
-        ("EVAL", "return {1, 'x', {2}}", 0),
-        ("EVALSHA", "0" * 40, 0),  # NOSCRIPT: redis-py's NoScriptError
-        ("HGET", "wire:l", "f"),  # WRONGTYPE: a ResponseError naming it
-        ("NOSUCHCOMMAND",),
-    ]
 
     async def replies_of(conn: object, send: object) -> list[object]:
         out: list[object] = []
-        for command in commands:
+        for command in COMMANDS:
             await send(*command)  # type: ignore[operator]
             try:
                 out.append(await conn.read_response())  # type: ignore[attr-defined]
@@ -173,32 +176,42 @@ def acl_user(ensemble: LocalEnsemble) -> Iterator[tuple[str, str]]:
             r.acl_deluser(user)
 
 
-def test_a_manager_of_urls_with_user_password_and_db_locks_there(
-    ensemble: LocalEnsemble, acl_user: tuple[str, str]
-) -> None:
-    user, password = acl_user
-    hosts = [u.removeprefix("redis://").split("/")[0] for u in ensemble.urls[:3]]
-    name = f"wire-{uuid.uuid4().hex}"
+class UserDbMasters:
+    """Three masters reached as a user with a password, on database 3."""
 
-    def keys_in_db(db: int) -> list[int]:
+    def __init__(self, ensemble: LocalEnsemble, user: str, password: str) -> None:
+        self.hosts = [u.removeprefix("redis://").split("/")[0] for u in ensemble.urls[:3]]
+        self.name = f"wire-{uuid.uuid4().hex}"
+        self.good = [f"redis://{user}:{password}@{h}/3" for h in self.hosts]
+        self.bad = [f"redis://{user}:wrong@{h}/3" for h in self.hosts]
+
+    def keys_in_db(self, db: int) -> list[int]:
+        """On each master, whether the lock's key is in database ``db``."""
         counts = []
-        for host in hosts:
+        for host in self.hosts:
             with redis.Redis.from_url(f"redis://{host}/{db}") as r:
-                counts.append(int(r.exists(lock_key(name))))
+                counts.append(int(r.exists(lock_key(self.name))))
         return counts
 
+
+@pytest.fixture
+def user_db(ensemble: LocalEnsemble, acl_user: tuple[str, str]) -> UserDbMasters:
+    return UserDbMasters(ensemble, *acl_user)
+
+
+def test_a_manager_of_urls_with_user_password_and_db_locks_there(user_db: UserDbMasters) -> None:
+    m = user_db
+
     async def main() -> None:
-        good = [f"redis://{user}:{password}@{h}/3" for h in hosts]
-        async with LockManager(good, lease=5.0) as mgr:
-            async with mgr.lock(name):
-                assert keys_in_db(3) == [1, 1, 1]
-                assert keys_in_db(0) == [0, 0, 0]
-            assert keys_in_db(3) == [0, 0, 0]
-        bad = [f"redis://{user}:wrong@{h}/3" for h in hosts]
-        async with LockManager(bad, lease=5.0, master_timeout=0.5) as mgr:
+        async with LockManager(m.good, lease=5.0) as mgr:
+            async with mgr.lock(m.name):
+                assert m.keys_in_db(3) == [1, 1, 1]
+                assert m.keys_in_db(0) == [0, 0, 0]
+            assert m.keys_in_db(3) == [0, 0, 0]
+        async with LockManager(m.bad, lease=5.0, master_timeout=0.5) as mgr:
             with pytest.raises(QuorumUnavailableError, match=r"(?i)password|auth"):
-                await mgr.lock(name).acquire()
-        assert keys_in_db(3) == [0, 0, 0]
+                await mgr.lock(m.name).acquire()
+        assert m.keys_in_db(3) == [0, 0, 0]
 
     asyncio.run(main())
 
@@ -231,21 +244,10 @@ def test_plain_sync_url_clients_get_wire_connections_and_other_clients_do_not(
 
 
 def test_sync_replies_and_error_replies_match_redis_py(urls: list[str]) -> None:
-    commands: list[tuple[object, ...]] = [
-        ("SET", "wire:s", "v"),
-        ("GET", "wire:s"),
-        ("GET", "wire:none"),
-        ("RPUSH", "wire:l", "a", "b"),
-        ("LRANGE", "wire:l", 0, -1),
-        ("EVAL", "return {1, 'x', {2}}", 0),
-        ("EVALSHA", "0" * 40, 0),
-        ("HGET", "wire:l", "f"),
-        ("NOSUCHCOMMAND",),
-    ]
 
     def replies_of(conn: object) -> list[object]:
         out: list[object] = []
-        for command in commands:
+        for command in COMMANDS:
             conn.send_command(*command)  # type: ignore[attr-defined]
             try:
                 out.append(conn.read_response())  # type: ignore[attr-defined]
@@ -309,26 +311,14 @@ def test_a_sync_connection_the_server_closes_fails_its_reads_and_sends(urls: lis
 
 
 def test_a_sync_manager_of_urls_with_user_password_and_db_locks_there(
-    ensemble: LocalEnsemble, acl_user: tuple[str, str]
+    user_db: UserDbMasters,
 ) -> None:
-    user, password = acl_user
-    hosts = [u.removeprefix("redis://").split("/")[0] for u in ensemble.urls[:3]]
-    name = f"wire-{uuid.uuid4().hex}"
-
-    def keys_in_db(db: int) -> list[int]:
-        counts = []
-        for host in hosts:
-            with redis.Redis.from_url(f"redis://{host}/{db}") as r:
-                counts.append(int(r.exists(lock_key(name))))
-        return counts
-
-    good = [f"redis://{user}:{password}@{h}/3" for h in hosts]
-    with redreentrant.LockManager(good, lease=5.0) as mgr, mgr.lock(name):
-        assert keys_in_db(3) == [1, 1, 1]
-        assert keys_in_db(0) == [0, 0, 0]
-    assert keys_in_db(3) == [0, 0, 0]
-    bad = [f"redis://{user}:wrong@{h}/3" for h in hosts]
+    m = user_db
+    with redreentrant.LockManager(m.good, lease=5.0) as mgr, mgr.lock(m.name):
+        assert m.keys_in_db(3) == [1, 1, 1]
+        assert m.keys_in_db(0) == [0, 0, 0]
+    assert m.keys_in_db(3) == [0, 0, 0]
     refused = pytest.raises(redreentrant.QuorumUnavailableError, match=r"(?i)password|auth")
-    with redreentrant.LockManager(bad, lease=5.0, master_timeout=0.5) as mgr, refused:
-        mgr.lock(name).acquire()
-    assert keys_in_db(3) == [0, 0, 0]
+    with redreentrant.LockManager(m.bad, lease=5.0, master_timeout=0.5) as mgr, refused:
+        mgr.lock(m.name).acquire()
+    assert m.keys_in_db(3) == [0, 0, 0]

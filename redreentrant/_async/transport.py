@@ -42,7 +42,8 @@ from .._core.fanout import (
     suspect_error_text,
     wire_packer,
 )
-from .._core.masters import master_name, with_valkey
+from .._core.masters import with_valkey
+from .._core.wire import round_pools
 from .cluster import NodeClients
 from .wire import wire_pool
 
@@ -183,21 +184,12 @@ class AsyncTransport:
         self._nodes = nodes or NodeClients(members, timeout)
         #: per endpoint: its client (None for a cluster member's own number), name, the
         #: pool its connections come from and go back to, and that pool's getter
-        self.clients: list[Any] = []
-        self._names: list[str] = []
-        self._pools: list[Any] = []
-        self._getters: list[Any] = []
-        for i, member in enumerate(members):
-            plain = self._ends.cluster(i) is None
-            self.clients.append(member if plain else None)
-            self._names.append(master_name(member))
-            pool = None
-            if plain:
-                pool = (wire_pool(member, self._names[i]) if i in wired else None) or (
-                    member.connection_pool
-                )
-            self._pools.append(pool)
-            self._getters.append(connection_getter(pool) if plain else _no_connection)
+        self.clients, self._names, self._pools = round_pools(
+            members, lambda i: self._ends.cluster(i) is None, wired, wire_pool
+        )
+        self._getters: list[Any] = [
+            _no_connection if pool is None else connection_getter(pool) for pool in self._pools
+        ]
         # An error reply, and a connect that timed out, as redis-py or valkey-py raise them.
         self._error_replies = with_valkey(ResponseError, "valkey.exceptions", "ResponseError")
         self._timeouts = with_valkey(RedisTimeoutError, "valkey.exceptions", "TimeoutError")

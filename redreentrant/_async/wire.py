@@ -20,7 +20,6 @@ rounds (pub/sub, the application's own commands), uses the client's own
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import math
 from collections.abc import Iterable
@@ -32,7 +31,7 @@ from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.fanout import wire_packer
-from .._core.wire import WireOptions, wire_options
+from .._core.wire import Replies, WireOptions, wire_options
 
 _NOTHING = object()
 
@@ -52,18 +51,9 @@ class _Protocol(asyncio.Protocol):
     """Parses replies as they come; wakes the read waiting for one."""
 
     def __init__(self, encoding: str | None, errors: str) -> None:
-        import hiredis
-
-        if encoding is None:
-            self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=_parse_error)
-        else:
-            self._reader = hiredis.Reader(
-                protocolError=InvalidResponse,
-                replyError=_parse_error,
-                encoding=encoding,
-                errors=errors,
-            )
-        self.replies: collections.deque[object] = collections.deque()
+        self.replies = Replies(
+            encoding, errors, _parse_error, InvalidResponse, RedisConnectionError
+        )
         self.transport: asyncio.Transport | None = None
         #: why the connection is unusable (closed, broken, lost), once it is
         self.broken: Exception | None = None
@@ -77,13 +67,8 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        reader = self._reader
-        reader.feed(data)
         try:
-            reply = reader.gets()
-            while reply is not False:
-                self.replies.append(reply)
-                reply = reader.gets()
+            self.replies.feed(data)
         except InvalidResponse as error:
             self._fail(error)
             return
@@ -181,24 +166,17 @@ class WireConnection:
         nothing."""
         protocol = self._protocol
         replies = protocol.replies
-        if not replies:
+        if not replies.queue:
             if protocol.broken is None:
                 limit = None if timeout is None or timeout == math.inf else timeout
                 if not await protocol.wait_reply(limit):
                     return None
-            if not replies:
+            if not replies.queue:
                 assert protocol.broken is not None
                 if disconnect_on_error:
                     self.close()
                 raise RedisConnectionError(f"{self._name}: {protocol.broken}")
-        reply = replies.popleft()
-        # Raised as redis-py's parser raises them: error replies, and those it maps to
-        # connection errors (a wrong password) also at the head of an array.
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
-            raise reply[0]
-        return reply
+        return replies.take()
 
     def close(self) -> None:
         protocol = self._protocol

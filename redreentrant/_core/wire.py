@@ -10,8 +10,12 @@ option), so that it does exactly what the client's own connection would.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import collections
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from .masters import master_name
 
 #: the options a wire connection carries out
 HANDLED = frozenset(
@@ -81,3 +85,73 @@ def wire_options(kwargs: Mapping[str, object]) -> WireOptions | None:
         seconds("socket_connect_timeout"),
         seconds("socket_timeout"),
     )
+
+
+class Replies:
+    """The replies of one wire connection, parsed with hiredis as its bytes come, in
+    order; error replies made into redis-py's exception classes (``reply_error``),
+    and raised, when taken, as redis-py's parser raises them."""
+
+    def __init__(
+        self,
+        encoding: str | None,
+        errors: str,
+        reply_error: Callable[[str], Exception],
+        protocol_error: type[Exception],
+        connection_error: type[Exception],
+    ) -> None:
+        import hiredis  # wire connections are made only where it is installed
+
+        options: dict[str, Any] = {"protocolError": protocol_error, "replyError": reply_error}
+        if encoding is not None:
+            options.update(encoding=encoding, errors=errors)
+        self._reader: Any = hiredis.Reader(**options)
+        self._connection_error = connection_error
+        self.queue: collections.deque[object] = collections.deque()
+
+    def feed(self, data: bytes | bytearray, length: int | None = None) -> None:
+        """Parse ``data`` (its first ``length`` bytes); raises ``protocol_error`` when
+        they break the protocol."""
+        reader = self._reader
+        if length is None:
+            reader.feed(data)
+        else:
+            reader.feed(data, 0, length)
+        reply = reader.gets()
+        while reply is not False:
+            self.queue.append(reply)
+            reply = reader.gets()
+
+    def take(self) -> object:
+        """The next reply (there is one): error replies are raised, and so is one that
+        redis-py maps to a connection error (a wrong password), also at the head of
+        an array."""
+        reply = self.queue.popleft()
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(reply, list) and reply and isinstance(reply[0], self._connection_error):
+            raise reply[0]
+        return reply
+
+
+def round_pools(
+    members: Sequence[Any],
+    plain: Callable[[int], bool],
+    wired: Collection[int],
+    wire_pool: Callable[[Any, str], Any],
+) -> tuple[list[Any], list[str], list[Any]]:
+    """Per member: its client (None for a cluster member), its name, and the pool its
+    rounds' connections come from (None for a cluster member): wire connections
+    (``wire_pool``, which may decline) for the ``wired`` members, else the client's own
+    pool."""
+    clients: list[Any] = []
+    names: list[str] = []
+    pools: list[Any] = []
+    for i, member in enumerate(members):
+        clients.append(member if plain(i) else None)
+        names.append(master_name(member))
+        pool = None
+        if plain(i):
+            pool = (wire_pool(member, names[i]) if i in wired else None) or (member.connection_pool)
+        pools.append(pool)
+    return clients, names, pools

@@ -17,7 +17,6 @@ application's own commands), uses the client's own redis-py connections.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import select
 import socket
@@ -32,7 +31,7 @@ from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.fanout import wire_packer
-from .._core.wire import WireOptions, wire_options
+from .._core.wire import Replies, WireOptions, wire_options
 
 #: redis-py's parser base, whose ``parse_error`` maps error replies to redis-py's
 #: exception classes (NoScriptError, ReadOnlyError, ...): both kinds of connection
@@ -56,24 +55,19 @@ class WireConnection:
     ``socket_timeout``, ``disconnect``). Used by one thread at a time."""
 
     def __init__(self, sock: socket.socket, options: WireOptions, encoder: Any, name: str):
-        import hiredis
-
         self._sock: socket.socket | None = sock
         self.encoder = encoder
         self.socket_timeout = options.socket_timeout
         self._name = name
         self._pack = wire_packer(encoder.encoding, encoder.encoding_errors)
-        if encoder.decode_responses:
-            self._reader = hiredis.Reader(
-                protocolError=InvalidResponse,
-                replyError=_parse_error,
-                encoding=encoder.encoding,
-                errors=encoder.encoding_errors,
-            )
-        else:
-            self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=_parse_error)
+        self._replies = Replies(
+            encoder.encoding if encoder.decode_responses else None,
+            encoder.encoding_errors,
+            _parse_error,
+            InvalidResponse,
+            RedisConnectionError,
+        )
         self._buffer = bytearray(_BUFFER)
-        self._replies: collections.deque[object] = collections.deque()
 
     def pack_command(self, *args: object) -> list[bytes]:
         return self.pack_commands([args])
@@ -117,13 +111,8 @@ class WireConnection:
         if not n:
             self.disconnect()
             raise RedisConnectionError(f"{self._name}: connection closed by the server")
-        reader = self._reader
-        reader.feed(self._buffer, 0, n)  # type: ignore[arg-type]  # any buffer serves
         try:
-            reply = reader.gets()
-            while reply is not False:
-                self._replies.append(reply)
-                reply = reader.gets()
+            self._replies.feed(self._buffer, n)
         except InvalidResponse:
             self.disconnect()
             raise
@@ -131,21 +120,13 @@ class WireConnection:
     def read_response(self, disable_decoding: bool = False, **_: object) -> Any:
         """The next reply (an error reply raised as redis-py raises it); blocks within
         the socket's time-out (``redis.TimeoutError``: the reply is still owed)."""
-        replies = self._replies
-        while not replies:
+        while not self._replies.queue:
             self._fill()
-        reply = replies.popleft()
-        # Raised as redis-py's parser raises them: error replies, and those it maps to
-        # connection errors (a wrong password) also at the head of an array.
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
-            raise reply[0]
-        return reply
+        return self._replies.take()
 
     def can_read(self, timeout: float | None = 0) -> bool:
         """Whether a reply, or part of one, has come (waiting up to ``timeout``)."""
-        if self._replies:
+        if self._replies.queue:
             return True
         sock = self._socket()
         ready, _, _ = select.select([sock], [], [], timeout)
