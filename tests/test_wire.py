@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import socket
 import uuid
 from collections.abc import Iterator
 
@@ -322,3 +323,29 @@ def test_a_sync_manager_of_urls_with_user_password_and_db_locks_there(
     with redreentrant.LockManager(m.bad, lease=5.0, master_timeout=0.5) as mgr, refused:
         mgr.lock(m.name).acquire()
     assert m.keys_in_db(3) == [0, 0, 0]
+
+
+def test_a_sync_wire_connection_waits_for_replies_on_descriptors_above_1023(
+    urls: list[str],
+) -> None:
+    """A process with many files open (select() refuses descriptors above 1023)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 2048), hard))
+    spare = [socket.socket() for _ in range(1100)]
+    try:
+        wire = sync_connect(urls[0], timeout=5.0)
+        try:
+            assert wire.fileno() > 1023
+            assert not wire.can_read(timeout=0.01)
+            wire.send_command("PING")
+            assert wire.can_read(timeout=5.0)
+            assert wire.read_response() == b"PONG"
+        finally:
+            wire.disconnect()
+    finally:
+        for s in spare:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

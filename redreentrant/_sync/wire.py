@@ -18,6 +18,7 @@ application's own commands), uses the client's own redis-py connections.
 from __future__ import annotations
 
 import contextlib
+import math
 import select
 import socket
 import struct
@@ -128,18 +129,31 @@ class WireConnection:
         """Whether a reply, or part of one, has come (waiting up to ``timeout``)."""
         if self._replies.queue:
             return True
-        sock = self._socket()
-        ready, _, _ = select.select([sock], [], [], timeout)
-        if not ready:
+        if not _readable(self._socket(), timeout):
             return False
         self._fill()
         return True
+
+    def fileno(self) -> int:
+        """The socket's descriptor (-1 once closed)."""
+        return -1 if self._sock is None else self._sock.fileno()
 
     def disconnect(self) -> None:
         sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def _readable(sock: socket.socket, timeout: float | None) -> bool:
+    """Whether ``sock`` has bytes to read within ``timeout`` seconds (None: no
+    limit). ``poll`` where there is one: ``select`` refuses descriptors above 1023."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
+    ready, _, _ = select.select([sock], [], [], timeout)
+    return bool(ready)
 
 
 def _set_timeouts(sock: socket.socket, seconds: float | None) -> None:
