@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
+import redis.asyncio.connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -36,8 +37,9 @@ from .._core.wire import Replies, WireOptions, wire_options
 
 #: redis-py's parser base, whose ``parse_error`` maps error replies to redis-py's
 #: exception classes (NoScriptError, ReadOnlyError, ...): both kinds of connection
-#: raise alike (a public name of that module since redis-py 5.0, not re-exported)
-_BASE_PARSER: Any = redis.connection.BaseParser  # type: ignore[attr-defined]
+#: raise alike. Taken from ``redis.asyncio.connection``, whose public name it is from
+#: redis-py 5.0 on (``redis.connection`` has it only in later releases).
+_BASE_PARSER: Any = redis.asyncio.connection.BaseParser  # type: ignore[attr-defined]
 
 #: the kernel bounds a blocking socket's sends and reads (struct timeval of two longs)
 KERNEL_TIMEOUTS = sys.platform == "linux"
