@@ -19,10 +19,12 @@ from redreentrant import (
     QuorumUnavailableError,
 )
 from redreentrant._core.effects import Fanout
-from redreentrant._core.fencing import token_of
+from redreentrant._core.fencing import Counter, check_token, counter_of, token_of
 from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant._core.quorum import Quorum
 from redreentrant._core.rounds import Grant, acquire_steps
+from redreentrant.cli import app as cli_app
+from redreentrant.cli import main as cli_main
 from redreentrant.testing import LocalEnsemble
 
 Q5 = Quorum(tuple(f"m{i}" for i in range(5)), 0.01, 0.05)
@@ -305,6 +307,215 @@ def test_asyncio_tokens_and_store(fenced_urls: list[str]) -> None:
             assert not await store.write(first, "y")
             assert await store.read() == b"x" and await store.largest_token() == first + 101
             await client.delete("{ares}:v", "{ares}:v:fencing-token")
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+# -- the range: exact at any size, signed 64 bit ---------------------------------------------
+
+MAX = 2**63 - 1
+#: starts around 2**53 (where doubles stop being exact) and below 2**63 - 1
+STARTS = [2**53 - 2, 10**18, MAX - 3]
+
+
+def counters(ensemble: LocalEnsemble, name: str) -> list[bytes | None]:
+    """Each master's fencing counter of the plain lock ``name``, as stored."""
+    key = EXCLUSIVE.fence_key(name)
+    values = []
+    for url in ensemble.urls:
+        with redis.Redis.from_url(url) as client:
+            values.append(client.get(key))
+    return values
+
+
+def test_counter_replies_are_read_exactly_as_integers_or_decimal_strings() -> None:
+    big = 2**53 + 1
+    for value in (big, str(big), str(big).encode()):
+        assert counter_of([1, value, 0]) == Counter(True, big, False)
+    assert counter_of([1, MAX, 2]) == Counter(True, MAX, False, full=True)
+    assert counter_of([1, b"x", 0]) is None and counter_of([1, 2.0, 0]) is None
+    replies = [[GRANT, [1, str(big + i).encode(), 0]] for i in range(3)]
+    replies += [[REFUSE, [0, str(MAX).encode(), 0]], [ConnectionError(), ConnectionError()]]
+    assert token_of(Q5, "x", [0, 1, 2], replies) == big + 2
+
+
+def test_a_counter_at_its_maximum_refuses_the_grant_rather_than_repeat_a_token() -> None:
+    replies = [[GRANT, [1, MAX - 5, 0]], [GRANT, [1, MAX, 2]], [GRANT, [1, MAX - 3, 0]]]
+    replies += [[REFUSE, [0, MAX, 0]], [ConnectionError(), ConnectionError()]]
+    with pytest.raises(FencingError, match="maximum"):
+        token_of(Q5, "x", [0, 1, 2], replies)
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, -1, True, 1.0, "5"], ids=repr)
+def test_tokens_outside_the_range_are_refused_with_the_argument_named(value: object) -> None:
+    with pytest.raises(ValueError, match=r"raise_fence\(at_least=\.\.\.\): .*9223372036854775807"):
+        check_token(value, "raise_fence(at_least=...)")
+    assert check_token(MAX, "x") == MAX and check_token(0, "x") == 0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("start", STARTS, ids=["2**53-2", "10**18", "2**63-4"])
+def test_grants_and_raises_are_exact_at_any_size(
+    ensemble: LocalEnsemble, fenced_urls: list[str], start: int
+) -> None:
+    with LockManager(fenced_urls, fencing=True) as mgr:
+        lock = mgr.lock("big")
+        assert lock.raise_fence(start) == 5
+        assert lock.raise_fence(start - 1) == 5  # never lowers, even by one
+        tokens = []
+        for _ in range(3):
+            with lock:
+                tokens.append(lock.token)
+        assert tokens == [start + 1, start + 2, start + 3]
+        assert counters(ensemble, "big") == [str(start + 3).encode()] * 5
+
+
+@pytest.mark.integration
+def test_raise_fence_compares_exactly_past_2_53(
+    ensemble: LocalEnsemble, fenced_urls: list[str]
+) -> None:
+    with LockManager(fenced_urls, fencing=True) as mgr:
+        lock = mgr.lock("r")
+        lock.raise_fence(2**53)
+        lock.raise_fence(2**53 + 1)  # one more than a double tells apart
+        assert counters(ensemble, "r") == [str(2**53 + 1).encode()] * 5
+        lock.raise_fence(10)  # shorter: smaller, whatever the digits
+        with lock:
+            assert lock.token == 2**53 + 2
+
+
+@pytest.mark.integration
+def test_a_grant_past_the_maximum_raises_and_changes_nothing(
+    ensemble: LocalEnsemble, fenced_urls: list[str]
+) -> None:
+    with LockManager(fenced_urls, fencing=True) as mgr:
+        lock = mgr.lock("max")
+        lock.raise_fence(MAX - 1)
+        with lock:
+            assert lock.token == MAX
+        with pytest.raises(FencingError, match="maximum"):
+            lock.acquire(timeout=2)
+        assert not lock.is_owned() and not lock.locked()
+        assert counters(ensemble, "max") == [str(MAX).encode()] * 5
+        assert lock.raise_fence(MAX) == 5  # in range: a no-op here
+        # A counter past the range (not written by this library) refuses alike.
+        for url in fenced_urls:
+            with redis.Redis.from_url(url) as client:
+                client.set(EXCLUSIVE.fence_key("max"), str(2**63))
+        with pytest.raises(FencingError, match="maximum"):
+            lock.acquire(timeout=2)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, True, 7.0], ids=repr)
+def test_raise_fence_refuses_a_value_outside_the_range_before_sending_it(
+    ensemble: LocalEnsemble, fenced_urls: list[str], value: object
+) -> None:
+    refused = pytest.raises(ValueError, match=r"raise_fence\(at_least=\.\.\.\)")
+    with LockManager(fenced_urls, fencing=True) as mgr, refused:
+        mgr.lock("out").raise_fence(value)  # type: ignore[arg-type]
+    assert counters(ensemble, "out") == [None] * 5
+
+
+@pytest.mark.integration
+def test_a_fenced_store_compares_tokens_exactly_and_refuses_out_of_range_ones(
+    fenced_urls: list[str],
+) -> None:
+    resource = redis.Redis.from_url(fenced_urls[0])
+    store = FencedStore(resource, "{big}:value")
+    try:
+        assert store.write(2**53 - 1, "a") and store.write(2**53 + 1, "b")
+        assert not store.write(2**53, "late")  # a double would call it equal
+        assert store.write(2**53 + 1, "again") and store.largest_token() == 2**53 + 1
+        assert store.write(MAX, "last") and not store.write(MAX - 1, "late")
+        for value in (2**63, -(2**63) - 1, True, 1.5):
+            with pytest.raises(ValueError, match=r"FencedStore\.write\(token=\.\.\.\)"):
+                store.write(value, "x")  # type: ignore[arg-type]
+        assert store.read() == b"last" and store.largest_token() == MAX
+    finally:
+        resource.delete("{big}:value", "{big}:value:fencing-token")
+        resource.close()
+
+
+@pytest.mark.integration
+def test_fence_cli_refuses_an_out_of_range_floor_as_a_usage_error(
+    ensemble: LocalEnsemble,
+    fenced_urls: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cli_app, "setup_logging", lambda: None)  # leave logging alone
+    masters = ",".join(fenced_urls)
+    for value in (str(2**63), str(-(2**63) - 1)):
+        assert cli_main(["--masters", masters, "fence", "cli", "--at-least", value]) == 2
+        assert "--at-least" in capsys.readouterr().err
+    assert counters(ensemble, "cli") == [None] * 5
+    assert cli_main(["--masters", masters, "fence", "cli", "--at-least", str(MAX)]) == 0
+    assert f"to at least {MAX} on 5 of 5" in capsys.readouterr().out
+    assert counters(ensemble, "cli") == [str(MAX).encode()] * 5
+
+
+@pytest.mark.integration
+def test_asyncio_grants_and_raises_are_exact_past_2_53(
+    ensemble: LocalEnsemble, fenced_urls: list[str]
+) -> None:
+    async def main() -> list[int]:
+        async with aio.LockManager(fenced_urls, fencing=True) as mgr:
+            lock = mgr.lock("abig")
+            assert await lock.raise_fence(2**53 - 2) == 5
+            tokens = []
+            for _ in range(3):
+                async with lock:
+                    tokens.append(lock.token)
+            await lock.raise_fence(2**53 + 3)
+            await lock.raise_fence(2**53 + 2)  # never lowers, even by one
+            async with lock:
+                tokens.append(lock.token)
+            return tokens
+
+    assert asyncio.run(main()) == [2**53 - 1, 2**53, 2**53 + 1, 2**53 + 4]
+    assert counters(ensemble, "abig") == [str(2**53 + 4).encode()] * 5
+
+
+@pytest.mark.integration
+def test_asyncio_refuses_out_of_range_floors_and_grants_past_the_maximum(
+    ensemble: LocalEnsemble, fenced_urls: list[str]
+) -> None:
+    async def main() -> None:
+        async with aio.LockManager(fenced_urls, fencing=True) as mgr:
+            lock = mgr.lock("amax")
+            for value in (2**63, -(2**63) - 1, False, 3.0):
+                with pytest.raises(ValueError, match=r"raise_fence\(at_least=\.\.\.\)"):
+                    await lock.raise_fence(value)  # type: ignore[arg-type]
+            assert counters(ensemble, "amax") == [None] * 5
+            await lock.raise_fence(MAX - 1)
+            async with lock:
+                assert lock.token == MAX
+            with pytest.raises(FencingError, match="maximum"):
+                await lock.acquire(timeout=2)
+            assert not lock.is_owned() and not await lock.locked()
+
+    asyncio.run(main())
+    assert counters(ensemble, "amax") == [str(MAX).encode()] * 5
+
+
+@pytest.mark.integration
+def test_asyncio_fenced_store_compares_tokens_exactly(fenced_urls: list[str]) -> None:
+    async def main() -> None:
+        import redis.asyncio as aredis
+
+        client = aredis.Redis.from_url(fenced_urls[0])
+        store = aio.FencedStore(client, "{abig}:v")
+        try:
+            assert await store.write(2**53 + 1, "b")
+            assert not await store.write(2**53, "late")  # a double would call it equal
+            assert await store.largest_token() == 2**53 + 1
+            with pytest.raises(ValueError, match=r"FencedStore\.write\(token=\.\.\.\)"):
+                await store.write(2**63, "x")
+            assert await store.read() == b"b"
+        finally:
+            await client.delete("{abig}:v", "{abig}:v:fencing-token")
             await client.aclose()
 
     asyncio.run(main())

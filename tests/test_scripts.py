@@ -28,8 +28,8 @@ PINS: dict[str, tuple[int, str]] = {
     "probe": (1, "7a9585981bbb8ce4"),
     "rwlock": (2, "997474ce8e091d11"),
     "fairlock": (3, "c55931264e875e51"),
-    "fence": (1, "db8b915cdd9413a6"),
-    "fenced_write": (1, "100c94a669e2151e"),
+    "fence": (2, "86b825c3d1994952"),
+    "fenced_write": (2, "51208ad8a45b1b4b"),
     "extend": (1, "e0f678db4903b1d5"),
 }
 

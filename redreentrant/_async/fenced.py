@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis.asyncio
 
-from .._core.guard import SCRIPT, accepted, check_token, token_key
+from .._core.guard import SCRIPT, accepted, token_key, write_args
 
 
 class FencedStore:
@@ -21,8 +21,7 @@ class FencedStore:
 
     async def write(self, token: int, value: str | bytes | int | float) -> bool:
         """See :meth:`redreentrant.FencedStore.write`."""
-        args = [check_token(token), value]
-        reply = await self._script(keys=[self.key, self.token_key], args=args)
+        reply = await self._script(keys=[self.key, self.token_key], args=write_args(token, value))
         return accepted(reply)
 
     async def read(self) -> bytes | None:

@@ -31,7 +31,7 @@ from .errors import (
     ManagerClosedError,
     QuorumUnavailableError,
 )
-from .fencing import FENCE_TTL_MS
+from .fencing import FENCE_TTL_MS, check_token, integer_of
 from .holds import Hold, Holds, Signal
 from .keys import home_channel
 from .kinds import LockKind
@@ -431,14 +431,13 @@ class Engine:
         (see ``Lock.raise_fence``); returns how many masters acknowledged."""
         if not kind.fenced:
             raise ValueError("the read side of a read/write lock has no fencing counter")
-        if isinstance(at_least, bool) or not isinstance(at_least, int) or at_least < 0:
-            raise ValueError(f"at_least must be an int >= 0, not {at_least!r}")
+        check_token(at_least, "raise_fence(at_least=...)")
         q = self.quorum
         replies = yield q.everywhere(kind.fence_raise(name, at_least, FENCE_TTL_MS))
         failed = {
             i: r[0] if isinstance(r[0], BaseException) else RuntimeError(f"odd reply {r[0]!r}")
             for i, r in enumerate(replies)
-            if not isinstance(r[0], int)
+            if integer_of(r[0]) is None
         }
         if len(failed) > q.tolerated:
             raise q.unavailable(f"raise the fencing counter of {name!r}", failed)

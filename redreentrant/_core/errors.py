@@ -51,8 +51,9 @@ class LockOwnerError(LockError):
 class FencingError(LockError):
     """A fencing token could not be proven larger than every earlier one: the lock's
     fencing counter was lost (a restart without persistence) on more masters than a
-    quorum tolerates. Raised by an acquire with fencing on; nothing is held. The
-    message says what an operator can do (see ``raise_fence``)."""
+    quorum tolerates, or it is at its maximum (``2**63 - 1``) and cannot step. Raised
+    by an acquire with fencing on; nothing is held. The message says which, and what
+    an operator can do (see ``raise_fence``)."""
 
 
 class LockTimeoutError(LockError, TimeoutError):

@@ -17,6 +17,11 @@ the granting masters' clocks in microseconds, so it still exceeds the tokens of 
 earlier, forgotten history as long as the masters' clocks do not go back. When more
 counters were lost than a quorum tolerates while others kept theirs, no token can be
 proven larger than the last: the acquire is refused with :class:`FencingError`.
+
+Counters and tokens are integers from 0 to :data:`MAX_TOKEN` (``2**63 - 1``, the range
+of Redis's ``INCR``), exact at any size: the scripts reply them as decimal strings and
+compare them as such. A counter at the maximum cannot step: a grant that would step it
+is refused with :class:`FencingError` too (no token larger than the last exists).
 """
 
 from __future__ import annotations
@@ -33,6 +38,30 @@ from .quorum import Quorum
 FENCE_TTL = 30 * 24 * 3600.0
 FENCE_TTL_MS = int(FENCE_TTL * 1000)
 
+#: the largest fencing counter and token (a signed 64-bit integer, Redis's ``INCR``)
+MAX_TOKEN = 2**63 - 1
+
+
+def check_token(value: object, where: str) -> int:
+    """``value`` if it is a token in the counters' range (an ``int`` from 0 to
+    :data:`MAX_TOKEN`), else :class:`ValueError` naming ``where`` it was given."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN:
+        raise ValueError(
+            f"{where}: a fencing token must be an int from 0 to 2**63-1 ({MAX_TOKEN}),"
+            f" not {value!r}"
+        )
+    return value
+
+
+def integer_of(reply: Reply) -> int | None:
+    """A counter or token in a reply: a Redis integer, or a decimal string (bytes or
+    str, as the client decodes it); None for anything else."""
+    if isinstance(reply, int) and not isinstance(reply, bool):
+        return reply
+    if isinstance(reply, bytes | str) and reply.isdigit() and reply.isascii():
+        return int(reply)
+    return None
+
 
 @dataclass(frozen=True)
 class Counter:
@@ -44,12 +73,16 @@ class Counter:
     value: int
     #: the counter was absent: it proves nothing about earlier tokens
     fresh: bool
+    #: the counter is at :data:`MAX_TOKEN` and was held: it could not step
+    full: bool = False
 
 
 def counter_of(reply: Reply) -> Counter | None:
-    """Read a ``{held, value, fresh}`` reply; None for an error or an odd reply."""
-    if isinstance(reply, list) and len(reply) == 3 and all(isinstance(x, int) for x in reply):
-        return Counter(reply[0] == 1, int(reply[1]), reply[2] == 1)
+    """Read a ``{held, value, state}`` reply; None for an error or an odd reply."""
+    if isinstance(reply, list) and len(reply) == 3 and reply[0] in (0, 1) and reply[2] in (0, 1, 2):
+        value = integer_of(reply[1])
+        if value is not None:
+            return Counter(reply[0] == 1, value, reply[2] == 1, reply[2] == 2)
     return None
 
 
@@ -73,6 +106,12 @@ def token_of(
     counters = [
         counter_of(per_master[1]) if len(per_master) > 1 else None for per_master in replies
     ]
+    if full := [q.masters[i] for i in granted if (c := counters[i]) is not None and c.full]:
+        raise FencingError(
+            f"lock {name!r}: its fencing counter is at its maximum, 2**63-1 ({MAX_TOKEN}),"
+            f" on {', '.join(full)}: no larger token exists, so none is handed out"
+            " (nothing is held). Its tokens are spent: use another lock name."
+        )
     kept = [c.value for i in granted if (c := counters[i]) is not None and c.held and not c.fresh]
     if len(kept) >= q.needed:
         return max(kept)

@@ -7,6 +7,7 @@ its asyncio twin carry it out on a Redis client of the caller's.
 from __future__ import annotations
 
 from .effects import Reply
+from .fencing import check_token
 from .scripts import FENCED_WRITE, Script
 
 #: the script of a fenced write (``lua/fenced_write.lua``)
@@ -20,10 +21,10 @@ def token_key(key: str) -> str:
     return f"{key}:fencing-token"
 
 
-def check_token(token: object) -> int:
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise ValueError(f"a fencing token is an int >= 0, not {token!r}")
-    return token
+def write_args(token: object, value: str | bytes | int | float) -> list[str | bytes | int | float]:
+    """The script's arguments for a write of ``value`` with ``token``, whose range is
+    checked first (:class:`ValueError`: nothing is sent)."""
+    return [check_token(token, "FencedStore.write(token=...)"), value]
 
 
 def accepted(reply: Reply) -> bool:

@@ -28,7 +28,7 @@ from .effects import (
     Watch,
 )
 from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
-from .fencing import FENCE_TTL_MS, kept_counter, token_of
+from .fencing import FENCE_TTL_MS, integer_of, kept_counter, token_of
 from .holds import Hold
 from .keys import key_slot
 from .kinds import LockKind
@@ -291,7 +291,8 @@ def _write_back(q: Quorum, kind: LockKind, name: str, token: int) -> Steps[bool]
     """Raise the counters to ``token`` everywhere; True once a quorum acknowledged."""
 
     def acked(replies: Sequence[Reply]) -> bool:
-        return isinstance(replies[0], int) and replies[0] >= token
+        counter = integer_of(replies[0])
+        return counter is not None and counter >= token
 
     raise_call = kind.fence_raise(name, token, FENCE_TTL_MS)
     replies = yield q.everywhere(raise_call, early=Early(q.needed, acked))

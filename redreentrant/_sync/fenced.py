@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from .._core.guard import SCRIPT, accepted, check_token, token_key
+from .._core.guard import SCRIPT, accepted, token_key, write_args
 
 
 class FencedStore:
@@ -29,7 +29,7 @@ class FencedStore:
     def write(self, token: int, value: str | bytes | int | float) -> bool:
         """Write ``value`` if ``token`` is not smaller than any accepted before; True if
         written, False if refused (nothing changed)."""
-        reply = self._script(keys=[self.key, self.token_key], args=[check_token(token), value])
+        reply = self._script(keys=[self.key, self.token_key], args=write_args(token, value))
         return accepted(reply)
 
     def read(self) -> bytes | None:

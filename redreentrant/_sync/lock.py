@@ -142,7 +142,9 @@ class Lock(LockCore):
 
         For operators, after an acquire raised :class:`FencingError` (counters lost on
         too many masters): pass the largest token the protected resource accepted, and
-        the next tokens are larger than it. Never lowers a counter.
+        the next tokens are larger than it. Never lowers a counter. ``at_least`` is an
+        ``int`` from 0 to ``2**63 - 1``, the counters' range; anything else raises
+        :class:`ValueError` before anything is sent.
         """
         return self._driver.run(self._engine.raise_fence(self.kind, self.name, at_least))
 

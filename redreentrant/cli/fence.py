@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
+from redreentrant._core.fencing import check_token
+
 from .common import EXIT_OK, UsageError, lock_name, open_manager, require_masters
 
 __all__ = ["cmd_fence", "register"]
@@ -32,7 +34,11 @@ def register(
     )
     fence.add_argument("name", metavar="NAME", help="the lock's name")
     fence.add_argument(
-        "--at-least", metavar="TOKEN", type=int, required=True, help="the counters' new floor"
+        "--at-least",
+        metavar="TOKEN",
+        type=int,
+        required=True,
+        help="the counters' new floor (0 to 2**63-1)",
     )
     fence.add_argument(
         "--kind",
@@ -47,8 +53,10 @@ def register(
 def cmd_fence(args: argparse.Namespace) -> int:
     """``fence``: raise one lock's fencing counters everywhere."""
     name = lock_name(args.name)
-    if args.at_least < 0:
-        raise UsageError(f"--at-least must be >= 0, not {args.at_least}")
+    try:
+        check_token(args.at_least, "--at-least")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     with open_manager(require_masters(args)) as mgr:
         if args.kind == "rw":
             lock = mgr.rw_lock(name).write
