@@ -13,27 +13,15 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import lock_keys, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import LockManager
-from redreentrant._core.keys import PREFIX, lock_key
+from redreentrant._core.keys import lock_key
 from redreentrant.testing import LocalEnsemble
 
 CYCLES = 10
 TIMEOUT = 1.0  # master_timeout: each round that waited for a frozen master costs this
-
-
-def lock_keys(ensemble: LocalEnsemble) -> dict[str, list[str]]:
-    return {url: keys for url, keys in ensemble.keys(PREFIX + "*").items() if keys}
-
-
-def wait_for(condition: object, seconds: float = 10.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if condition():  # type: ignore[operator]
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def has_key(ensemble: LocalEnsemble, i: int, name: str) -> bool:
@@ -70,9 +58,9 @@ def test_the_frozen_masters_queued_calls_run_in_order_when_it_thaws(
         ensemble[0].resume()
         # Each acquire sent to the frozen master was followed by its release on the
         # same connection: once it thawed, nothing of them remains.
-        assert wait_for(lambda: not lock_keys(ensemble))
+        wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
         # It rejoins: a new hold reaches it again.
-        assert wait_for(lambda: _held_on(mgr, ensemble, 0, "rejoined"))
+        wait_until(lambda: _held_on(mgr, ensemble, 0, "rejoined"), "rejoined: the thawed master")
     assert lock_keys(ensemble) == {}
 
 
@@ -92,7 +80,7 @@ def test_a_killed_master_rejoins_after_its_restart(ensemble: LocalEnsemble) -> N
         ensemble[2].kill()
         ensemble[2].start()
         # Probed at least every min(lease / 3, 1 s): it takes locks again soon.
-        assert wait_for(lambda: _held_on(mgr, ensemble, 2, "after"))
+        wait_until(lambda: _held_on(mgr, ensemble, 2, "after"), "rejoined: the restarted master")
     assert lock_keys(ensemble) == {}
 
 
@@ -119,7 +107,7 @@ def test_asyncio_a_frozen_master_is_waited_for_once(ensemble: LocalEnsemble) -> 
 
     elapsed = asyncio.run(main())
     assert elapsed < 5 * TIMEOUT, elapsed
-    assert wait_for(lambda: not lock_keys(ensemble))
+    wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
 
 
 def test_a_round_ends_once_decided_while_a_master_is_slow(ensemble: LocalEnsemble) -> None:
@@ -134,7 +122,7 @@ def test_a_round_ends_once_decided_while_a_master_is_slow(ensemble: LocalEnsembl
         lock.release()
         assert time.monotonic() - started < TIMEOUT, "a decided round waited"
         ensemble[4].resume()
-    assert wait_for(lambda: not lock_keys(ensemble))
+    wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
 
 
 def test_asyncio_late_replies_are_caught_up_under_one_timer_not_one_per_reply(
@@ -180,7 +168,7 @@ def test_asyncio_late_replies_are_caught_up_under_one_timer_not_one_per_reply(
     assert catch_ups, "no round left a reply to read later: the test saw nothing"
     assert per_read == []
     assert len(catch_ups) < cycles
-    assert wait_for(lambda: not lock_keys(ensemble))
+    wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
 
 
 def test_a_blackholed_master_is_waited_for_once_and_rejoins(ensemble: LocalEnsemble) -> None:
@@ -201,5 +189,5 @@ def test_a_blackholed_master_is_waited_for_once_and_rejoins(ensemble: LocalEnsem
             proxy.pass_through()
             # The old connection's bytes are gone; a probe on a fresh one finds the
             # master answering, and it takes locks again.
-            assert wait_for(lambda: _held_on(mgr, ensemble, 1, "back"))
-    assert wait_for(lambda: not lock_keys(ensemble))
+            wait_until(lambda: _held_on(mgr, ensemble, 1, "back"), "rejoined: the master")
+    wait_until(lambda: not lock_keys(ensemble), "freed everywhere")

@@ -12,13 +12,14 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio.cluster
 import redis.cluster
+from helpers import heal, wait_until
 
 import redreentrant.asyncio as aio
 from redreentrant import LockLostError, LockManager, QuorumUnavailableError
@@ -41,15 +42,6 @@ from redreentrant.testing import LocalCluster, LocalEnsemble
 LEASE = 3.0
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
 # -- fixtures: three clusters of three nodes, shared by the module ------------------------
 
 
@@ -65,22 +57,14 @@ def clusters() -> Iterator[list[LocalCluster]]:
             c.stop()
 
 
-def _heal(c: LocalCluster) -> None:
-    down = [s for s in c.servers if not s.running]
-    for s in down:
-        s.start()
-    if down:
-        c.wait_stable(30)
-
-
 @pytest.fixture
 def cluster(clusters: list[LocalCluster]) -> Iterator[LocalCluster]:
     """The first cluster, whole, empty, and checked for leaked lock keys after the test."""
     c = clusters[0]
-    _heal(c)
+    heal(c)
     c.flushall()
     yield c
-    _heal(c)
+    heal(c)
     leaked = {k: v for k, v in c.keys(PREFIX + "*").items() if v}
     c.flushall()
     if leaked:
@@ -90,11 +74,11 @@ def cluster(clusters: list[LocalCluster]) -> Iterator[LocalCluster]:
 @pytest.fixture
 def three(clusters: list[LocalCluster]) -> Iterator[list[LocalCluster]]:
     for c in clusters:
-        _heal(c)
+        heal(c)
         c.flushall()
     yield clusters
     for c in clusters:
-        _heal(c)
+        heal(c)
         c.flushall()
 
 
@@ -109,7 +93,7 @@ def node_keys(c: LocalCluster) -> dict[int, list[str]]:
 
 
 def member(mgr: Any, i: int) -> ClusterMember:
-    m = mgr._transport._ends.members[i]
+    m = mgr._transport.protocol.ends.members[i]
     assert isinstance(m, ClusterMember)
     return m
 
@@ -337,17 +321,18 @@ def test_the_wakeup_subscriber_moves_to_another_node_when_its_node_dies(
         with a.lock("warm-up"):
             assert not b.lock("warm-up").acquire(timeout=0.2)  # b's subscriber starts
         hub = b._hub
-        assert wait_for(lambda: hub._pubsubs[0] is not None)
+        wait_until(lambda: hub._pubsubs[0] is not None, "connected: the subscriber")
         port = hub._pubsubs[0].connection.port
         dead = next(k for k, s in enumerate(cluster.servers) if s.port == port)
         name = cluster.names_on((dead + 1) % 3, 1, "moving-hub")[0]
         cluster[dead].kill()
-        assert wait_for(
+        wait_until(
             lambda: (
                 hub._pubsubs[0] is not None
                 and hub._pubsubs[0].connection.port != port
                 and 0 in hub._subs.home_confirmed
-            )
+            ),
+            "subscribed again on another node",
         )
         held = a.lock(name)
         assert held.acquire()
@@ -411,7 +396,9 @@ def test_top_scans_every_node_of_a_cluster_member(cluster: LocalCluster) -> None
         try:
             with Watcher(urls, "top-*", 50) as watcher:
                 # the waiter registered on the node owning names[1]'s slot is seen
-                assert wait_for(lambda: any(r.waiters for r in watcher.snapshot().locks), 5)
+                wait_until(
+                    lambda: any(r.waiters for r in watcher.snapshot().locks), "seen: the waiter", 5
+                )
                 snap = watcher.snapshot()
             assert [m.up for m in snap.masters] == [True]
             assert snap.masters[0].master.startswith("cluster:127.0.0.1:")

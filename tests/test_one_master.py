@@ -16,20 +16,15 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import lock_keys, wait_until
 
-import redreentrant._async.transport as async_transport
-import redreentrant._sync.transport as sync_transport
+import redreentrant._core.fanout as fanout
 import redreentrant.asyncio as ra
 from redreentrant import LockManager, QuorumUnavailableError
 from redreentrant._core.fanout import FanoutRound
-from redreentrant._core.keys import PREFIX
 from redreentrant.testing import LocalEnsemble
 
 TIMEOUT = 0.3  # master_timeout
-
-
-def lock_keys(ensemble: LocalEnsemble) -> list[str]:
-    return ensemble.keys(PREFIX + "*")[ensemble[0].url]
 
 
 def flush_scripts(ensemble: LocalEnsemble) -> None:
@@ -47,8 +42,7 @@ def rounds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
             made.append(len(calls))
             super().__init__(calls, *args, **kwargs)
 
-    monkeypatch.setattr(sync_transport, "FanoutRound", Counted)
-    monkeypatch.setattr(async_transport, "FanoutRound", Counted)
+    monkeypatch.setattr(fanout, "FanoutRound", Counted)
     yield made
 
 
@@ -68,7 +62,7 @@ def test_the_usual_round_on_one_master_makes_no_full_round(
     with LockManager(ensemble.urls[:3], lease=5.0) as mgr, mgr.lock("lone"):
         pass
     assert rounds[-1] == 3
-    assert lock_keys(ensemble) == []
+    assert lock_keys(ensemble) == {}
 
 
 def test_asyncio_the_usual_round_on_one_master_makes_no_full_round(
@@ -86,7 +80,7 @@ def test_asyncio_the_usual_round_on_one_master_makes_no_full_round(
             assert len(rounds) == before
 
     asyncio.run(main())
-    assert lock_keys(ensemble) == []
+    assert lock_keys(ensemble) == {}
 
 
 def test_scripts_the_one_master_forgot_are_loaded_again(ensemble: LocalEnsemble) -> None:
@@ -99,7 +93,7 @@ def test_scripts_the_one_master_forgot_are_loaded_again(ensemble: LocalEnsemble)
             assert lock.is_owned()
             flush_scripts(ensemble)  # and the release's
         assert not lock.is_owned()
-    assert lock_keys(ensemble) == []
+    assert lock_keys(ensemble) == {}
 
 
 def test_asyncio_scripts_the_one_master_forgot_are_loaded_again(ensemble: LocalEnsemble) -> None:
@@ -115,16 +109,7 @@ def test_asyncio_scripts_the_one_master_forgot_are_loaded_again(ensemble: LocalE
             assert not lock.is_owned()
 
     asyncio.run(main())
-    assert lock_keys(ensemble) == []
-
-
-def wait_until(condition: Any, seconds: float = 10.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
+    assert lock_keys(ensemble) == {}
 
 
 def test_a_frozen_single_master_is_waited_for_once_then_rejoins(ensemble: LocalEnsemble) -> None:
@@ -153,13 +138,13 @@ def test_a_frozen_single_master_is_waited_for_once_then_rejoins(ensemble: LocalE
             except QuorumUnavailableError:
                 return False
 
-        assert wait_until(taken)
+        wait_until(taken, "taken once the master answers again")
         lock.release()
         restarted = ensemble[0]
         restarted.restart()  # the kept connection is dead now: a round reconnects
-        assert wait_until(taken)
+        wait_until(taken, "taken on the restarted master")
         lock.release()
-    assert lock_keys(ensemble) == []
+    assert lock_keys(ensemble) == {}
 
 
 def test_asyncio_a_frozen_single_master_is_waited_for_once_then_rejoins(
@@ -200,4 +185,4 @@ def test_asyncio_a_frozen_single_master_is_waited_for_once_then_rejoins(
             await take_and_release(lock, "the restarted master was not reconnected to")
 
     asyncio.run(main())
-    assert lock_keys(ensemble) == []
+    assert lock_keys(ensemble) == {}

@@ -1,47 +1,59 @@
-"""The fan-out protocol, the same for both transports (no I/O).
+"""The fan-out round, once for both transports (no I/O).
 
 One round sends each master its calls (EVALSHA, pipelined) on a kept connection, then
-reads the masters' replies under one deadline. :class:`FanoutRound` is the round's
-bookkeeping: what to send to whom, what each master answered, when the outcome is
-decided (:class:`~.effects.Early`), and the redo of calls a master answered NOSCRIPT to
-(it restarted or was flushed: SCRIPT LOAD and the calls again, pipelined on the same
-connection). :class:`MasterHealth` is what a transport remembers of each master between
-rounds. The sync and asyncio transports do only the I/O around them: take or open
-connections (all masters at once), send, read, probe.
+reads the masters' replies under one deadline. :class:`FanoutProtocol` holds what a
+transport remembers of its masters between rounds and makes each round's *steps*: a
+generator of the I/O it needs (:class:`Connect`, :class:`Send`, :class:`Read`,
+:class:`Drop`, :class:`Spawn`, and :class:`~.cluster.Backoff` for routed rounds), which
+the sync and asyncio transports carry out. A transport only connects, sends, reads
+until a deadline and closes; what to send where, when to stop reading, and what
+becomes of a master that stops answering is decided here:
 
-Rounds never wait for what they do not need:
-
-- A round reads the masters in the order they were sent to, masters that are behind
-  last, and stops once its outcome is decided. A master it did not read gets
-  :data:`~.effects.UNREAD`; its connection is kept *behind*: the replies it still owes
-  are read, and dropped, before the next round's, so a late reply can never be taken
-  for a later one, and later calls reach that master in order after the earlier ones
-  (a late grant is undone by the undo sent after it). A round looks for them without
-  waiting only once they are due (:meth:`MasterHealth.catch_up_due`); until then it
-  sends behind them.
+- A round sends to the masters with a kept connection first, then connects the
+  missing ones, all at once (so k unreachable masters cost one connect time-out, not
+  k). A new connection is sent ``SCRIPT LOAD`` of every script before the round's calls
+  (:func:`preload_commands`), pipelined, so a master that restarted knows them all.
+- It reads the masters in the order they were sent to, masters that are behind last,
+  under one deadline (the master timeout from when the last request went out), and
+  stops once its outcome is decided (:class:`~.effects.Early`). A master it did not
+  read gets :data:`~.effects.UNREAD`; its connection is kept *behind*: the replies it
+  still owes are read, and dropped, before the next round's, so a late reply can never
+  be taken for a later one, and later calls reach that master in order after the
+  earlier ones (a late grant is undone by the undo sent after it). A round looks for
+  them without waiting only once they are due (:meth:`MasterHealth.catch_up_due`);
+  until then it sends behind them.
 - A master whose reply did not come within the master timeout is *suspect*. Rounds do
   not wait for a suspect: it fails at once. It is sent no new acquire, but clean-ups
-  (undo, release: ``Fanout.cleanup``) are still sent, queued in order on its connections
-  behind the calls they clean up after (on each of them: see
+  (undo, release: ``Fanout.cleanup``) are still sent, queued in order on its
+  connections behind the calls they clean up after (on each of them: see
   :meth:`MasterHealth.queue_for_suspect`), while a connection owes at most
   :data:`MAX_OWED` replies (then the connection is given up and later calls are not
-  sent). A suspect rejoins as soon
-  as it answers: when its owed replies have come in (checked without waiting at the
-  start of every round), or when a probe (a PING on a fresh connection, in the
-  background, at most every ``probe_interval``) is answered.
+  sent). A suspect rejoins as soon as it answers: when its owed replies have come in
+  (checked without waiting at the start of every round), or when a probe (a PING on a
+  fresh connection, in the background, at most every ``probe_interval``) is answered.
+- A master that answers NOSCRIPT (restarted or flushed while a connection was kept) is
+  sent ``SCRIPT LOAD`` and the calls again, pipelined on the same connection.
+- A round interrupted (an asyncio cancellation, a ``KeyboardInterrupt``) leaves its
+  connections behind: what it sent is read, and dropped, before anything sent later.
+- The usual round on one master (one call, to a master that owes nothing and answers,
+  on an idle connection) is one send and one read, without the round's bookkeeping.
+- The members that are Redis Clusters are routed by :func:`~.cluster.route`, whose
+  rounds over the nodes run as any round (a node is an *endpoint* of its own).
 """
 
 from __future__ import annotations
 
 import codecs
 import functools
-import inspect
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from .effects import UNREAD, Call, Early, Reply
+from .cluster import Endpoints, NodeCommands, NodeRound, route
+from .effects import UNREAD, Call, Early, Fanout, Reply
+from .masters import master_name
 from .scripts import LOCK_SCRIPTS
 
 T = TypeVar("T")
@@ -53,6 +65,69 @@ MAX_OWED = 128
 #: how old (a share of the master timeout) the oldest reply a healthy master's connection
 #: owes must be before a round first reads what came on it (see MasterHealth.catch_up_due)
 CATCH_UP_AFTER = 0.25
+
+
+# -- what a round asks of its transport ---------------------------------------------------
+# A round's steps yield plain tuples (cheap to make, on every round), tagged by their
+# first item; each names its result:
+#
+#   (CONNECT, endpoints)            new connections to ``endpoints``, all at once: per
+#                                   endpoint, the connection or :class:`Failed` (LATE
+#                                   when the connect timed out)
+#   (SEND, [(endpoint, conn, packed), ...])
+#                                   send each connection its packed commands
+#                                   (pipelined): None when every send went out, else per
+#                                   send None (sent), the exception that failed it (the
+#                                   transport dropped the connection), or, from an
+#                                   interruption on (cancelled, ``KeyboardInterrupt``):
+#                                   the interruption where it struck (that connection
+#                                   dropped), then :data:`NOT_SENT`
+#   (READ, endpoint, conn, n, deadline)
+#                                   ``n`` replies from ``conn`` by ``deadline`` (once it
+#                                   passed, or None: only those already there), an error
+#                                   reply being a reply: ``(replies, None)``, or the
+#                                   replies read and :class:`Failed`
+#   (DROP, endpoint, conn)          close ``conn``, give it back to its pool: None
+#   (SPAWN, steps)                  carry out ``steps`` in the background (a probe): None
+#   (SLEEP, seconds)                sleep (a routed round's back-off): None
+CONNECT, SEND, READ, DROP, SPAWN, SLEEP = range(6)
+
+#: a send that did not go out (see SEND): the connection is unchanged
+NOT_SENT = "not sent"
+
+#: how a read (or a connect) failed: :attr:`Failed.kind`
+LATE = 0
+"""No reply in time: the connection stays usable, and owes the replies not read."""
+BROKEN = 1
+"""The stream broke: the transport has dropped the connection."""
+STOPPED = 2
+"""Interrupted (cancelled, ``KeyboardInterrupt``): nothing that came is lost; the round
+leaves the connection behind and the interruption goes on."""
+
+
+class Failed(NamedTuple):
+    """Why a read or a connect did not complete (``kind``: :data:`LATE`,
+    :data:`BROKEN` or :data:`STOPPED`)."""
+
+    error: BaseException
+    kind: int
+
+
+#: an effect of a round's steps (see above)
+IO = tuple[Any, ...]
+#: the steps of a round, or of a probe
+Steps = Generator[IO, Any, T]
+#: a transport's packing of ``conn``'s commands: what the bytes depend on (the
+#: connection's class and encoding), and the packer
+Packing = Callable[[Any], tuple[object, Callable[[list[tuple[object, ...]]], Any]]]
+#: a connection a round reads: (endpoint, connection, what it owed before the round's
+#: calls (None: nothing), when the round's calls went out on it)
+_Pending = tuple[int, Any, "Behind | None", float]
+#: what a round sends: (endpoint, connection, packed commands, what the connection owed
+#: before (None: nothing), how the replies are read: _FIRST, _LAST or _QUEUED)
+_Send = tuple[int, Any, Any, "Behind | None", int]
+#: read first; read last (behind replies owed); not read (a clean-up queued on a suspect)
+_FIRST, _LAST, _QUEUED = range(3)
 
 
 @functools.lru_cache(maxsize=8)
@@ -133,16 +208,6 @@ class WireCache:
         return result
 
 
-def connection_getter(pool: Any) -> Callable[[], Any]:
-    """``pool.get_connection`` across redis-py versions (5.0 needs a command name,
-    later versions warn when given one)."""
-    params = inspect.signature(pool.get_connection).parameters
-    first = next(iter(params.values()), None)
-    if first is not None and first.default is inspect.Parameter.empty:
-        return lambda: pool.get_connection("EVALSHA")
-    return pool.get_connection  # type: ignore[no-any-return]
-
-
 def is_noscript(reply: Reply) -> bool:
     """A master that does not know the script (restarted or flushed). Matched by class
     name: the core imports no client library, and valkey-py has a class of that name."""
@@ -167,25 +232,6 @@ def pack_calls(
     if wire is None:
         return pack([evalsha_args(c) for c in calls])
     return wire.packed(how, calls, pack)
-
-
-def lone_calls(
-    calls: Sequence[Sequence[Call]], health: Sequence[MasterHealth]
-) -> Sequence[Call] | None:
-    """The calls of a round that needs none of :class:`FanoutRound`'s bookkeeping, or
-    None: one call to the only master, which owes nothing and is not suspect (the
-    usual round on one master, whose one reply is its outcome). Its transport sends it
-    on an idle connection and reads the reply as any round's (a time-out leaves the
-    connection behind, a broken stream drops it); with no idle connection it makes a
-    full round instead. A NOSCRIPT reply means the call did not run: the transport then
-    makes it again as a full round, which loads the script (see
-    :meth:`FanoutRound.reload`)."""
-    if len(calls) != 1 or len(calls[0]) != 1:
-        return None
-    m = health[0]
-    if m.behind or m.suspect_since is not None:
-        return None
-    return calls[0]
 
 
 class FanoutRound:
@@ -286,9 +332,17 @@ class FanoutRound:
     def reloaded(self, i: int, replies: list[Reply]) -> None:
         """The replies to :meth:`reload`'s commands: the calls' new answers."""
         redo = self._redo(i)
-        loads = len({c.script.sha for c in redo})
-        fresh = iter(replies[loads:])
-        self.results[i] = [next(fresh) if is_noscript(r) else r for r in self.results[i]]
+        shas = list(dict.fromkeys(c.script.sha for c in redo))
+        # A script the master would not load (it cannot compile it, say): its calls
+        # fail with that error rather than NOSCRIPT again.
+        refused = {
+            sha: r for sha, r in zip(shas, replies, strict=False) if isinstance(r, Exception)
+        }
+        fresh = iter(replies[len(shas) :])
+        self.results[i] = [
+            (refused.get(c.script.sha) or next(fresh)) if is_noscript(r) else r
+            for c, r in zip(self.calls[i], self.results[i], strict=True)
+        ]
 
     def _redo(self, i: int) -> list[Call]:
         return [c for c, r in zip(self.calls[i], self.results[i], strict=False) if is_noscript(r)]
@@ -447,3 +501,399 @@ class MasterHealth:
 def suspect_error_text(master: str, since: float, now: float) -> str:
     """Why a round did not wait for a suspect master."""
     return f"{master} has not answered for {now - since:.3f}s: not waited for until it answers"
+
+
+class FanoutProtocol:
+    """What a transport remembers of its endpoints between rounds, and the steps of its
+    rounds (see the module docstring).
+
+    Endpoint ``i`` is member ``i``; the nodes of cluster members are added as they are
+    first routed to (:class:`~.cluster.Endpoints`). ``packing(conn)``: how ``conn``'s
+    commands are packed; ``timeout_error``: the client library's time-out exception,
+    which the round's own failures (a suspect not waited for) are; ``guard()`` makes
+    the lock that keeps threads from growing the tables at once.
+
+    A connection a round is done with goes back to its endpoint's idle list, also once
+    the transport closed: the transport then takes them (:meth:`connections`)."""
+
+    def __init__(
+        self,
+        members: Sequence[object],
+        timeout: float,
+        probe_interval: float,
+        packing: Packing,
+        timeout_error: Callable[[str], BaseException],
+        guard: Callable[[], AbstractContextManager[object]] = nullcontext,
+    ) -> None:
+        self.timeout = timeout
+        self.probe_interval = probe_interval
+        self.ends = Endpoints(members, probe_interval, guard)
+        #: per endpoint: its name (for messages) and what is known of it
+        self.names = [master_name(m) for m in members]
+        self.masters = [MasterHealth(probe_interval) for _ in members]
+        #: the transport closed (probes are not started)
+        self.closed = False
+        self._packing = packing
+        self._timeout_error = timeout_error
+        self._wire = WireCache()
+        self._guard = guard()
+
+    def lone(self, fanout: Fanout, clock: Callable[[], float]) -> tuple[Any, Any, float] | None:
+        """The usual round on one master, if ``fanout`` is one: one call, to a master
+        that owes nothing and answers, with an idle connection. Then the connection
+        (taken), the packed call and when it goes out: the transport sends the call
+        (:data:`SEND`), reads its reply (:data:`READ`, by the master timeout) and gives
+        both outcomes to :meth:`lone_answer`. None otherwise (:meth:`steps` then)."""
+        calls = fanout.calls
+        if len(calls) != 1 or len(calls[0]) != 1 or self.ends.clustered:
+            return None
+        m = self.masters[0]
+        if m.behind or m.suspect_since is not None:
+            return None
+        try:
+            conn = m.idle.pop()  # list.pop is atomic: safe across threads
+        except IndexError:
+            return None
+        how, pack = self._packing(conn)
+        packed = pack_calls(calls[0], how, pack, None if fanout.cleanup else self._wire)
+        return conn, packed, clock()
+
+    def lone_answer(
+        self,
+        lone: tuple[Any, Any, float],
+        sent: list[object] | None,
+        got: tuple[list[Reply], Failed | None] | None,
+        clock: Callable[[], float],
+    ) -> list[list[Reply]] | None:
+        """The outcome of :meth:`lone`'s round, from what its send and its read
+        (None when the send failed) gave; None when NOSCRIPT says the call did not run
+        (a full round then loads the script)."""
+        if sent is not None:
+            error = sent[0]
+            if not isinstance(error, Exception):
+                raise error  # type: ignore[misc]  # an interruption
+            return [[error]]
+        assert got is not None
+        replies = self._settle(0, lone[0], None, 1, lone[2], got, clock)
+        return None if is_noscript(replies[0]) else [replies]
+
+    def steps(self, fanout: Fanout, clock: Callable[[], float]) -> Steps[list[list[Reply]]]:
+        """The steps of one round carrying out ``fanout``; ``clock`` is monotonic."""
+        if self.ends.clustered:
+            return self._routed(fanout, clock)
+        return self._round(fanout.calls, fanout.early, None, fanout.cleanup, clock)
+
+    def connections(self) -> list[tuple[int, Any, bool]]:
+        """Take every kept connection, to close them: (endpoint, connection, whether it
+        owes replies)."""
+        out: list[tuple[int, Any, bool]] = []
+        for i, m in enumerate(self.masters):
+            while m.idle:
+                out.append((i, m.idle.pop(), False))
+            while m.behind:
+                out.append((i, m.behind.pop().conn, True))
+        return out
+
+    def reset(self) -> None:
+        """Forget every connection (a forked child must not use its parent's)."""
+        self.masters = [MasterHealth(self.probe_interval) for _ in self.masters]
+
+    def _round(
+        self,
+        calls: Sequence[Sequence[Call]],
+        early: Early | None,
+        voters: Collection[int] | None,
+        cleanup: bool,
+        clock: Callable[[], float],
+    ) -> Steps[list[list[Reply]]]:
+        """One round over endpoints: ``calls[i]`` to endpoint ``i``."""
+        fan = FanoutRound(calls, early, voters, None if cleanup else self._wire)
+        now = clock()
+        reads: list[_Pending] = []  # what the round reads, in this order
+        late: list[_Pending] = []  # read last: sent behind replies a connection owes
+        rest = 0  # reads[rest:] are not read yet
+        try:
+            sends: list[_Send] = []
+            unconnected: list[int] = []
+            for i in fan.targets:
+                m = self.masters[i]
+                behind = None
+                if m.behind:
+                    try:
+                        behind = m.behind.pop()  # atomic: safe across threads
+                    except IndexError:
+                        pass
+                    else:
+                        if m.catch_up_due(behind, now, self.timeout):
+                            behind = yield from self._catch_up(i, behind, now)
+                if behind is not None and m.lagging(behind, now, self.timeout):
+                    # Clean-ups are queued behind the owed replies (they reach the master
+                    # in order), not waited for; nothing else is sent to a suspect.
+                    send, close = m.queue_for_suspect(behind, len(calls[i]), cleanup)
+                    for b in close:
+                        yield (DROP, i, b.conn)
+                    for b in send:
+                        sends.append((i, b.conn, self._packed(fan, i, b.conn), b, _QUEUED))
+                    yield from self._suspect(fan, i, now, clock)
+                    continue
+                if behind is not None:
+                    sends.append((i, behind.conn, self._packed(fan, i, behind.conn), behind, _LAST))
+                elif m.suspect_since is not None:
+                    yield from self._suspect(fan, i, now, clock)
+                else:
+                    try:
+                        conn = m.idle.pop()
+                    except IndexError:
+                        unconnected.append(i)
+                    else:
+                        sends.append((i, conn, self._packed(fan, i, conn), None, _FIRST))
+            if sends:
+                self._sent(fan, sends, (yield (SEND, sends)), reads, late, now)
+            if unconnected:
+                sends = []
+                for i, conn in zip(unconnected, (yield (CONNECT, unconnected)), strict=True):
+                    if isinstance(conn, Failed):
+                        if conn.kind == LATE:
+                            self.masters[i].timed_out(now)
+                        fan.failed(i, conn.error)
+                        continue
+                    # Every script first, then the calls: the first replies are owed.
+                    packed = self._preload(conn) + self._packed(fan, i, conn)
+                    sends.append((i, conn, packed, Behind(conn, len(LOCK_SCRIPTS), now), _FIRST))
+                self._sent(fan, sends, (yield (SEND, sends)), reads, late, clock())
+            reads += late
+            late = []
+            # The master timeout runs from when the last request went out, so a slow
+            # connect to one master does not eat the others' time.
+            deadline = clock() + self.timeout
+            for n, (i, conn, prior, at) in enumerate(reads):
+                rest = n + 1
+                count = len(calls[i])
+                if fan.decided:
+                    fan.unread(i)
+                    self.masters[i].behind.append(Behind.after(prior, conn, count, at))
+                    continue
+                if prior is None:
+                    replies, failed = got = yield (READ, i, conn, count, deadline)
+                    if failed is None:  # the usual case, settled here
+                        m = self.masters[i]
+                        m.suspect_since = None  # it answered
+                        m.idle.append(conn)
+                        fan.answered(i, replies)
+                        continue
+                else:
+                    got = yield (READ, i, conn, prior.owed + count, deadline)
+                fan.answered(i, self._settle(i, conn, prior, count, at, got, clock))
+            if fan.noscript:
+                # A redo is a round trip of its own, with a time-out of its own.
+                redo_deadline = clock() + self.timeout
+                for i in fan.targets:
+                    redo = fan.reload(i)
+                    if redo is not None:
+                        fan.reloaded(i, (yield from self._run(i, redo, redo_deadline, clock)))
+        except BaseException:
+            # Interrupted: the replies still due on these connections are read later
+            # (they stay behind), so what follows, an undo, reaches each master after
+            # this round's calls, on the same connection.
+            for i, conn, prior, at in reads[rest:] + late:
+                self.masters[i].behind.append(Behind.after(prior, conn, len(calls[i]), at))
+            raise
+        return fan.results
+
+    def _sent(
+        self,
+        fan: FanoutRound,
+        sends: list[_Send],
+        failures: list[object] | None,
+        reads: list[_Pending],
+        late: list[_Pending],
+        at: float,
+    ) -> None:
+        """``sends`` went out ``at``, but for ``failures`` (see :data:`SEND`): what went
+        out is to be read (``reads``, ``late``) or is queued on a suspect."""
+        stop: object = None
+        for k, (i, conn, _, prior, how) in enumerate(sends):
+            failure = None if failures is None else failures[k]
+            if failure is None:
+                if how == _FIRST:
+                    reads.append((i, conn, prior, at))
+                elif how == _LAST:
+                    late.append((i, conn, prior, at))
+                else:
+                    assert prior is not None
+                    self.masters[i].queued(prior, len(fan.calls[i]), at)
+            elif failure is NOT_SENT:  # the connection is as it was
+                if prior is None:
+                    self.masters[i].idle.append(conn)
+                elif how != _FIRST:
+                    self.masters[i].behind.append(prior)
+            else:
+                if how != _QUEUED:
+                    fan.failed(i, failure)  # type: ignore[arg-type]
+                if not isinstance(failure, Exception):
+                    stop = failure
+        if stop is not None:
+            raise stop  # type: ignore[misc]  # the interruption
+
+    def _settle(
+        self,
+        i: int,
+        conn: Any,
+        prior: Behind | None,
+        count: int,
+        at: float,
+        got: tuple[list[Reply], Failed | None],
+        clock: Callable[[], float],
+    ) -> list[Reply]:
+        """What was read on ``conn``: what ``prior`` owed (dropped), then the replies to
+        ``count`` calls sent ``at``. The connection is then idle again, or behind (late,
+        or interrupted: the interruption is raised), or dropped (broken)."""
+        replies, failed = got
+        if prior is not None and prior.owed:
+            owed = prior.owed
+            for _ in range(min(owed, len(replies))):
+                prior.read()  # an owed reply: dropped
+            replies = replies[owed:]
+        m = self.masters[i]
+        if failed is None:
+            m.suspect_since = None  # it answered
+            m.idle.append(conn)
+            return replies
+        if failed.kind != BROKEN:
+            if failed.kind == LATE:
+                m.timed_out(clock())
+            m.behind.append(Behind.after(prior, conn, count - len(replies), at))
+            if failed.kind == STOPPED:
+                raise failed.error
+        return read_failed(replies, count, failed.error)
+
+    def _catch_up(self, i: int, behind: Behind, now: float) -> Steps[Behind | None]:
+        """``behind`` (a connection of endpoint ``i``, due a catch-up: see
+        :meth:`MasterHealth.catch_up_due`) and those behind it, caught up as far as the
+        replies that have come allow, without waiting: the first that still owes, or
+        None when they caught up (their connections are idle again) or broke."""
+        m = self.masters[i]
+        while True:
+            replies, failed = yield (READ, i, behind.conn, behind.owed, None)
+            for _ in replies:
+                behind.read()
+            if failed is not None and failed.kind == STOPPED:
+                m.behind.append(behind)
+                raise failed.error
+            if failed is None or failed.kind != BROKEN:
+                if behind.owed:
+                    return behind
+                m.answered()
+                m.idle.append(behind.conn)
+            try:
+                behind = m.behind.pop()
+            except IndexError:
+                return None
+            if not m.catch_up_due(behind, now, self.timeout):
+                return behind
+
+    def _suspect(
+        self, fan: FanoutRound, i: int, now: float, clock: Callable[[], float]
+    ) -> Steps[None]:
+        """Endpoint ``i`` is suspect: it fails this round at once, and is probed."""
+        m = self.masters[i]
+        since = m.suspect_since if m.suspect_since is not None else now
+        fan.failed(i, self._timeout_error(suspect_error_text(self.names[i], since, now)))
+        if m.start_probe(now) and not self.closed:
+            yield (SPAWN, self._probe(i, clock))
+
+    def _probe(self, i: int, clock: Callable[[], float]) -> Steps[None]:
+        """PING endpoint ``i`` on a fresh connection: when it answers in time, it
+        rejoins at once."""
+        m = self.masters[i]
+        answered = False
+        (conn,) = yield (CONNECT, [i])
+        if not isinstance(conn, Failed):
+            ping = self._preload(conn) + self._packing(conn)[1]([("PING",)])
+            failed: Failed | None = None
+            if (yield (SEND, [(i, conn, ping)])) is None:
+                deadline = clock() + self.timeout
+                replies, failed = yield (READ, i, conn, len(LOCK_SCRIPTS) + 1, deadline)
+                pong = replies[-1] if failed is None else None
+                answered = bool(pong) and not isinstance(pong, Exception)
+                if answered and not self.closed:
+                    m.idle.append(conn)
+                elif failed is None or failed.kind != BROKEN:
+                    yield (DROP, i, conn)
+        for behind in m.probed(answered):
+            yield (DROP, i, behind.conn)
+
+    def _run(
+        self,
+        i: int,
+        commands: list[tuple[object, ...]],
+        deadline: float,
+        clock: Callable[[], float],
+    ) -> Steps[list[Reply]]:
+        """Send ``commands`` to endpoint ``i`` and read their replies (the NOSCRIPT
+        redo, a routed round's single commands)."""
+        m = self.masters[i]
+        prior = None
+        try:
+            conn = m.idle.pop()
+            packed = self._packing(conn)[1](commands)
+        except IndexError:
+            (conn,) = yield (CONNECT, [i])
+            if isinstance(conn, Failed):
+                if conn.kind == LATE:
+                    m.timed_out(clock())
+                return read_failed([], len(commands), conn.error)
+            packed = self._preload(conn) + self._packing(conn)[1](commands)
+            prior = Behind(conn, len(LOCK_SCRIPTS), clock())
+        failures = yield (SEND, [(i, conn, packed)])
+        if failures is not None:
+            if not isinstance(failures[0], Exception):
+                raise failures[0]
+            return read_failed([], len(commands), failures[0])
+        owed = 0 if prior is None else prior.owed
+        got = yield (READ, i, conn, owed + len(commands), deadline)
+        return self._settle(i, conn, prior, len(commands), clock(), got, clock)
+
+    def _routed(self, fanout: Fanout, clock: Callable[[], float]) -> Steps[list[list[Reply]]]:
+        """A round over members some of which are Redis Clusters (see :func:`route`)."""
+        steps = route(fanout, self.ends, clock, self.timeout)
+        result: object = None
+        try:
+            while True:
+                effect = steps.send(result)
+                self._grow()
+                if isinstance(effect, NodeRound):
+                    calls, early, voters = effect.calls, effect.early, effect.voters
+                    result = yield from self._round(calls, early, voters, effect.cleanup, clock)
+                elif isinstance(effect, NodeCommands):
+                    deadline = clock() + self.timeout
+                    commands = list(effect.commands)
+                    result = yield from self._run(effect.endpoint, commands, deadline, clock)
+                else:
+                    result = yield (SLEEP, effect.seconds)  # a Backoff
+        except StopIteration as stop:
+            replies: list[list[Reply]] = stop.value
+            return replies
+
+    def _grow(self) -> None:
+        """Tables for the endpoints :func:`route` added (nodes routed to for the first
+        time)."""
+        table = self.ends.table
+        if len(self.masters) == len(table):
+            return
+        with self._guard:
+            while len(self.masters) < len(table):
+                i, node = table[len(self.masters)]
+                assert node is not None
+                self.names.append(f"{self.names[i]} node {node[0]}:{node[1]}")
+                # Last: the endpoint is in use once its health is there.
+                self.masters.append(MasterHealth(self.probe_interval))
+
+    def _packed(self, fan: FanoutRound, i: int, conn: Any) -> Any:
+        """Endpoint ``i``'s calls, packed once per round for every endpoint with the
+        same calls and the same packing."""
+        how, pack = self._packing(conn)
+        return fan.packed(i, how, pack)
+
+    def _preload(self, conn: Any) -> Any:
+        return self._packing(conn)[1](preload_commands())

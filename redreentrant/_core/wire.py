@@ -11,11 +11,9 @@ option), so that it does exactly what the client's own connection would.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from .masters import master_name
 
 #: the options a wire connection carries out
 HANDLED = frozenset(
@@ -132,26 +130,3 @@ class Replies:
         if isinstance(reply, list) and reply and isinstance(reply[0], self._connection_error):
             raise reply[0]
         return reply
-
-
-def round_pools(
-    members: Sequence[Any],
-    plain: Callable[[int], bool],
-    wired: Collection[int],
-    wire_pool: Callable[[Any, str], Any],
-) -> tuple[list[Any], list[str], list[Any]]:
-    """Per member: its client (None for a cluster member), its name, and the pool its
-    rounds' connections come from (None for a cluster member): wire connections
-    (``wire_pool``, which may decline) for the ``wired`` members, else the client's own
-    pool."""
-    clients: list[Any] = []
-    names: list[str] = []
-    pools: list[Any] = []
-    for i, member in enumerate(members):
-        clients.append(member if plain(i) else None)
-        names.append(master_name(member))
-        pool = None
-        if plain(i):
-            pool = (wire_pool(member, names[i]) if i in wired else None) or (member.connection_pool)
-        pools.append(pool)
-    return clients, names, pools
