@@ -9,24 +9,14 @@ a failure): every combination that CI's matrix runs installs what its tests need
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
+from helpers import IN_CI, binary_or_none, heal, require_redis_server
 
 from redreentrant import LockManager
-from redreentrant._core.errors import RedisServerNotFound
 from redreentrant._core.keys import PREFIX
-from redreentrant.testing import LocalEnsemble, find_redis_server, redis_server_version
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def _binary() -> str | None:
-    try:
-        return find_redis_server()
-    except RedisServerNotFound:
-        return None
+from redreentrant.testing import LocalEnsemble, LocalServer, redis_server_version
 
 
 def _no_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
@@ -51,7 +41,7 @@ def pytest_make_collect_report() -> Iterator[None]:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    binary = _binary()
+    binary = binary_or_none()
     if binary is None:
         return "redis-server: none found"
     version = ".".join(map(str, redis_server_version(binary)))
@@ -60,7 +50,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.fixture(scope="session")
 def _ensemble5() -> Iterator[LocalEnsemble]:
-    binary = _binary()
+    binary = binary_or_none()
     if binary is None:
         from containers import ContainerEnsemble, docker_available
 
@@ -76,22 +66,13 @@ def _ensemble5() -> Iterator[LocalEnsemble]:
         yield ensemble
 
 
-def _heal(ensemble: LocalEnsemble) -> None:
-    """Bring every server back (resumed, running) for the next test."""
-    for server in ensemble.servers:
-        if server.paused:
-            server.resume()
-        if not server.running:
-            server.start()
-
-
 @pytest.fixture
 def ensemble(_ensemble5: LocalEnsemble) -> Iterator[LocalEnsemble]:
     """Five independent masters, healed and checked for leaked lock keys after the test."""
-    _heal(_ensemble5)
+    heal(_ensemble5)
     _ensemble5.flushall()
     yield _ensemble5
-    _heal(_ensemble5)
+    heal(_ensemble5)
     leaked = {url: keys for url, keys in _ensemble5.keys(PREFIX + "*").items() if keys}
     _ensemble5.flushall()
     if leaked:
@@ -114,3 +95,53 @@ def single(ensemble: LocalEnsemble) -> Iterator[LockManager]:
     """A manager over one master (N = 1 is legal)."""
     with LockManager([ensemble.urls[0]], lease=5.0) as mgr:
         yield mgr
+
+
+@pytest.fixture
+def redis_binary() -> str:
+    """The redis-server binary, for tests that start servers in other processes."""
+    return require_redis_server("the CLI tests")
+
+
+#: fixtures that start redis-server processes, or stand for one: a test that uses any of
+#: them (directly or through other fixtures) is an integration test
+SERVER_FIXTURES = frozenset(
+    {
+        "_ensemble5",  # ensemble, urls, manager, single, and the fixtures made of them
+        "ensemble",  # test_ensemble.py's own ensembles too
+        "redis_binary",  # servers started by the CLI (ensemble up, demo)
+        "clusters",  # test_cluster.py's Redis Clusters
+        "resource",  # the fault suite's protected resource
+        # the pytest plugin's (redreentrant.testing.plugin)
+        "redreentrant_ensembles",
+        "redreentrant_ensemble",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``integration`` every test that uses a server fixture (modules that start
+    servers otherwise mark themselves), so ``-m "not integration"`` is the fast run
+    that starts none."""
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _servers_only_in_integration_tests(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test not marked ``integration`` that starts a server fails, naming the marker
+    it lacks (the fast run, ``-m "not integration"``, must start none)."""
+    if request.node.get_closest_marker("integration") is not None:
+        return
+
+    def refused(server: LocalServer) -> None:
+        raise AssertionError(
+            f"{request.node.nodeid} starts a redis-server: mark it integration "
+            "(or use a server fixture, which marks it: see SERVER_FIXTURES in conftest.py)"
+        )
+
+    monkeypatch.setattr(LocalServer, "spawn", refused)

@@ -7,11 +7,11 @@ kill/start and restart, and keeps no data (no persistence), like LocalEnsemble.
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
 import redis
+from helpers import free_port
 
 IMAGE = "redis:7"
 
@@ -27,19 +27,13 @@ def docker_available() -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ContainerServer:
     """One Redis master in a container, with LocalServer's test-facing methods."""
 
     def __init__(self, image: str = IMAGE) -> None:
         from testcontainers.core.container import DockerContainer
 
-        self.port = _free_port()
+        self.port = free_port()
         self._container: Any = (
             DockerContainer(image)
             .with_command("redis-server --save '' --appendonly no")

@@ -15,56 +15,36 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 import redis
+from helpers import (
+    CLI,
+    PY,
+    WORKERS,
+    clean_env,
+    free_port,
+    gone,
+    read_line,
+    run_cli,
+    stop,
+    wait_until,
+)
 
 import redreentrant.__main__ as dunder_main
 from redreentrant import LockLostError, LockManager, __version__
-from redreentrant._core.errors import RedisServerNotFound
 from redreentrant.cli import app as cli_app
 from redreentrant.cli import ensemble as cli_ensemble
 from redreentrant.cli import main as cli_main
 from redreentrant.cli import run as cli_run
 from redreentrant.cli.common import MASTERS_ENV, CliError
 from redreentrant.cli.ensemble import STATE_ENV
-from redreentrant.testing import LocalEnsemble, find_redis_server
+from redreentrant.testing import LocalEnsemble
 
-CLI = [sys.executable, "-m", "redreentrant"]
-PY = sys.executable
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-WORKERS = Path(__file__).with_name("workers.py")
 LINUX = sys.platform.startswith("linux")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The environment without our variables (a developer's shell may have them set)."""
-    env = {k: v for k, v in os.environ.items() if k not in (MASTERS_ENV, STATE_ENV, "NO_COLOR")}
-    env.update(extra)
-    return env
-
-
-def run_cli(
-    *args: str,
-    masters: list[str] | None = None,
-    timeout: float = 30,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run the CLI; ``masters`` go into $REDREENTRANT_MASTERS, ``env`` adds variables."""
-    env = dict(env or {})
-    if masters is not None:
-        env[MASTERS_ENV] = ",".join(masters)
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=clean_env(**env),
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
@@ -97,13 +77,6 @@ def start_cli(
     )
 
 
-def read_line(process: subprocess.Popen[str], timeout: float = 15.0) -> str:
-    assert process.stdout is not None
-    readable, _, _ = select.select([process.stdout], [], [], timeout)
-    assert readable, "no output in time"
-    return process.stdout.readline()
-
-
 def read_err_until(process: subprocess.Popen[str], text: str, limit: float = 30.0) -> str:
     """Read the process's stderr until a line holds ``text``; that line."""
     assert process.stderr is not None
@@ -119,50 +92,6 @@ def read_err_until(process: subprocess.Popen[str], text: str, limit: float = 30.
                 return line
             seen.append(line)
     raise AssertionError(f"no {text!r} on stderr; saw {seen!r}, status {process.poll()}")
-
-
-def wait_until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
-    """Wait (generously) for an observable condition."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not {what} after {limit:g} s")
-        time.sleep(0.05)
-
-
-def stop(process: subprocess.Popen[str] | None) -> None:
-    if process is not None:
-        process.kill()
-        process.communicate()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie (a container's pid 1 may never reap it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
-@pytest.fixture
-def redis_binary() -> str:
-    try:
-        return find_redis_server()
-    except RedisServerNotFound:
-        if IN_CI:
-            pytest.fail("no redis-server binary: the CLI tests must run in CI")
-        pytest.skip("no redis-server binary")
 
 
 # -- help ---------------------------------------------------------------------------
@@ -388,7 +317,7 @@ def test_the_command_dies_with_a_run_killed_by_sigkill(urls: list[str], tmp_path
         assert not report.exists()
         first.send_signal(signal.SIGKILL)
         first.wait()
-        wait_until(lambda: gone(command), "gone: the command outlived its killed run")
+        wait_until(lambda: gone(command), "gone: the command outlived its killed run", 30)
         _, err = second.communicate(timeout=60)
         assert second.returncode == 0, err
         assert report.read_text() == "gone"  # never two commands under one lock
@@ -535,7 +464,7 @@ def test_inspect_shows_host_pid_and_thread_of_holders_and_waiters(
             views = manager.inspect("who")
             return all(v.error is None and v.locks and v.locks[0].queue for v in views)
 
-        wait_until(queued, "queued on every master")
+        wait_until(queued, "queued on every master", 30)
         document = json.loads(run_cli("inspect", "--json", "who", masters=urls).stdout)
         # A read/write lock names its holders once per side: "<owner id> (write)".
         [holder_key] = document["masters"][0]["locks"][0]["holders"]
@@ -859,10 +788,11 @@ def test_demo_killed_by_sigkill_leaves_no_server_or_directory(
         assert list(tmp_path.glob("redreentrant-ensemble-*"))
         demo.send_signal(signal.SIGKILL)
         demo.communicate()
-        wait_until(lambda: all(gone(pid) for pid in pids), "gone: servers outlived the demo")
+        wait_until(lambda: all(gone(pid) for pid in pids), "gone: servers outlived the demo", 30)
         wait_until(
             lambda: not list(tmp_path.glob("redreentrant-ensemble-*")),
             "removed: the demo's directory",
+            30,
         )
     finally:
         for pid in pids:

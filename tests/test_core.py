@@ -1,19 +1,29 @@
 """The core, deterministically: a fake clock, an in-memory transport answering like
-the masters' scripts, and the real sync driver. Slow rounds, validity running out
-mid-round, drift, jitter, split votes and their undo, and the watchdog's verdicts."""
+the masters' scripts (a model of them, which tests/test_lua_model.py checks against the
+real scripts on a real server), and the real drivers of both flavours: every scenario
+that goes through a driver runs with the sync driver and with the asyncio driver. Slow
+rounds, validity running out mid-round, drift, jitter, split votes and their undo, and
+the watchdog's verdicts."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import gc
 import importlib.util
+import json
+import math
+import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 import pytest
 import redis
 
+from redreentrant._async.driver import AsyncDriver
+from redreentrant._async.waker import AsyncWaker
 from redreentrant._core.effects import Call, Fanout, Handover, Notify, Reply, Steps, Wait
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
@@ -29,7 +39,7 @@ from redreentrant._core.keys import (
     wake_channel,
 )
 from redreentrant._core.kinds import EXCLUSIVE
-from redreentrant._core.mock import FakeClock, MockTransport
+from redreentrant._core.mock import AsyncMockTransport, FakeClock, MockTransport
 from redreentrant._core.quorum import Quorum, lease_ms
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
@@ -47,173 +57,392 @@ from redreentrant._sync.driver import SyncDriver
 from redreentrant._sync.waker import Waker
 
 LEASE = 3.0
-#: how long a woken waiter keeps its place (KEEP_MS of lua/release.lua)
-KEEP_S = 1.0
-#: how far beyond its own end of a registration a master takes a proposed place
-PLACE_SKEW_S = 1.0
+#: how long (ms) a woken waiter keeps its place at most (KEEP_MS of lua/release.lua)
+KEEP_MS = 1000
+#: how far (ms) beyond its own end of a registration a master takes a proposed place
+#: (PLACE_SKEW_MS of lua/acquire.lua)
+PLACE_SKEW_MS = 1000
 DRIFT = LEASE * 0.01 + 0.002
 
 
-class Master:
-    """One master, answering the plain lock's scripts as the Lua does (TTLs on the
-    fake clock; ``listening`` says whose home channel a subscriber hears)."""
+#: when set, a path: every call the model (:class:`Master`) answers, and every change a
+#: test makes to its state directly, is written there, a line of JSON per scenario, for
+#: tests/test_lua_model.py to replay on a real server running the real scripts
+LOG_ENV = "REDREENTRANT_MODEL_LOG"
 
-    def __init__(self, clock: FakeClock, listening: Callable[[str], bool]) -> None:
+
+class Recording:
+    """What the model answered in one scenario, in order: each call (its script, keys,
+    arguments and reply, the master's state after it, the fake time, and which managers'
+    home channels a subscriber hears) and each change a test made to a master's state
+    directly. Every change between two events must be one of these: an unrecorded one
+    fails the scenario."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.worlds = 0
+        #: per master: its state after the last event, to catch unrecorded changes
+        self._after: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def event(self, master: Master, kind: str, **fields: Any) -> None:
+        where = (master.world, master.index)
+        if where in self._after:
+            now = master.now()
+            assert live(master.raw(), now) == live(self._after[where], now), (
+                f"master {master.index} changed without a record before this {kind}: "
+                "change the model's state through its methods (hold, set_waiters, ...)"
+            )
+        self.events.append(
+            {"kind": kind, "world": master.world, "master": master.index}
+            | {"now": master.clock(), **fields}
+        )
+
+    def after(self, master: Master) -> None:
+        self._after[(master.world, master.index)] = copy.deepcopy(master.raw())
+
+
+RECORDING: Recording | None = None
+
+
+def server_ms(seconds: float) -> int:
+    """A time on the fake clock as a server's scripts see theirs: whole milliseconds
+    (a float's error, a millionth of a ms, is not a ms less)."""
+    return math.floor(seconds * 1000 + 1e-6)
+
+
+def live(raw: dict[str, Any], now: int) -> dict[str, Any]:
+    """What a master stores (:meth:`Master.raw`), the keys past their expiry at ``now``
+    (ms) left out, as a server would."""
+    expires, waiters_expire = raw["expires"], raw["waiters_expire"]
+    hashes = {k: v for k, v in raw["hashes"].items() if v and expires[k] > now}
+    zsets = {k: v for k, v in raw["waiters"].items() if v and waiters_expire[k] > now}
+    return {
+        "hashes": hashes,
+        "expires": {k: expires[k] for k in hashes},
+        "waiters": zsets,
+        "waiters_expire": {k: waiters_expire[k] for k in zsets},
+        "reserved": {k: v for k, v in raw["reserved"].items() if v[1] > now},
+    }
+
+
+class Master:
+    """One master, answering the plain lock's scripts as lua/acquire.lua, release.lua
+    and renew.lua do, step by step, on the fake clock in whole ms as a server's clock:
+    a lock hash and its expiry, the sorted set of registered waiters (owner -> end of
+    its registration, in ms) and that key's own expiry, and reservations. A key is gone
+    from its expiry ms on (as PEXPIREAT has it; a read within that very ms would still
+    find it on a server, a tie no replay can set up). ``listening`` says whose home
+    channel a subscriber hears (a PUBLISH there reaches someone).
+
+    Tests change its state only through :meth:`hold`, :meth:`set_waiters`,
+    :meth:`drop_holds` and :meth:`drop_reservations` (recorded, so that a replay makes
+    the same changes: tests/test_lua_model.py)."""
+
+    def __init__(
+        self,
+        clock: FakeClock,
+        listening: Callable[[str], bool],
+        index: int = 0,
+        world: int = 0,
+        managers: Callable[[], list[str]] = list,
+    ) -> None:
         self.clock = clock
         self.listening = listening
+        self.index = index
+        self.world = world
+        #: the managers whose home channel a subscriber hears (for the record)
+        self.managers = managers
+        #: lock hashes (owner -> count) and their expiries (ms)
         self.hashes: dict[str, dict[str, int]] = {}
-        self.expires: dict[str, float] = {}
-        #: registered waiters per waiters key: owner -> end of its registration
-        self.waiters: dict[str, dict[str, float]] = {}
-        #: reservations per key: (owner, end)
-        self.reserved: dict[str, tuple[str, float]] = {}
-        #: the waiters woken per waiters key, which keep their place (for polite
-        #: tries) until they take the lock or KEEP_S passed: owner -> end
-        self.kept: dict[str, dict[str, float]] = {}
+        self.expires: dict[str, int] = {}
+        #: registered waiters per waiters key (owner -> end of registration, ms), and
+        #: the expiry of each such key (ms)
+        self.waiters: dict[str, dict[str, int]] = {}
+        self.waiters_expire: dict[str, int] = {}
+        #: reservations per key: (owner, expiry ms)
+        self.reserved: dict[str, tuple[str, int]] = {}
 
-    def registered(self, key: str) -> list[str]:
-        """The live registrations under ``key``, the one ending first first."""
-        now = self.clock()
-        live = {o: end for o, end in self.waiters.get(key, {}).items() if end > now}
-        self.waiters[key] = live
-        return sorted(live, key=lambda o: live[o])
+    def now(self) -> int:
+        return server_ms(self.clock())
 
-    def reservation(self, key: str) -> str | None:
-        """Whom the lock is reserved for, if anyone."""
-        owner, end = self.reserved.get(key, ("", 0.0))
-        return owner if end > self.clock() else None
+    def raw(self) -> dict[str, Any]:
+        """Everything stored (see :func:`live`)."""
+        return {
+            "hashes": self.hashes,
+            "expires": self.expires,
+            "waiters": self.waiters,
+            "waiters_expire": self.waiters_expire,
+            "reserved": self.reserved,
+        }
 
-    def _wake_next(
-        self,
-        key: str,
-        lock: str = "",
-        handover_ms: int = 0,
-        manager: str = "",
-        reserved: str = "",
-        reserve_ms: int = 0,
-        defer: bool = False,
-    ) -> tuple[str, int, int]:
-        waiting = self.registered(key)
-        if defer and waiting:
-            return "", 0, 1
-        for owner in waiting:
-            del self.waiters[key][owner]
-            if self.listening(owner):
-                if handover_ms and owner.rpartition(":")[0] == manager:
-                    self.hashes[lock] = {owner: 1}
-                    self.expires[lock] = self.clock() + handover_ms / 1000
-                    return owner, handover_ms, 0
-                if reserve_ms and owner.rpartition(":")[0] != manager:
-                    self.reserved[reserved] = (owner, self.clock() + reserve_ms / 1000)
-                self.kept.setdefault(key, {})[owner] = self.clock() + KEEP_S
-                return owner, 0, 0
-        return "", 0, 0
+    def state(self) -> dict[str, Any]:
+        """The state as tests/test_lua_model.py reads a server's: each lock hash with
+        the ms left of its lease, the registrations not ended in the order a release
+        wakes them (each with the ms left of it), each reservation with its ms left."""
+        now = self.now()
+        return {
+            "holds": {
+                key: {"fields": dict(self._hash(key)), "ttl": self.expires[key] - now}
+                for key in list(self.hashes)
+                if self._hash(key)
+            },
+            "waiting": {
+                key: [[owner, self.waiters[key][owner] - now] for owner in live]
+                for key in list(self.waiters)
+                if (live := self.registered(key))
+            },
+            "reserved": {
+                key: [owner, self.reserved[key][1] - now]
+                for key in list(self.reserved)
+                if (owner := self.reservation(key)) is not None
+            },
+        }
+
+    # -- changes a test makes directly (as another client, or time, would) --------------
+
+    def _change(self, kind: str, change: Callable[[], None], **fields: Any) -> None:
+        if RECORDING is not None:
+            RECORDING.event(self, kind, **fields)
+        change()
+        if RECORDING is not None:
+            RECORDING.after(self)
+
+    def hold(self, key: str, fields: dict[str, int], ttl: float) -> None:
+        """The lock hash ``key`` is ``fields`` (owner -> count) for ``ttl`` seconds."""
+        ttl_ms = round(ttl * 1000)
+
+        def change() -> None:
+            self.hashes[key] = dict(fields)
+            self.expires[key] = self.now() + ttl_ms
+
+        self._change("hold", change, key=key, fields=fields, ttl=ttl_ms)
+
+    def set_waiters(self, key: str, ends: dict[str, float]) -> None:
+        """The waiters registered under ``key`` are ``ends`` (owner -> end of its
+        registration on the fake clock), and no others; the key lives as long as the
+        last of them (as lua/acquire.lua keeps it)."""
+        ends_ms = {owner: server_ms(end) for owner, end in ends.items()}
+
+        def change() -> None:
+            self._drop_zset(key)
+            if ends_ms and max(ends_ms.values()) > self.now():
+                self.waiters[key] = dict(ends_ms)
+                self.waiters_expire[key] = max(ends_ms.values())
+
+        self._change("waiters", change, key=key, ends=ends_ms)
+
+    def drop_holds(self) -> None:
+        """Every lock hash is gone (their leases ran out)."""
+
+        def change() -> None:
+            self.hashes.clear()
+            self.expires.clear()
+
+        self._change("drop_holds", change)
+
+    def drop_reservations(self) -> None:
+        """Every reservation is gone (it ran out)."""
+        self._change("drop_reservations", self.reserved.clear)
+
+    # -- what the scripts see -------------------------------------------------------------
 
     def _hash(self, key: str) -> dict[str, int]:
-        if key in self.expires and self.clock() >= self.expires[key]:
+        """The lock hash ``key`` (empty: no such key)."""
+        if key in self.hashes and (not self.hashes[key] or self.now() >= self.expires[key]):
             del self.hashes[key], self.expires[key]
         return self.hashes.get(key, {})
 
+    def _zset(self, key: str) -> dict[str, int]:
+        """The sorted set ``key``, ended registrations and all (empty: no such key)."""
+        if key in self.waiters and (
+            not self.waiters[key] or self.now() >= self.waiters_expire[key]
+        ):
+            self._drop_zset(key)
+        return self.waiters.get(key, {})
+
+    def _drop_zset(self, key: str) -> None:
+        self.waiters.pop(key, None)
+        self.waiters_expire.pop(key, None)
+
+    def _purge(self, key: str, now: int) -> None:
+        """ZREMRANGEBYSCORE key -inf now: the registrations ended."""
+        zset = self._zset(key)
+        for owner in [o for o, end in zset.items() if end <= now]:
+            del zset[owner]
+        self._zset(key)
+
+    def _zrem(self, key: str, owner: str) -> None:
+        self._zset(key).pop(owner, None)
+        self._zset(key)
+
+    def ends(self, key: str) -> dict[str, int]:
+        """The registrations not ended under ``key``: owner -> end (ms)."""
+        now = self.now()
+        return {o: end for o, end in self._zset(key).items() if end > now}
+
+    def registered(self, key: str) -> list[str]:
+        """The registrations not ended under ``key``, in the order a release wakes them
+        (the one ending first first; ties by owner id, as in a sorted set)."""
+        ends = self.ends(key)
+        return sorted(ends, key=lambda o: (ends[o], o))
+
+    def reservation(self, key: str) -> str | None:
+        """Whom the lock is reserved for, if anyone."""
+        owner, end = self.reserved.get(key, ("", 0))
+        if owner and self.now() >= end:
+            del self.reserved[key]
+            return None
+        return owner or None
+
+    def pttl(self, key: str) -> int:
+        """PTTL of a lock hash: ms left, -2 for no such key."""
+        return self.expires[key] - self.now() if self._hash(key) else -2
+
+    # -- the scripts ----------------------------------------------------------------------
+
     def run(self, call: Call) -> Reply:
+        if RECORDING is None:
+            return self._run(call)
+        RECORDING.event(
+            self,
+            "call",
+            script=call.script.name,
+            keys=list(call.keys),
+            args=list(call.args),
+            listening=sorted(self.managers()),
+        )
+        reply = self._run(call)
+        RECORDING.events[-1].update(reply=reply, state=self.state())
+        RECORDING.after(self)
+        return reply
+
+    def _run(self, call: Call) -> Reply:
         name, keys, args = call.script.name, call.keys, call.args
         if name == "acquire":
-            (key, waiters, reserved), (owner, lease_ms, count, wait_ms) = keys, args[:4]
-            polite = int(args[4]) if len(args) > 4 else 0
-            held = self._hash(key)
-            holder = self.reservation(reserved)
-            free = int(count) == 1 and not held and holder in (None, owner)
-            now = self.clock()
-            ahead = sorted(
-                end
-                for o, end in {
-                    **self.waiters.get(waiters, {}),
-                    **self.kept.get(waiters, {}),
-                }.items()
-                if o != owner and end > now
-            )
-            polite_ttl = (
-                min(polite, int((ahead[0] - now) * 1000)) if free and polite and ahead else 0
-            )
-            if owner in held or (free and not polite_ttl):
-                self.reserved.pop(reserved, None)
-                self.hashes[key] = {**held, str(owner): int(count)}
-                self.expires[key] = self.clock() + int(lease_ms) / 1000
-                # The registration stays until the final release (lua/acquire.lua).
-                return [1, int(count)]
-            ttl = int((self.expires[key] - self.clock()) * 1000) if held else -2
-            if not held and holder is not None:
-                ttl = int((self.reserved[reserved][1] - self.clock()) * 1000)
-            if polite_ttl:
-                ttl = polite_ttl
-            if int(count) == 1 and int(wait_ms) > 0:
-                registered = self.waiters.setdefault(waiters, {})
-                ends = now + int(wait_ms) / 1000
-                place = int(args[5]) / 1000 if len(args) > 5 else 0.0
-                if now < place <= ends + PLACE_SKEW_S:  # a place proposed, and plausible
-                    ends = place
-                registered[str(owner)] = ends
-            return [0, ttl]
-        if name == "release" and args[0] == "force":
-            (key, waiters, reserved) = keys
-            if not self._hash(key):
-                return [0, ""]
-            self.hashes.pop(key, None)
-            self.expires.pop(key, None)
-            self.reserved.pop(reserved, None)
-            return [1, self._wake_next(waiters)[0]]
-        if name == "release" and args[0] == "wake":
-            (key, waiters, reserved) = keys
-            if self._hash(key):
-                return [0, ""]
-            return [0, self._wake_next(waiters, key, 0, "", reserved, int(args[4]))[0]]
-        if name == "release" and args[0] == "abandon":
-            (key, waiters, reserved), owner = keys, str(args[1])
-            self.waiters.get(waiters, {}).pop(owner, None)
-            if self.reservation(reserved) == owner:
-                self.reserved.pop(reserved)
-            self._hash(key).pop(owner, None)
-            if not self._hash(key):
-                self.hashes.pop(key, None)
-                self.expires.pop(key, None)
-            return [0, "" if self._hash(key) else self._wake_next(waiters)[0]]
+            return self._acquire(keys, args)
         if name == "release":
-            (key, waiters, reserved), owner, left, leave = keys, str(args[1]), int(args[2]), args[6]
-            if leave == "1":
-                self.waiters.get(waiters, {}).pop(owner, None)
-                self.kept.get(waiters, {}).pop(owner, None)
-            held = self._hash(key)
-            if owner not in held:
-                return [-1, ""]
-            if left > 0:
-                held[owner] = left
-                return [1, ""]
-            del held[owner]
-            if not held and leave == "0":  # an undo wakes no registered waiter
-                self.hashes.pop(key, None)
-                self.expires.pop(key, None)
-                return [0, "", 0, 0]
-            if not held:
-                self.hashes.pop(key, None)
-                self.expires.pop(key, None)
-                handover = int(args[7]) if len(args) > 7 else 0
-                defer = len(args) > 8 and args[8] == "1"
-                reserve = int(args[9]) if len(args) > 9 else 0
-                manager = owner.rpartition(":")[0]
-                woken, handed, deferred = self._wake_next(
-                    waiters, key, handover, manager, reserved, reserve, defer
-                )
-                return [0, woken, handed, deferred]
-            return [0, "", 0, 0]
+            return self._release(keys, args)
         if name == "renew":
             out = []
             for key, owner in zip(keys, args[1:], strict=True):
                 if str(owner) in self._hash(key):
-                    self.expires[key] = self.clock() + int(args[0]) / 1000
+                    self.expires[key] = self.now() + int(args[0])
                     out.append(1)
                 else:
                     out.append(0)
             return out
         raise AssertionError(f"unexpected script {name}")
+
+    def _acquire(self, keys: Sequence[str], args: Sequence[Any]) -> Reply:
+        """lua/acquire.lua."""
+        key, waiters, reserved = keys
+        owner, lease, count, wait = str(args[0]), int(args[1]), int(args[2]), int(args[3])
+        polite = int(args[4]) if len(args) > 4 else 0
+        now = self.now()
+        free, pttl = False, -2
+        if count == 1 and not self._hash(key):
+            holder = self.reservation(reserved)
+            if holder is not None and holder != owner:
+                pttl = self.reserved[reserved][1] - now
+            else:
+                free = True
+                if polite > 0 and self._zset(waiters):
+                    self._purge(waiters, now)
+                    ends = self._zset(waiters)
+                    for other in sorted(ends, key=lambda o: (ends[o], o))[:2]:
+                        if other != owner:
+                            free = False
+                            pttl = max(1, min(polite, ends[other] - now))
+                            break
+                if free and holder is not None:
+                    del self.reserved[reserved]
+        if free or owner in self._hash(key):
+            self.hashes.setdefault(key, {})[owner] = count
+            self.expires[key] = now + lease
+            # The registration stays until the final release (lua/acquire.lua).
+            return [1, count]
+        if pttl == -2:
+            pttl = self.pttl(key)
+        if count == 1 and wait > 0:
+            self._purge(waiters, now)
+            ends_at = now + wait
+            place = int(args[5]) if len(args) > 5 else 0
+            if now < place <= ends_at + PLACE_SKEW_MS:  # a place proposed, and plausible
+                ends_at = place
+            zset = self.waiters.setdefault(waiters, {})
+            zset.setdefault(owner, ends_at)  # NX: one registered already keeps its place
+            self.waiters_expire[waiters] = now + max(1, max(zset.values()) - now)
+        return [0, pttl]
+
+    def _release(self, keys: Sequence[str], args: Sequence[Any]) -> Reply:
+        """lua/release.lua."""
+        key, waiters, reserved = keys
+        op = args[0]
+        if op == "force":
+            if not self._hash(key):
+                return [0, ""]
+            del self.hashes[key], self.expires[key]
+            self.reserved.pop(reserved, None)
+            return [1, self._wake_next(keys, 0, "", 0, False)[0]]
+        if op == "abandon":
+            owner = str(args[1])
+            self._zrem(waiters, owner)
+            self._hash(key).pop(owner, None)
+            if self.reservation(reserved) == owner:
+                del self.reserved[reserved]
+            if self._hash(key):
+                return [0, ""]
+            return [0, self._wake_next(keys, 0, "", 0, False)[0]]
+        if op == "wake":
+            if self._hash(key):
+                return [0, ""]
+            return [0, self._wake_next(keys, 0, "", int(args[4]), False)[0]]
+        owner, left, leave = str(args[1]), int(args[2]), args[6]
+        if leave == "1":
+            self._zrem(waiters, owner)
+        held = self._hash(key)
+        if owner not in held:
+            return [-1, ""]
+        if left > 0:
+            held[owner] = left
+            return [1, ""]
+        del held[owner]
+        if self._hash(key) or leave == "0":  # an undo wakes no registered waiter
+            return [0, "", 0, 0]
+        handover = int(args[7]) if len(args) > 7 else 0
+        reserve = int(args[9]) if len(args) > 9 else 0
+        defer = len(args) > 8 and args[8] == "1"
+        woken, handed, deferred = self._wake_next(
+            keys, handover, owner.rpartition(":")[0], reserve, defer
+        )
+        return [0, woken, handed, deferred]
+
+    def _wake_next(
+        self, keys: Sequence[str], handover: int, manager: str, reserve: int, defer: bool
+    ) -> tuple[str, int, int]:
+        """``wake_next`` of lua/release.lua: wake (or hand the lock to) the registered
+        waiter whose registration ends first; a woken one keeps its place, its end
+        brought forward to KEEP_MS from now at the latest."""
+        key, waiters, reserved = keys
+        now = self.now()
+        if self._zset(waiters):
+            if defer:
+                return "", 0, 1
+            self._purge(waiters, now)
+        while ends := self._zset(waiters):
+            owner = min(ends, key=lambda o: (ends[o], o))
+            if handover > 0 and owner.rpartition(":")[0] == manager:
+                self._zrem(waiters, owner)
+                self.hashes.setdefault(key, {})[owner] = 1
+                self.expires[key] = now + handover
+                return owner, handover, 0
+            if self.listening(owner):
+                if reserve > 0 and owner.rpartition(":")[0] != manager:
+                    self.reserved[reserved] = (owner, now + reserve)
+                ends[owner] = min(ends[owner], now + KEEP_MS)  # ZADD XX LT
+                return owner, 0, 0
+            self._zrem(waiters, owner)  # its manager hears nothing: the next one
+        return "", 0, 0
 
 
 class Hub:
@@ -277,19 +506,87 @@ class Hub:
         pass
 
 
-class World:
-    """Five masters, a fake clock and an engine driven by the real sync driver."""
+class AsyncHub:
+    """A :class:`Hub` as the asyncio driver awaits it: the same records and fake-clock
+    waits, each wait and pause a suspension on the event loop."""
 
-    def __init__(self, size: int = 5, uniform: Callable[[float, float], float] | None = None):
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    async def watch(
+        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+    ) -> int:
+        return self.hub.watch(channel, owner, broadcast, targeted)
+
+    def unwatch(self, channel: str, owner: str) -> None:
+        self.hub.unwatch(channel, owner)
+
+    async def wait(self, channel: str, owner: str, generation: int, timeout: float) -> int:
+        await asyncio.sleep(0)
+        return self.hub.wait(channel, owner, generation, timeout)
+
+    async def pause(self, seconds: float) -> None:
+        await asyncio.sleep(0)
+        self.hub.pause(seconds)
+
+    def notify(self, notice: Notify) -> None:
+        self.hub.notify(notice)
+
+    def handed(self, channel: str, owner: str) -> Handover | None:
+        return self.hub.handed(channel, owner)
+
+    def relay(self, channel: str, owner: str) -> None:
+        self.hub.relay(channel, owner)
+
+    async def close(self) -> None:
+        self.hub.close()
+
+
+class FakeTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose time is the fake clock: its timers (the asyncio waker's)
+    are due when the fake clock says so, never by real time passing."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.fake_clock = clock
+
+    def time(self) -> float:
+        return self.fake_clock()
+
+
+#: the flavours whose drivers a :class:`World` runs the core with
+FLAVOURS = ["sync", "asyncio"]
+
+
+class World:
+    """Five masters, a fake clock and an engine driven by a flavour's real driver: the
+    sync driver, or the asyncio driver on an event loop of the world's own."""
+
+    def __init__(
+        self,
+        size: int = 5,
+        uniform: Callable[[float, float], float] | None = None,
+        flavour: str = "sync",
+    ):
+        self.flavour = flavour
         self.clock = FakeClock()
         #: the managers whose home channel a subscriber hears
         self.listening = {"m-other"}
-        self.masters = [Master(self.clock, self.is_listening) for _ in range(size)]
+        number = 0
+        if RECORDING is not None:
+            RECORDING.worlds += 1
+            number = RECORDING.worlds
+        self.masters = [
+            Master(self.clock, self.is_listening, i, number, lambda: list(self.listening))
+            for i in range(size)
+        ]
+        if RECORDING is not None:
+            for m in self.masters:
+                RECORDING.after(m)
         #: per master: an exception to answer with instead (a failure, a time-out)
         self.failing: dict[int, BaseException] = {}
         #: seconds each round takes (the clock moves during the round)
         self.round_time = 0.01
-        self.transport = MockTransport(self.answer)
         #: called before a master answers a call
         self.on_call: Callable[[int, Call], None] = lambda master, call: None
         self.hub = Hub(self.clock)
@@ -309,7 +606,28 @@ class World:
             pick,
             wall=self.clock,
         )
-        self.driver = SyncDriver(self.transport, self.hub, self.engine.check_open)
+        self.transport: MockTransport | AsyncMockTransport
+        if flavour == "sync":
+            self.transport = MockTransport(self.answer)
+            self.driver: SyncDriver | AsyncDriver = SyncDriver(
+                self.transport, self.hub, self.engine.check_open
+            )
+            #: how a waiting owner is interrupted: Ctrl-C in its thread...
+            self.interruption: type[BaseException] = KeyboardInterrupt
+        else:
+            self.loop = FakeTimeLoop(self.clock)
+            self.transport = AsyncMockTransport(self.answer)
+            self.driver = AsyncDriver(self.transport, AsyncHub(self.hub), self.engine.check_open)
+            self.interruption = asyncio.CancelledError  # ... or its task cancelled
+
+    def close(self) -> None:
+        if self.flavour == "asyncio" and not self.loop.is_closed():
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.wait(pending))
+            self.loop.close()
 
     def is_listening(self, owner: str) -> bool:
         return owner.rsplit(":", 1)[0] in self.listening
@@ -323,7 +641,21 @@ class World:
         return self.masters[master].run(call)
 
     def run(self, steps: Steps[Any]) -> Any:
-        return self.driver.run(steps)
+        """Run ``steps`` to their end with the flavour's driver."""
+        if isinstance(self.driver, SyncDriver):
+            return self.driver.run(steps)
+        return self.loop.run_until_complete(self.driver.run(steps))
+
+    def waker(self) -> Callable[[], None]:
+        """The flavour's sender of deferred wake-ups, armed by the engine; a function
+        that stops it (as its manager closes)."""
+        if isinstance(self.driver, SyncDriver):
+            waker = Waker(self.engine, self.run)
+            self.engine.on_deferred_wake = waker.arm
+            return waker.stop
+        async_waker = AsyncWaker(self.engine, self.driver.run)
+        self.engine.on_deferred_wake = async_waker.arm
+        return lambda: self.loop.run_until_complete(async_waker.stop())
 
     def acquire(self, blocking: bool = False, timeout: float = -1) -> bool:
         owner = self.engine.owner_id()
@@ -336,14 +668,55 @@ class World:
     def scripts(self, round_index: int) -> set[str]:
         return {c.script.name for per in self.transport.rounds[round_index] for c in per}
 
-    def take_elsewhere(self, masters: Sequence[int], ttl: float = 2.0) -> None:
+    def take_elsewhere(self, masters: Iterable[int], ttl: float = 2.0) -> None:
         for i in masters:
-            self.masters[i].hashes[lock_key("x")] = {"someone-else": 1}
-            self.masters[i].expires[lock_key("x")] = self.clock() + ttl
+            self.masters[i].hold(lock_key("x"), {"someone-else": 1}, ttl)
 
 
-def test_validity_is_the_lease_less_the_round_and_the_drift() -> None:
-    w = World()
+class Worlds(Protocol):
+    """Makes :class:`World` s of one flavour (the ``world`` fixture)."""
+
+    def __call__(
+        self, size: int = 5, uniform: Callable[[float, float], float] | None = None
+    ) -> World: ...
+
+
+@pytest.fixture(params=FLAVOURS)
+def world(request: pytest.FixtureRequest) -> Iterator[Worlds]:
+    """Worlds of the flavour under test: every scenario that goes through a driver runs
+    with the sync driver and with the asyncio driver."""
+    made: list[World] = []
+
+    def make(size: int = 5, uniform: Callable[[float, float], float] | None = None) -> World:
+        made.append(World(size, uniform, request.param))
+        return made[-1]
+
+    yield make
+    for w in made:
+        w.close()
+
+
+@pytest.fixture(autouse=True)
+def _recording(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With ``$REDREENTRANT_MODEL_LOG`` set, the scenario's record is added there."""
+    global RECORDING
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        yield
+        return
+    RECORDING = Recording()
+    try:
+        yield
+    finally:
+        recording, RECORDING = RECORDING, None
+        if recording.events:
+            line = {"scenario": request.node.nodeid, "events": recording.events}
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line) + "\n")
+
+
+def test_validity_is_the_lease_less_the_round_and_the_drift(world: Worlds) -> None:
+    w = world()
     w.round_time = 0.25
     started = w.clock()
     assert w.acquire()
@@ -353,8 +726,10 @@ def test_validity_is_the_lease_less_the_round_and_the_drift() -> None:
     assert w.engine.remaining(hold) == pytest.approx(LEASE - 0.25 - DRIFT)
 
 
-def test_validity_that_runs_out_mid_round_is_no_grant_and_is_undone_everywhere() -> None:
-    w = World()
+def test_validity_that_runs_out_mid_round_is_no_grant_and_is_undone_everywhere(
+    world: Worlds,
+) -> None:
+    w = world()
     w.round_time = LEASE  # every master granted, but the validity is spent
     assert not w.acquire()
     assert w.hold() is None
@@ -362,8 +737,8 @@ def test_validity_that_runs_out_mid_round_is_no_grant_and_is_undone_everywhere()
     assert all(not m._hash(lock_key("x")) for m in w.masters)
 
 
-def test_a_round_slower_than_the_lease_never_grants_however_long_one_waits() -> None:
-    w = World()
+def test_a_round_slower_than_the_lease_never_grants_however_long_one_waits(world: Worlds) -> None:
+    w = world()
     w.round_time = LEASE + 0.5
     assert not w.acquire(blocking=True, timeout=4 * LEASE)
     grants = [r for r in range(len(w.transport.rounds)) if w.scripts(r) == {"acquire"}]
@@ -373,8 +748,8 @@ def test_a_round_slower_than_the_lease_never_grants_however_long_one_waits() -> 
     assert w.hold() is None
 
 
-def test_a_split_vote_is_undone_everywhere_and_backs_off_for_a_bounded_time() -> None:
-    w = World()
+def test_a_split_vote_is_undone_everywhere_and_backs_off_for_a_bounded_time(world: Worlds) -> None:
+    w = world()
     w.take_elsewhere([2, 3, 4], ttl=60.0)  # two grants of five: a split
     assert not w.acquire(blocking=True, timeout=3.0)
     splits = [r for r in range(len(w.transport.rounds)) if w.scripts(r) == {"acquire"}]
@@ -389,8 +764,8 @@ def test_a_split_vote_is_undone_everywhere_and_backs_off_for_a_bounded_time() ->
     assert all(not m._hash(lock_key("x")).get(w.engine.owner_id()) for m in w.masters)
 
 
-def test_a_refused_waiter_sleeps_no_longer_than_the_holders_ttl() -> None:
-    w = World()
+def test_a_refused_waiter_sleeps_no_longer_than_the_holders_ttl(world: Worlds) -> None:
+    w = world()
     w.take_elsewhere([0, 1, 2, 3, 4], ttl=1.5)
     assert w.acquire(blocking=True, timeout=10)  # granted once the holder's lease ended
     assert w.hub.waits and max(w.hub.waits) <= 1.5 + 0.002
@@ -399,16 +774,27 @@ def test_a_refused_waiter_sleeps_no_longer_than_the_holders_ttl() -> None:
 # -- waiters registered on the masters (the plain lock) ---------------------------------------
 
 
-def registered(w: World) -> list[list[str]]:
+def waiters_of(w: World) -> list[list[str]]:
+    """Per master: the waiters registered for lock ``x``, in the order a release wakes
+    them (a woken waiter among them: it keeps its place, see :func:`woken`)."""
     return [m.registered(waiters_key("x")) for m in w.masters]
 
 
-def test_a_refused_waiter_registers_on_the_masters_and_subscribes_no_lock_channel() -> None:
-    w = World()
+def woken(m: Master, owner: str) -> bool:
+    """``owner`` was woken on ``m`` (lock ``x``): it keeps its place, but for KEEP_MS
+    from its wake-up at most (lua/release.lua), not to the end of its registration."""
+    end = m.ends(waiters_key("x")).get(owner)
+    return end is not None and end <= m.now() + KEEP_MS
+
+
+def test_a_refused_waiter_registers_on_the_masters_and_subscribes_no_lock_channel(
+    world: Worlds,
+) -> None:
+    w = world()
     owner = w.engine.owner_id()
     w.take_elsewhere(range(5), ttl=1.5)
     seen: list[list[list[str]]] = []
-    w.hub.on_wait = lambda: seen.append(registered(w))
+    w.hub.on_wait = lambda: seen.append(waiters_of(w))
     assert w.acquire(blocking=True, timeout=10)
     # One watch, targeted: its wake-ups come by name on the manager's home channel.
     assert w.hub.watches == [(wake_channel("x"), owner, False, True)]
@@ -417,85 +803,90 @@ def test_a_refused_waiter_registers_on_the_masters_and_subscribes_no_lock_channe
     assert seen and all(per == [[owner]] * 5 for per in seen)  # registered while it waits
     # The registration stays while it holds (a split vote's undo keeps its place), and
     # its release ends it.
-    assert registered(w) == [[owner]] * 5
+    assert waiters_of(w) == [[owner]] * 5
     w.run(w.engine.release(EXCLUSIVE, "x", owner, False))
-    assert registered(w) == [[]] * 5
+    assert waiters_of(w) == [[]] * 5
 
 
-def test_a_waiter_that_gives_up_takes_its_registration_back() -> None:
-    w = World()
+def test_a_waiter_that_gives_up_takes_its_registration_back(world: Worlds) -> None:
+    w = world()
     w.take_elsewhere(range(5), ttl=60.0)
     assert not w.acquire(blocking=True, timeout=1.0)
     last = w.transport.rounds[-1]
     assert all(per[0].script.name == "release" and per[0].args[0] == "abandon" for per in last)
-    assert registered(w) == [[]] * 5
+    assert waiters_of(w) == [[]] * 5
     assert w.hub.relays == []  # it was never woken: nothing to pass on
 
 
-def test_a_try_that_cannot_wait_neither_registers_nor_takes_anything_back() -> None:
-    w = World()
+def test_a_try_that_cannot_wait_neither_registers_nor_takes_anything_back(world: Worlds) -> None:
+    w = world()
     w.take_elsewhere(range(5), ttl=60.0)
     assert not w.acquire()
     assert len(w.transport.rounds) == 1 and w.transport.rounds[0][0][0].args[3] == 0
-    assert w.hub.watches == [] and registered(w) == [[]] * 5
+    assert w.hub.watches == [] and waiters_of(w) == [[]] * 5
 
 
-def test_a_release_tells_the_hub_which_waiter_the_masters_woke() -> None:
-    w = World()
+def test_a_release_tells_the_hub_which_waiter_the_masters_woke(world: Worlds) -> None:
+    w = world()
     assert w.acquire()
     w.clock.advance(TENURE * 1.1)  # the turn is over: the release wakes (see the turns below)
     for m in w.masters:
         # A waiter whose manager hears nothing (it died) is skipped for the next one.
-        m.waiters[waiters_key("x")] = {"gone:t1": w.clock() + 5, "m-other:t7": w.clock() + 6}
+        m.set_waiters(waiters_key("x"), {"gone:t1": w.clock() + 5, "m-other:t7": w.clock() + 6})
     w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
     assert w.hub.notices == [((wake_channel("x"),), ("m-other:t7",))]
-    assert registered(w) == [[]] * 5
+    # The dead one's registration is gone; the woken one keeps its place for a while.
+    assert waiters_of(w) == [["m-other:t7"]] * 5
+    assert all(woken(m, "m-other:t7") for m in w.masters)
 
 
-def test_force_unlock_wakes_one_registered_waiter() -> None:
-    w = World()
+def test_force_unlock_wakes_one_registered_waiter(world: Worlds) -> None:
+    w = world()
     w.take_elsewhere(range(5))
     for m in w.masters:
-        m.waiters[waiters_key("x")] = {"m-other:t7": w.clock() + 5, "m-other:t8": w.clock() + 6}
+        m.set_waiters(waiters_key("x"), {"m-other:t7": w.clock() + 5, "m-other:t8": w.clock() + 6})
     assert w.run(w.engine.force_unlock((EXCLUSIVE,), "x")) is True
     assert w.hub.notices == [((wake_channel("x"),), ("m-other:t7",))]
-    assert registered(w) == [["m-other:t8"]] * 5
+    assert waiters_of(w) == [["m-other:t7", "m-other:t8"]] * 5
+    assert all(woken(m, "m-other:t7") and not woken(m, "m-other:t8") for m in w.masters)
 
 
 @pytest.mark.parametrize("lock_free_on_abandon", [False, True])
 def test_a_woken_waiter_that_gives_up_relays_here_only_if_the_masters_woke_nobody(
-    lock_free_on_abandon: bool,
+    lock_free_on_abandon: bool, world: Worlds
 ) -> None:
-    w = World()
+    w = world()
     owner = w.engine.owner_id()
     w.take_elsewhere(range(5), ttl=60.0)
     for m in w.masters:
-        m.waiters[waiters_key("x")] = {"m-other:t7": w.clock() + 30}
+        m.set_waiters(waiters_key("x"), {"m-other:t7": w.clock() + 30})
     w.hub.wakes, w.hub.slow = 1, True  # woken as its time runs out
 
     def on_call(master: int, call: Call) -> None:
         if lock_free_on_abandon and call.args[0] == "abandon":
-            w.masters[master].hashes.clear()  # the holder's lease ran out meanwhile
+            w.masters[master].drop_holds()  # the holder's lease ran out meanwhile
 
     w.on_call = on_call
     assert not w.acquire(blocking=True, timeout=1.0)
     if lock_free_on_abandon:
         # The masters passed the wake-up on to the next registered waiter.
-        assert w.hub.relays == [] and registered(w) == [[]] * 5
+        assert w.hub.relays == [] and waiters_of(w) == [["m-other:t7"]] * 5
+        assert all(woken(m, "m-other:t7") for m in w.masters)
     else:
         assert w.hub.relays == [(wake_channel("x"), owner)]
-        assert registered(w) == [["m-other:t7"]] * 5
+        assert waiters_of(w) == [["m-other:t7"]] * 5
+        assert not any(woken(m, "m-other:t7") for m in w.masters)
 
 
 # -- hand-over on one master ---------------------------------------------------------------
 
 
-def test_a_release_on_one_master_hands_the_lock_to_its_managers_next_waiter() -> None:
-    w = World(size=1)
+def test_a_release_on_one_master_hands_the_lock_to_its_managers_next_waiter(world: Worlds) -> None:
+    w = world(size=1)
     w.listening.add(w.engine.id)
     waiter = f"{w.engine.id}:t2"
     assert w.acquire()
-    w.masters[0].waiters[waiters_key("x")] = {waiter: w.clock() + 10.0}
+    w.masters[0].set_waiters(waiters_key("x"), {waiter: w.clock() + 10.0})
     w.clock.advance(TENURE * 1.1)  # the manager's turn is over (see .turns)
     started = w.clock()
     w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
@@ -506,8 +897,8 @@ def test_a_release_on_one_master_hands_the_lock_to_its_managers_next_waiter() ->
     assert w.hub.handed_over[waiter] == Handover(lease_ms(LEASE), frozenset({0}), started)
 
 
-def test_a_release_whose_reply_is_lost_wakes_every_local_waiter() -> None:
-    w = World(size=1)
+def test_a_release_whose_reply_is_lost_wakes_every_local_waiter(world: Worlds) -> None:
+    w = world(size=1)
     armed: list[float] = []
     w.engine.on_deferred_wake = armed.append
     assert w.acquire()
@@ -519,14 +910,14 @@ def test_a_release_whose_reply_is_lost_wakes_every_local_waiter() -> None:
     assert len(armed) == 1
 
 
-def test_a_release_on_several_masters_only_wakes() -> None:
-    w = World()
+def test_a_release_on_several_masters_only_wakes(world: Worlds) -> None:
+    w = world()
     w.listening.add(w.engine.id)
     waiter = f"{w.engine.id}:t2"
     assert w.acquire()
     w.clock.advance(TENURE * 1.1)  # the turn is over
     for m in w.masters:
-        m.waiters[waiters_key("x")] = {waiter: w.clock() + 10.0}
+        m.set_waiters(waiters_key("x"), {waiter: w.clock() + 10.0})
     w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
     assert all(not m._hash(lock_key("x")) for m in w.masters)  # free everywhere
     assert w.hub.notices[-1] == ((wake_channel("x"),), (waiter,)) and not w.hub.handed_over
@@ -535,17 +926,17 @@ def test_a_release_on_several_masters_only_wakes() -> None:
 # -- turns ---------------------------------------------------------------
 
 
-def contended(size: int = 1) -> tuple[World, str, list[float]]:
+def contended(world: Worlds, size: int = 1) -> tuple[World, str, list[float]]:
     """A world whose lock ``x`` has a registered waiter of another manager (its home
     channel heard), with rounds much shorter than a turn; and the deferral times the
     engine asked its timer for."""
-    w = World(size=size)
+    w = world(size=size)
     w.round_time = TENURE / 50
     armed: list[float] = []
     w.engine.on_deferred_wake = armed.append
     other = "m-other:t9"
     for m in w.masters:
-        m.waiters[waiters_key("x")] = {other: w.clock() + 10.0}
+        m.set_waiters(waiters_key("x"), {other: w.clock() + 10.0})
     return w, other, armed
 
 
@@ -553,21 +944,26 @@ def release(w: World) -> None:
     w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
 
 
-def test_a_release_early_in_a_turn_defers_its_wake_up_and_a_quick_retake_keeps_the_turn() -> None:
-    w, other, armed = contended()
+def test_a_release_early_in_a_turn_defers_its_wake_up_and_a_quick_retake_keeps_the_turn(
+    world: Worlds,
+) -> None:
+    w, other, armed = contended(world)
     assert w.acquire()
     release(w)
     # Free, but the other manager's waiter was not woken: it keeps its place.
     assert not w.masters[0]._hash(lock_key("x"))
     assert w.masters[0].registered(waiters_key("x")) == [other]
+    assert not woken(w.masters[0], other)
     assert armed == [pytest.approx(w.clock() + GRACE)]
     assert w.acquire()  # taken again within the grace: the turn goes on
     w.clock.advance(GRACE)
     assert w.engine.turns.due() == ([], None)  # nothing left to send
 
 
-def test_a_deferred_wake_up_is_sent_once_its_grace_passed_and_reserves_the_lock() -> None:
-    w, other, armed = contended()
+def test_a_deferred_wake_up_is_sent_once_its_grace_passed_and_reserves_the_lock(
+    world: Worlds,
+) -> None:
+    w, other, armed = contended(world)
     assert w.acquire()
     release(w)
     w.clock.advance(GRACE / 2)
@@ -576,13 +972,16 @@ def test_a_deferred_wake_up_is_sent_once_its_grace_passed_and_reserves_the_lock(
     due, later = w.engine.turns.due()
     assert due == [Due(EXCLUSIVE, "x")] and later is None
     w.run(w.engine.send_wakes(due))
-    assert w.masters[0].registered(waiters_key("x")) == []  # woken
+    assert w.masters[0].registered(waiters_key("x")) == [other]  # it keeps its place...
+    assert woken(w.masters[0], other)  # ... woken
     assert w.masters[0].reservation(reserved_key("x")) == other
     assert not w.acquire()  # reserved for the woken waiter
 
 
-def test_a_release_once_the_turn_is_over_wakes_the_next_waiter_with_a_reservation() -> None:
-    w, other, armed = contended()
+def test_a_release_once_the_turn_is_over_wakes_the_next_waiter_with_a_reservation(
+    world: Worlds,
+) -> None:
+    w, other, armed = contended(world)
     assert w.acquire()
     w.clock.advance(TENURE * 1.1)
     release(w)
@@ -590,29 +989,35 @@ def test_a_release_once_the_turn_is_over_wakes_the_next_waiter_with_a_reservatio
     assert w.masters[0].reservation(reserved_key("x")) == other
     assert not w.acquire()  # the releasing owner coming back is refused
     # A later grant begins a new turn: its first release defers again.
-    w.masters[0].reserved.clear()
+    w.masters[0].drop_reservations()
     assert w.acquire()
-    w.masters[0].waiters[waiters_key("x")] = {other: w.clock() + 10.0}
+    w.masters[0].set_waiters(waiters_key("x"), {other: w.clock() + 10.0})
     release(w)
     assert len(armed) == 1
 
 
-def test_on_several_masters_a_release_early_in_a_turn_defers_and_nothing_is_reserved() -> None:
-    w, other, armed = contended(size=5)
+def test_on_several_masters_a_release_early_in_a_turn_defers_and_nothing_is_reserved(
+    world: Worlds,
+) -> None:
+    w, other, armed = contended(world, size=5)
     assert w.acquire()
     release(w)
     assert armed == [pytest.approx(w.clock() + GRACE)] and w.hub.notices == []
-    assert all(m.registered(waiters_key("x")) == [other] for m in w.masters)  # asleep
+    assert all(m.registered(waiters_key("x")) == [other] for m in w.masters)
+    assert not any(woken(m, other) for m in w.masters)  # asleep
     w.clock.advance(GRACE * 1.5)
     due, _ = w.engine.turns.due()
     w.run(w.engine.send_wakes(due))
-    assert all(m.registered(waiters_key("x")) == [] for m in w.masters)  # woken
+    assert all(m.registered(waiters_key("x")) == [other] for m in w.masters)
+    assert all(woken(m, other) for m in w.masters)
     assert all(not m.reserved for m in w.masters)  # masters could reserve for different ones
     assert w.acquire()  # the owner may still take it: the waiter may be gone
 
 
-def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_first() -> None:
-    w, other, armed = contended(size=5)
+def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_first(
+    world: Worlds,
+) -> None:
+    w, other, armed = contended(world, size=5)
     assert w.acquire()
     w.clock.advance(TENURE * 1.1)
     release(w)
@@ -620,20 +1025,20 @@ def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_
     assert all(not m.reserved for m in w.masters)
     # The releasing owner's next try is polite: refused although the lock is free, while
     # the woken waiter keeps its place, however long that waiter takes to come; the
-    # owner registers behind it, and waits no longer than the courtesy.
+    # owner registers too, and waits no longer than the courtesy.
     me = w.engine.owner_id()
-    seen: list[list[list[str]]] = []
+    seen: list[list[tuple[set[str], bool]]] = []
 
     def waiter_comes() -> None:
         if not seen:
             assert all(not m._hash(lock_key("x")) for m in w.masters)  # still free
-            seen.append(registered(w))
+            seen.append([(set(m.registered(waiters_key("x"))), woken(m, other)) for m in w.masters])
             for m in w.masters:
                 assert m.run(EXCLUSIVE.acquire("x", other, lease_ms(LEASE), 1, 0)) == [1, 1]
 
     w.hub.on_wait = waiter_comes
     assert not w.acquire(blocking=True, timeout=COURTESY_MS / 1000 + 0.1)
-    assert seen == [[[me]] * 5]  # registered (the woken waiter's place is kept apart)
+    assert seen == [[({me, other}, True)] * 5]  # registered; the woken one keeps its place
     assert w.hub.pauses == [] and w.hub.waits[0] == pytest.approx(COURTESY_MS / 1000 + 0.001)
     # Once only: when the lock is free again, the owner's next acquire is a plain one.
     for m in w.masters:
@@ -643,31 +1048,38 @@ def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_
     assert [c.args[4] for per in w.transport.rounds[-1] for c in per] == [0] * 5
 
 
-def test_a_polite_try_that_no_woken_waiter_answers_waits_the_courtesy_then_takes_the_lock() -> None:
-    w, _, _ = contended(size=5)
+def test_a_polite_try_that_no_woken_waiter_answers_waits_the_courtesy_then_takes_the_lock(
+    world: Worlds,
+) -> None:
+    w, other, _ = contended(world, size=5)
     assert w.acquire()
     w.clock.advance(TENURE * 1.1)
     release(w)
     w.hub.waits.clear()
+    me = w.engine.owner_id()
     # The woken waiter never comes: the owner's polite try is refused, it waits the
     # courtesy, and its next (plain) try takes the free lock.
     assert w.acquire(blocking=True, timeout=10.0)
     assert w.hub.waits == [pytest.approx(COURTESY_MS / 1000 + 0.001, abs=0.002)]
     release(w)
-    assert all(m.registered(waiters_key("x")) == [] for m in w.masters)  # its place ended
+    # Its own place ended; the woken waiter's is kept (KEEP_MS from its wake-up).
+    assert all(m.registered(waiters_key("x")) == [other] for m in w.masters)
+    assert all(woken(m, other) for m in w.masters) and me != other
 
 
-def test_on_several_masters_a_turn_ended_by_a_deferred_wake_up_is_courteous_too() -> None:
+def test_on_several_masters_a_turn_ended_by_a_deferred_wake_up_is_courteous_too(
+    world: Worlds,
+) -> None:
     # The owner did not come back within the grace, so its manager sent the wake-up: the
     # owner's next acquire lets the waiter woken go first, as after a release that woke
     # it (the waiter never comes here: the owner waits the courtesy, then takes it).
-    w, other, _ = contended(size=5)
+    w, other, _ = contended(world, size=5)
     assert w.acquire()
     release(w)
     w.clock.advance(GRACE * 1.5)
     due, _ = w.engine.turns.due()
     w.run(w.engine.send_wakes(due))
-    assert registered(w) == [[]] * 5 and all(other in m.kept[waiters_key("x")] for m in w.masters)
+    assert waiters_of(w) == [[other]] * 5 and all(woken(m, other) for m in w.masters)
     w.hub.waits.clear()
     rounds = len(w.transport.rounds)
     assert w.acquire(blocking=True, timeout=10.0)
@@ -676,11 +1088,13 @@ def test_on_several_masters_a_turn_ended_by_a_deferred_wake_up_is_courteous_too(
     assert w.hub.waits == [pytest.approx(COURTESY_MS / 1000 + 0.001, abs=0.002)]
 
 
-def test_an_owner_back_while_its_deferred_wake_up_is_sent_owes_no_courtesy_later() -> None:
+def test_an_owner_back_while_its_deferred_wake_up_is_sent_owes_no_courtesy_later(
+    world: Worlds,
+) -> None:
     # The manager's timer decided to send the wake-up just as the owner came back and
     # took the lock again: the owner holds it, its turn goes on, and a later acquire of
     # it is a plain one (a courtesy left over would have it refused, its turn lost).
-    w, _, _ = contended(size=5)
+    w, _, _ = contended(world, size=5)
     assert w.acquire()
     release(w)
     w.clock.advance(GRACE * 1.5)
@@ -702,10 +1116,10 @@ def test_an_owner_back_while_its_deferred_wake_up_is_sent_owes_no_courtesy_later
     assert w.hub.waits == []
 
 
-def test_every_try_of_an_acquire_proposes_the_same_place_to_every_master() -> None:
+def test_every_try_of_an_acquire_proposes_the_same_place_to_every_master(world: Worlds) -> None:
     # So that the masters order their waiters alike, whatever order the tries reach
     # them in (lua/acquire.lua): the place ends a wait after the first try began.
-    w = World()
+    w = world()
     w.take_elsewhere(range(5), ttl=0.5)
     began = w.clock()
     assert w.acquire(blocking=True, timeout=10)
@@ -720,14 +1134,14 @@ def test_every_try_of_an_acquire_proposes_the_same_place_to_every_master() -> No
 
 @pytest.mark.parametrize("size", [5, 1])
 def test_a_waiter_renews_its_registration_when_its_place_ends_not_a_wait_later(
-    size: int,
+    size: int, world: Worlds
 ) -> None:
     # The place proposed at the first try ends a lease after it; a later try keeps it
     # (the masters keep the first registration). The waiter must try again when that
     # place ends, not a whole wait after its latest try: in between it would be
     # registered nowhere, and a release would wake the others, never it. One master is
     # proposed no place, but keeps its first registration alike.
-    w = World(size)
+    w = world(size)
     w.round_time = 1.0
     w.take_elsewhere(range(size), ttl=10.0)
     w.hub.wakes = 1  # the first wait ends at once, with a wake-up the others took
@@ -736,10 +1150,12 @@ def test_a_waiter_renews_its_registration_when_its_place_ends_not_a_wait_later(
     assert w.hub.waits[:2] == [pytest.approx(LEASE - 1.0), pytest.approx(LEASE - 2.0)]
 
 
-def test_on_one_master_no_place_is_proposed_and_each_acquire_sends_the_same_call() -> None:
+def test_on_one_master_no_place_is_proposed_and_each_acquire_sends_the_same_call(
+    world: Worlds,
+) -> None:
     # One master orders its waiters by itself; without a place (which changes with every
     # acquire) the call is the same each time, and is packed once.
-    w = World(1)
+    w = world(1)
     for _ in range(2):
         assert w.acquire(blocking=True, timeout=10)
         w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
@@ -749,11 +1165,13 @@ def test_on_one_master_no_place_is_proposed_and_each_acquire_sends_the_same_call
     assert len(acquires[0].args) < 6  # no place
 
 
-def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_release_id() -> None:
+def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_release_id(
+    world: Worlds,
+) -> None:
     # A manager counts each wake-up once per release id: ids that two processes could
     # both make (their counts are their own) would drop one's wake-up as a repeat of
     # the other's, and leave its waiter asleep, its place on the masters taken.
-    w, _, _ = contended()
+    w, _, _ = contended(world)
     assert w.acquire()
     release(w)
     w.clock.advance(GRACE * 1.5)
@@ -766,20 +1184,21 @@ def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_relea
         assert str(call.args[2]).startswith(f"{w.engine.id}:"), call.args
 
 
-def test_the_waker_stopping_sends_the_wake_ups_still_deferred() -> None:
-    w, other, _ = contended()
-    waker = Waker(w.engine, w.run)
-    w.engine.on_deferred_wake = waker.arm
+def test_the_waker_stopping_sends_the_wake_ups_still_deferred(world: Worlds) -> None:
+    w, other, _ = contended(world)
+    stop = w.waker()
     assert w.acquire()
     release(w)  # deferred; the fake clock never lets the grace pass
     assert w.masters[0].registered(waiters_key("x")) == [other]
-    waker.stop()  # as the manager closes, after its last runs ended
-    assert w.masters[0].registered(waiters_key("x")) == []  # woken
+    assert not woken(w.masters[0], other)
+    stop()  # as the manager closes, after its last runs ended
+    assert w.masters[0].registered(waiters_key("x")) == [other]  # it keeps its place...
+    assert woken(w.masters[0], other)  # ... woken
     assert w.masters[0].reservation(reserved_key("x")) == other
 
 
-def test_a_closing_manager_takes_every_deferred_wake_up_to_send_at_once() -> None:
-    w, _, _ = contended()
+def test_a_closing_manager_takes_every_deferred_wake_up_to_send_at_once(world: Worlds) -> None:
+    w, _, _ = contended(world)
     assert w.acquire()
     release(w)
     assert w.engine.turns.flush() == [Due(EXCLUSIVE, "x")]
@@ -792,8 +1211,7 @@ def handed_to(w: World, lease: int, since: float | None = None) -> Callable[[], 
 
     def on_wait() -> None:
         owner = w.engine.owner_id()
-        w.masters[0].hashes[lock_key("x")] = {owner: 1}
-        w.masters[0].expires[lock_key("x")] = w.clock() + lease / 1000
+        w.masters[0].hold(lock_key("x"), {owner: 1}, lease / 1000)
         sent = w.clock() if since is None else since
         w.hub.handed_over[owner] = Handover(lease, frozenset({0}), sent)
         w.hub.wakes = 1
@@ -802,8 +1220,8 @@ def handed_to(w: World, lease: int, since: float | None = None) -> Callable[[], 
     return on_wait
 
 
-def test_a_waiter_handed_the_lock_holds_it_without_a_round_of_its_own() -> None:
-    w = World(size=1)
+def test_a_waiter_handed_the_lock_holds_it_without_a_round_of_its_own(world: Worlds) -> None:
+    w = world(size=1)
     w.take_elsewhere([0], ttl=20.0)
     released: list[float] = []
     hand = handed_to(w, lease_ms(LEASE))
@@ -820,8 +1238,8 @@ def test_a_waiter_handed_the_lock_holds_it_without_a_round_of_its_own() -> None:
     assert hold is not None and hold.valid_until == pytest.approx(released[0] + LEASE - DRIFT)
 
 
-def test_a_hand_over_told_late_is_not_taken_for_a_later_acquire() -> None:
-    w = World(size=1)
+def test_a_hand_over_told_late_is_not_taken_for_a_later_acquire(world: Worlds) -> None:
+    w = world(size=1)
     w.take_elsewhere([0], ttl=20.0)
     owner = w.engine.owner_id()
     before = w.clock() - 0.001  # a release that went out before this acquire began
@@ -838,39 +1256,41 @@ def test_a_hand_over_told_late_is_not_taken_for_a_later_acquire() -> None:
     assert len(w.transport.rounds) >= 2 and w.hold() is None  # it asked the master
 
 
-def test_a_lock_handed_over_with_another_lease_is_taken_by_a_try() -> None:
-    w = World(size=1)
+def test_a_lock_handed_over_with_another_lease_is_taken_by_a_try(world: Worlds) -> None:
+    w = world(size=1)
     w.take_elsewhere([0], ttl=20.0)
     w.hub.on_wait = handed_to(w, lease_ms(LEASE) + 1000)
     assert w.acquire(blocking=True, timeout=10)
     assert len(w.transport.rounds) == 2  # the handed lock is confirmed by its own round
-    assert w.masters[0].expires[lock_key("x")] == pytest.approx(w.clock() + LEASE, abs=0.02)
+    assert w.masters[0].pttl(lock_key("x")) == pytest.approx(LEASE * 1000, abs=20)
 
 
-def test_a_waiter_giving_up_after_a_hand_over_gives_the_lock_back() -> None:
-    w = World(size=1)
+def test_a_waiter_giving_up_after_a_hand_over_gives_the_lock_back(world: Worlds) -> None:
+    w = world(size=1)
     w.take_elsewhere([0], ttl=20.0)
     owner = w.engine.owner_id()
     steps = w.engine.acquire(EXCLUSIVE, "x", owner, True, 10, None)
-    with pytest.raises(KeyboardInterrupt):
-        w.driver.run(interrupt_at_wait(steps, handed_to(w, lease_ms(LEASE))))
+    with pytest.raises(w.interruption):
+        w.run(interrupt_at_wait(steps, handed_to(w, lease_ms(LEASE)), w.interruption))
     assert not w.masters[0]._hash(lock_key("x"))  # the abandon took it back
 
 
-def interrupt_at_wait(steps: Steps[bool], before: Callable[[], None]) -> Steps[bool]:
-    """``steps``, with ``before()`` and then a KeyboardInterrupt at its first wait."""
+def interrupt_at_wait(
+    steps: Steps[bool], before: Callable[[], None], interruption: type[BaseException]
+) -> Steps[bool]:
+    """``steps``, with ``before()`` and then ``interruption`` at its first wait."""
     effect = next(steps)
     while True:
         if isinstance(effect, Wait):
             before()
-            effect = steps.throw(KeyboardInterrupt())
+            effect = steps.throw(interruption())
         else:
             result = yield effect
             effect = steps.send(result)
 
 
-def test_too_many_failures_raise_quorum_unavailable_and_undo() -> None:
-    w = World()
+def test_too_many_failures_raise_quorum_unavailable_and_undo(world: Worlds) -> None:
+    w = world()
     for i in (0, 2, 4):
         w.failing[i] = redis.TimeoutError("no reply")
     with pytest.raises(QuorumUnavailableError) as raised:
@@ -879,14 +1299,14 @@ def test_too_many_failures_raise_quorum_unavailable_and_undo() -> None:
     assert w.scripts(1) == {"release"} and all(w.transport.rounds[1])
 
 
-def test_a_quorum_is_a_strict_majority_and_nothing_less_grants() -> None:
+def test_a_quorum_is_a_strict_majority_and_nothing_less_grants(world: Worlds) -> None:
     for size in (1, 2, 3, 4, 5, 6, 7):
         needed = size // 2 + 1
         assert Quorum(tuple("m" * size), 0.01, 0.05).needed == needed
-        w = World(size)
+        w = world(size)
         w.take_elsewhere(range(needed - 1, size))  # grants on needed - 1 masters only
         assert not w.acquire()
-        w = World(size)
+        w = world(size)
         w.take_elsewhere(range(needed, size))  # grants on exactly a quorum
         assert w.acquire()
 
@@ -901,8 +1321,10 @@ def managed_hold(w: World) -> Hold:
     return hold
 
 
-def test_the_deadline_clock_calls_a_hold_lost_one_margin_before_validity_ends() -> None:
-    w = World()
+def test_the_deadline_clock_calls_a_hold_lost_one_margin_before_validity_ends(
+    world: Worlds,
+) -> None:
+    w = world()
     hold = managed_hold(w)
     margin = verdict_margin(LEASE / 3)
     holds = w.engine.holds
@@ -915,8 +1337,8 @@ def test_the_deadline_clock_calls_a_hold_lost_one_margin_before_validity_ends() 
     assert 0 < margin < LEASE / 3
 
 
-def test_a_renewal_on_a_quorum_moves_the_validity_on() -> None:
-    w = World()
+def test_a_renewal_on_a_quorum_moves_the_validity_on(world: Worlds) -> None:
+    w = world()
     hold = managed_hold(w)
     w.clock.advance(LEASE / 3)
     w.failing = {0: redis.TimeoutError("late"), 1: redis.TimeoutError("late")}
@@ -926,8 +1348,8 @@ def test_a_renewal_on_a_quorum_moves_the_validity_on() -> None:
     assert hold.valid_until == pytest.approx(started + LEASE - DRIFT)
 
 
-def test_a_failed_renewal_is_retried_and_left_to_the_deadline_clock() -> None:
-    w = World()
+def test_a_failed_renewal_is_retried_and_left_to_the_deadline_clock(world: Worlds) -> None:
+    w = world()
     hold = managed_hold(w)
     before = hold.valid_until
     w.failing = {i: redis.TimeoutError("late") for i in (0, 1, 2)}
@@ -935,19 +1357,19 @@ def test_a_failed_renewal_is_retried_and_left_to_the_deadline_clock() -> None:
     assert lost == [] and hold.lost is None and hold.valid_until == before
 
 
-def test_a_hold_gone_from_a_majority_is_lost_at_once() -> None:
-    w = World()
+def test_a_hold_gone_from_a_majority_is_lost_at_once(world: Worlds) -> None:
+    w = world()
     hold = managed_hold(w)
     for i in (0, 1, 2):
-        w.masters[i].hashes.clear()
+        w.masters[i].drop_holds()
     lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True))
     assert lost == [hold] and hold.lost is not None
     with pytest.raises(LockLostError):
         w.run(w.engine.release(EXCLUSIVE, "x", hold.owner, quiet_if_lost=False))
 
 
-def test_a_dead_owners_hold_is_released_everywhere_and_reported() -> None:
-    w = World()
+def test_a_dead_owners_hold_is_released_everywhere_and_reported(world: Worlds) -> None:
+    w = world()
     hold = managed_hold(w)
     lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: False))
     assert lost == [hold] and "owner ended" in str(hold.lost)
@@ -1198,8 +1620,8 @@ def test_a_local_release_wakes_the_waiter_the_masters_chose_if_it_waits_here() -
     assert subs.on_message(0, message("message", "home", wake("r1", "o2"))) == ([], False)
 
 
-def test_many_holds_are_renewed_in_chunks_each_with_its_own_validity() -> None:
-    w = World()
+def test_many_holds_are_renewed_in_chunks_each_with_its_own_validity(world: Worlds) -> None:
+    w = world()
     owner = w.engine.owner_id()
     chunk = renew_chunk(5)
     count = 2 * chunk + 10
@@ -1226,10 +1648,10 @@ def test_many_holds_are_renewed_in_chunks_each_with_its_own_validity() -> None:
 @pytest.mark.parametrize(
     ("size", "chunk"), [(1, RENEW_CHUNK), (3, 2 * RENEW_CHUNK), (5, 2 * RENEW_CHUNK)]
 )
-def test_renewal_chunks_are_larger_on_several_masters(size: int, chunk: int) -> None:
+def test_renewal_chunks_are_larger_on_several_masters(size: int, chunk: int, world: Worlds) -> None:
     # A chunk costs a round trip per master: on several masters, fewer and larger ones.
     assert renew_chunk(size) == chunk
-    w = World(size)
+    w = world(size)
     w.round_time = 0.0
     owner = w.engine.owner_id()
     for n in range(chunk + 1):
@@ -1241,11 +1663,11 @@ def test_renewal_chunks_are_larger_on_several_masters(size: int, chunk: int) -> 
     assert [len(r[0][0].keys) for r in rounds] == [chunk, 1]
 
 
-def test_the_verdict_margin_grows_with_how_long_renewal_rounds_take() -> None:
+def test_the_verdict_margin_grows_with_how_long_renewal_rounds_take(world: Worlds) -> None:
     interval = LEASE / 3
     times = RoundTimes()
     assert verdict_margin(interval, times.slowest) == pytest.approx(0.1)
-    w = World()
+    w = world()
     w.run(w.engine.acquire(EXCLUSIVE, "x", w.engine.owner_id(), False, -1, None))
     w.round_time = 0.2  # slow renewal rounds
     tick = tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True, True, times)
@@ -1255,8 +1677,8 @@ def test_the_verdict_margin_grows_with_how_long_renewal_rounds_take() -> None:
     assert verdict_margin(interval, 10.0) == interval / 2  # never more than half
 
 
-def test_an_owner_that_ends_mid_tick_is_swept_before_the_next_chunk() -> None:
-    w = World()
+def test_an_owner_that_ends_mid_tick_is_swept_before_the_next_chunk(world: Worlds) -> None:
+    w = world()
     w.round_time = 0.0
     owner = w.engine.owner_id()
     for n in range(renew_chunk(5) + 1):
@@ -1281,8 +1703,8 @@ def test_an_owner_that_ends_mid_tick_is_swept_before_the_next_chunk() -> None:
 # -- rounds that end once decided; suspect masters --------------------------------------
 
 
-def test_an_acquire_round_ends_once_a_quorum_granted() -> None:
-    w = World()
+def test_an_acquire_round_ends_once_a_quorum_granted(world: Worlds) -> None:
+    w = world()
     assert w.acquire()
     # Every master carried the call out, but only the first three replies were needed.
     assert all(m._hash(lock_key("x")) for m in w.masters)
@@ -1292,8 +1714,10 @@ def test_an_acquire_round_ends_once_a_quorum_granted() -> None:
     assert all(not m._hash(lock_key("x")) for m in w.masters)
 
 
-def test_a_round_decided_without_some_masters_leaves_them_unread_and_undoes_there() -> None:
-    w = World()
+def test_a_round_decided_without_some_masters_leaves_them_unread_and_undoes_there(
+    world: Worlds,
+) -> None:
+    w = world()
     w.round_time = LEASE  # decided by three grants, but the validity is spent
     assert not w.acquire()
     # The undo goes everywhere, the unread masters too (they may have granted), and is
@@ -1398,8 +1822,8 @@ def test_the_probe_interval_is_a_third_of_the_lease_at_most_one_second() -> None
     assert Settings.check(1.5, 0.01, None, 0.05, None).probe_interval == pytest.approx(0.5)
 
 
-def test_the_deadline_clock_follows_renewals_and_releases_without_scanning() -> None:
-    w = World()
+def test_the_deadline_clock_follows_renewals_and_releases_without_scanning(world: Worlds) -> None:
+    w = world()
     w.round_time = 0.0
     owner = w.engine.owner_id()
     for n in range(3):
@@ -1480,8 +1904,8 @@ def test_the_deadline_clock_looks_in_small_steps_however_many_holds_were_renewed
     assert all(h.lost is None for h in taken if h is not forgotten)
 
 
-def test_the_deadline_clock_is_woken_only_by_a_hold_due_before_its_next_look() -> None:
-    w = World()
+def test_the_deadline_clock_is_woken_only_by_a_hold_due_before_its_next_look(world: Worlds) -> None:
+    w = world()
     w.round_time = 0.0
     watchdog = WatchdogBase(w.run, w.engine, lambda hold: None)
     woken: list[Hold] = []
@@ -1504,8 +1928,8 @@ def test_the_deadline_clock_is_woken_only_by_a_hold_due_before_its_next_look() -
     assert watchdog.clock_needed(late)
 
 
-def test_released_holds_are_not_kept_alive_by_the_deadline_clock() -> None:
-    w = World(size=1)
+def test_released_holds_are_not_kept_alive_by_the_deadline_clock(world: Worlds) -> None:
+    w = world(size=1)
     w.round_time = 0.0
     owner = w.engine.owner_id()
     released: list[weakref.ref[Hold]] = []

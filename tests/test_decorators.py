@@ -8,21 +8,16 @@ import functools
 import inspect
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from helpers import run
 
 import redreentrant.asyncio as aio
 from redreentrant import LockManager, LockTimeoutError, LockUpgradeError, ManagerClosedError
-
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
 
 
 @contextmanager

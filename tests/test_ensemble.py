@@ -11,12 +11,13 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from helpers import gone, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -62,25 +63,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie (whoever inherited it may not reap it soon)."""
-    if not _alive(pid):
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return not os.path.isdir("/proc")
-
-
-def _wait_until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not {what} after {limit:g} s")
-        time.sleep(0.05)
 
 
 def _child_env() -> dict[str, str]:
@@ -431,14 +413,17 @@ def test_servers_and_directories_die_with_a_killed_parent(
     pids: list[int] = report["pids"]
     try:
         assert len(pids) == 3
-        _wait_until(lambda: all(_gone(pid) for pid in pids), "gone: servers outlived their parent")
-        _wait_until(
+        wait_until(
+            lambda: all(gone(pid) for pid in pids), "gone: servers outlived their parent", 30
+        )
+        wait_until(
             lambda: not any(os.path.exists(d) for d in report["dirs"]),
             "removed: directories outlived their parent",
+            30,
         )
     finally:
         for pid in pids:
-            if not _gone(pid):
+            if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -448,12 +433,12 @@ def test_detached_servers_outlive_a_killed_parent(binary: str | None, tmp_path: 
     try:
         # The reaper was told: it ends without touching them.
         assert report["reaper"] is not None
-        _wait_until(lambda: _gone(report["reaper"]), "gone: the reaper")
-        assert not any(_gone(pid) for pid in pids)
+        wait_until(lambda: gone(report["reaper"]), "gone: the reaper", 30)
+        assert not any(gone(pid) for pid in pids)
         assert all(os.path.isdir(d) for d in report["dirs"])
     finally:
         for pid in pids:
-            if not _gone(pid):
+            if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -475,9 +460,9 @@ def test_a_frozen_detached_server_is_still_known_and_stopped(
             "not answering"
         ]
         assert redreentrant.testing.stop_detached(state) == 1
-        _wait_until(lambda: _gone(pid), "gone: the frozen server")
+        wait_until(lambda: gone(pid), "gone: the frozen server", 30)
     finally:
-        if not _gone(pid):
+        if not gone(pid):
             os.kill(pid, signal.SIGKILL)
 
 

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+from helpers import WORKERS
+
 from redreentrant import LockManager
 from redreentrant.testing import LocalEnsemble
-
-WORKERS = Path(__file__).with_name("workers.py")
 
 
 def hammer(guard: Callable[[], AbstractContextManager[object]], threads: int, times: int) -> int:

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import heal
 from history import Event, Report, check, load
 
 from redreentrant import LockManager
@@ -215,14 +216,6 @@ def masters(_ensemble5: LocalEnsemble) -> Iterator[LocalEnsemble]:
             assert client.pttl(key) > 0, f"{key!r} has no TTL"
         client.close()
     _ensemble5.flushall()
-
-
-def heal(ensemble: LocalEnsemble) -> None:
-    for server in ensemble.servers:
-        if server.paused:
-            server.resume()
-        if not server.running:
-            server.start()
 
 
 @pytest.fixture

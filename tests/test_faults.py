@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers import WORKERS, cluster_port, delete_everywhere, lock_keys
 
 from redreentrant import (
     LockLostError,
@@ -25,18 +24,8 @@ from redreentrant import (
 from redreentrant._core.keys import PREFIX, lock_key
 from redreentrant.testing import LocalEnsemble, LocalServer
 
-WORKERS = Path(__file__).with_name("workers.py")
-
-
-def lock_keys(ensemble: LocalEnsemble) -> dict[str, list[str]]:
-    return {url: keys for url, keys in ensemble.keys(PREFIX + "*").items() if keys}
-
-
-def delete_everywhere(ensemble: LocalEnsemble, name: str) -> None:
-    for server in ensemble.servers:
-        with redis.Redis.from_url(server.url) as r:
-            r.delete(lock_key(name))
-
+#: every test here meets real masters (some start a server of their own)
+pytestmark = pytest.mark.integration
 
 # -- quorum -------------------------------------------------------------------------
 
@@ -219,7 +208,7 @@ def test_a_lease_deleted_under_its_owner_is_reported(
     with LockManager(ensemble.urls, lease=1.0, on_lost=on_lost) as mgr:
         lock = mgr.lock("deleted")
         lock.acquire()
-        delete_everywhere(ensemble, "deleted")
+        delete_everywhere(ensemble.urls, lock_key("deleted"))
         assert seen.wait(timeout=3), "on_lost was not called"
         assert getattr(lost[0], "name", None) == "deleted"
         assert not lock.is_owned()
@@ -237,7 +226,7 @@ def test_with_blocks_unwind_a_lost_lock_with_one_lock_lost_error(
     with LockManager(ensemble.urls, lease=1.0, on_lost=lambda _: seen.set()) as mgr:
         lock = mgr.lock("unwind")
         with pytest.raises(LockLostError) as raised, lock, lock:
-            delete_everywhere(ensemble, "unwind")
+            delete_everywhere(ensemble.urls, lock_key("unwind"))
             assert seen.wait(timeout=3)
         assert raised.value.__context__ is None  # not masked by a second error
         assert lock.hold_count == 0
@@ -317,20 +306,6 @@ def test_a_forked_child_neither_releases_nor_renews_the_parents_lock(urls: list[
 
 
 # -- Redis Cluster node ---------------------------------------------------------------
-
-
-def cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too (Redis wants <= 55535)."""
-    for _ in range(100):
-        port = random.randint(20000, 55000)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 def test_locks_work_on_a_redis_cluster_node(tmp_path: Path) -> None:

@@ -15,12 +15,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from helpers import WORKERS, registered, wait_until
 from workers import contend, take
 
 from redreentrant import LockManager
@@ -34,7 +33,6 @@ from redreentrant.testing.proxy import TcpProxy
 
 PROCESSES = 8
 TIMES = 25
-WORKERS = Path(__file__).with_name("workers.py")
 
 
 def command_calls(url: str) -> dict[str, int]:
@@ -263,7 +261,11 @@ def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
 
             def slow_waiter() -> None:
                 try:
-                    wait_until(lambda: all(len(r) == 2 for r in registered(ensemble, name)[:3]))
+                    wait_until(
+                        lambda: all(len(r) == 2 for r in registered(ensemble.urls, name)[:3]),
+                        "registered twice on the first three masters",
+                        20,
+                    )
                     time.sleep(0.1)  # the waiter is slow
                     outcome.extend(
                         run_call(url, EXCLUSIVE.acquire(name, slow, 30_000, 1, 0)) for url in urls
@@ -287,24 +289,6 @@ def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
 
 
 # -- wake-ups that went nowhere ------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Wait for an observable condition (never a fixed sleep)."""
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "the condition never held"
-        time.sleep(0.01)
-
-
-def registered(ensemble: LocalEnsemble, name: str) -> list[list[str]]:
-    """The waiters every master has registered for the plain lock ``name``, in the order
-    a release wakes them."""
-    out = []
-    for url in ensemble.urls:
-        with redis.Redis.from_url(url, decode_responses=True) as r:
-            out.append(list(r.zrange(waiters_key(name), 0, -1)))
-    return out
 
 
 def heard(ensemble: LocalEnsemble, channel: str) -> int:
@@ -346,14 +330,26 @@ def test_a_waiter_behind_a_dead_process_is_woken_by_the_release(
         try:
             assert dead.stdout is not None
             dead_id = dead.stdout.readline().strip()
-            wait_until(lambda: all(r == [f"{dead_id}:t1"] for r in registered(ensemble, "dead")))
+            wait_until(
+                lambda: all(r == [f"{dead_id}:t1"] for r in registered(ensemble.urls, "dead")),
+                "registered: the doomed process's waiter",
+                20,
+            )
             waiter = Waiting(mgr.lock("dead"))
             waiter.start()  # registered behind the other process's waiter
-            wait_until(lambda: all(len(r) == 2 for r in registered(ensemble, "dead")))
+            wait_until(
+                lambda: all(len(r) == 2 for r in registered(ensemble.urls, "dead")),
+                "registered behind it",
+                20,
+            )
         finally:
             dead.kill()
             dead.wait(timeout=30)
-        wait_until(lambda: heard(ensemble, home_channel(dead_id)) == 0)
+        wait_until(
+            lambda: heard(ensemble, home_channel(dead_id)) == 0,
+            "unheard: the dead one's channel",
+            20,
+        )
         holder.lock("dead").release()
         # The masters skip the dead process's waiter, whose manager hears nothing, and
         # wake ours: long before the holder's 60 s lease would have ended.
@@ -371,14 +367,14 @@ def test_a_wake_up_deferred_early_in_a_turn_is_sent_when_the_manager_does_not_co
     got: list[float] = []
 
     def waiting() -> bool:
-        return registered(ensemble, name)[0] != []
+        return registered(ensemble.urls, name)[0] != []
 
     if flavour == "sync":
         with LockManager([url], lease=60.0) as holder, LockManager([url], lease=60.0) as mgr:
             holder.lock(name).acquire()
             waiter = Waiting(mgr.lock(name))
             waiter.start()
-            wait_until(waiting)
+            wait_until(waiting, "registered on the first master", 20)
             released = time.monotonic()
             # Early in the holder's turn: the release defers the wake-up, and the holder
             # neither takes the lock again nor closes its manager.
@@ -432,7 +428,11 @@ def test_a_process_that_ends_right_after_its_release_still_wakes_the_waiter(
         with LockManager(urls, lease=60.0) as mgr:
             waiter = Waiting(mgr.lock(name))
             waiter.start()
-            wait_until(lambda: all(r != [] for r in registered(ensemble, name)[:masters]))
+            wait_until(
+                lambda: all(r != [] for r in registered(ensemble.urls, name)[:masters]),
+                "registered on every master",
+                20,
+            )
             go.set()
             holder.join(timeout=30)
             assert holder.exitcode == 0
@@ -455,7 +455,9 @@ def test_a_release_that_ends_while_its_manager_closes_still_wakes_the_waiter(
             first.lock(name).acquire()
             waiter = Waiting(LockManager([url], lease=60.0).lock(name))
             waiter.start()
-            wait_until(lambda: registered(ensemble, name)[0] != [])
+            wait_until(
+                lambda: registered(ensemble.urls, name)[0] != [], "registered on the master", 20
+            )
             r.delete(lock_key(name))
         # The holder reaches the master through a slow proxy: its release runs there
         # at once after its grant (early in its turn: the wake-up is deferred), and the
@@ -474,8 +476,10 @@ def test_a_release_that_ends_while_its_manager_closes_still_wakes_the_waiter(
 
         releaser = threading.Thread(target=hold_and_release)
         releaser.start()
-        wait_until(lambda: bool(r.exists(lock_key(name))))  # granted on the master
-        wait_until(lambda: not r.exists(lock_key(name)))  # released there; no reply yet
+        wait_until(lambda: r.exists(lock_key(name)), "granted on the master", 20)
+        wait_until(
+            lambda: not r.exists(lock_key(name)), "released on the master", 20
+        )  # no reply yet
         holder.close()  # waits for the release, and sends the wake-up it deferred
         releaser.join(timeout=30)
         assert outcome == ["released"]
@@ -491,10 +495,16 @@ def test_a_waiter_that_gives_up_passes_the_wake_up_on(ensemble: LocalEnsemble) -
         quitter = LockManager(urls, lease=60.0)
         first = Waiting(quitter.lock("quit"))
         first.start()
-        wait_until(lambda: all(len(r) == 1 for r in registered(ensemble, "quit")))
+        wait_until(
+            lambda: all(len(r) == 1 for r in registered(ensemble.urls, "quit")), "registered", 20
+        )
         waiter = Waiting(mgr.lock("quit"))
         waiter.start()  # registered behind the first
-        wait_until(lambda: all(len(r) == 2 for r in registered(ensemble, "quit")))
+        wait_until(
+            lambda: all(len(r) == 2 for r in registered(ensemble.urls, "quit")),
+            "registered behind the first",
+            20,
+        )
         # The holder's key goes without a word (as when its lease ends): the lock is
         # free, and both waiters sleep on, until the holder's TTL (60 s) at the latest.
         for url in urls:
@@ -517,7 +527,9 @@ def test_a_wake_up_that_no_waiter_uses_leaves_the_holders_ttl_as_the_bound(
         assert holder.lock("stale").acquire(lease=2.0)  # a fixed lease
         waiter = Waiting(mgr.lock("stale"))
         waiter.start()
-        wait_until(lambda: all(len(r) == 1 for r in registered(ensemble, "stale")))
+        wait_until(
+            lambda: all(len(r) == 1 for r in registered(ensemble.urls, "stale")), "registered", 20
+        )
         # A registration that no waiter stands behind, of a manager that still listens
         # (one whose owner stopped waiting without a word): it is woken first, in vain.
         listeners = [redis.Redis.from_url(url).pubsub() for url in urls]
@@ -526,7 +538,11 @@ def test_a_wake_up_that_no_waiter_uses_leaves_the_holders_ttl_as_the_bound(
                 pubsub.subscribe(home_channel("alive"))
                 with redis.Redis.from_url(url) as r:
                     r.zadd(waiters_key("stale"), {"alive:t1": 1})  # it ends first
-            wait_until(lambda: heard(ensemble, home_channel("alive")) == len(urls))
+            wait_until(
+                lambda: heard(ensemble, home_channel("alive")) == len(urls),
+                "heard on every master",
+                20,
+            )
             holder.lock("stale").release()
             # The waiter still gets the lock: by the holder's TTL it had been told.
             waiter.join(timeout=30)
@@ -542,7 +558,9 @@ def test_force_unlock_wakes_a_registered_waiter(ensemble: LocalEnsemble) -> None
         holder.lock("forced").acquire()
         waiter = Waiting(mgr.lock("forced"))
         waiter.start()
-        wait_until(lambda: all(len(r) == 1 for r in registered(ensemble, "forced")))
+        wait_until(
+            lambda: all(len(r) == 1 for r in registered(ensemble.urls, "forced")), "registered", 20
+        )
         assert holder.force_unlock("forced")
         waiter.join(timeout=30)  # woken at once: the holder's lease was 60 s
         assert waiter.outcome == [True]
@@ -566,7 +584,7 @@ def test_asyncio_waiters_take_turns_across_managers_without_subscribing(
                         order.append(i)
 
                 tasks = [asyncio.create_task(wait(i)) for i in range(3)]
-                while not all(len(r) == 3 for r in registered(ensemble, "turns")):
+                while not all(len(r) == 3 for r in registered(ensemble.urls, "turns")):
                     await asyncio.sleep(0.01)
                 assert heard(ensemble, wake_channel("turns")) == 0  # nothing per lock
                 await holder.lock("turns").release()

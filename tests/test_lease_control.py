@@ -9,6 +9,7 @@ import time
 
 import pytest
 import redis
+from helpers import delete_everywhere
 
 import redreentrant.asyncio as aio
 from redreentrant import LockLostError, LockManager, LockNotOwnedError, LostSignal
@@ -25,13 +26,6 @@ def pttls(urls: list[str], key: str) -> list[int]:
         out.append(int(client.pttl(key)))
         client.close()
     return out
-
-
-def delete_everywhere(urls: list[str], *keys: str) -> None:
-    for url in urls:
-        client = redis.Redis.from_url(url)
-        client.delete(*keys)
-        client.close()
 
 
 # -- extend and valid_until ------------------------------------------------------------

@@ -18,14 +18,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import redis
+from helpers import cluster_port, fields_on, lock_keys, registered, run, wait_until
 from redis.crc import key_slot
-from test_faults import cluster_port
 
 import redreentrant.asyncio as aio
 from redreentrant import (
@@ -39,37 +39,8 @@ from redreentrant import (
     parse_owner,
 )
 from redreentrant import errors as error_module
-from redreentrant._core.keys import PREFIX, lock_key, waiters_key
+from redreentrant._core.keys import PREFIX, lock_key
 from redreentrant.testing import LocalEnsemble, LocalServer
-
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-def lock_keys(ensemble: LocalEnsemble) -> dict[str, list[str]]:
-    return {url: keys for url, keys in ensemble.keys(PREFIX + "*").items() if keys}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll an observable condition (a generous limit, never a timing assertion)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
-def fields_on(ensemble: LocalEnsemble, name: str) -> list[dict[bytes, bytes]]:
-    out = []
-    for server in ensemble.servers:
-        with redis.Redis.from_url(server.url) as r:
-            out.append(r.hgetall(lock_key(name)))
-    return out
-
 
 # -- 1. a connection that timed out is never reused with a reply owed -----------------
 
@@ -78,7 +49,7 @@ def _freeze_then_thaw(ensemble: LocalEnsemble, masters: tuple[int, ...]) -> None
     for i in masters:
         ensemble[i].resume()
     # What the frozen masters got late runs now; a stray grant lapses with its lease.
-    assert wait_for(lambda: not lock_keys(ensemble), timeout=10)
+    wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
 
 
 def test_asyncio_never_reads_a_late_reply_of_an_earlier_round(ensemble: LocalEnsemble) -> None:
@@ -271,7 +242,7 @@ def test_a_thread_that_ends_holding_a_lock_frees_it_and_is_reported(
         worker.join()
         # Far sooner than the 30 s lease, which the watchdog no longer renews.
         assert rival.lock("orphan").acquire(timeout=10)
-        assert wait_for(lambda: bool(reported))
+        wait_until(lambda: reported, "reported: the orphaned hold")
         assert getattr(reported[0], "name", None) == "orphan"
         warning = next(r.getMessage() for r in caplog.records if "orphan" in r.getMessage())
         assert "forgetful-worker" in warning
@@ -316,7 +287,7 @@ def test_a_fixed_lease_of_a_dead_owner_is_left_to_lapse(ensemble: LocalEnsemble)
         time.sleep(1.0)  # three watchdog ticks
         assert all(fields_on(ensemble, "fixed"))  # untouched: it ends with its lease
         mgr.lock("kept-running").release()
-    assert wait_for(lambda: not lock_keys(ensemble), timeout=10)
+    wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
 
 
 _FORK: dict[str, Any] = {}
@@ -399,12 +370,6 @@ def test_an_acquire_in_a_task_of_its_own_fails_loudly_and_holds_nothing(
 # -- 6. close() while others wait ---------------------------------------------------------
 
 
-def _registered(ensemble: LocalEnsemble, name: str) -> int:
-    """How many waiters for the plain lock ``name`` the first master has registered."""
-    with redis.Redis.from_url(ensemble[0].url) as r:
-        return int(r.zcard(waiters_key(name)))
-
-
 def test_close_wakes_waiting_threads_which_fail_and_take_nothing(
     ensemble: LocalEnsemble,
 ) -> None:
@@ -420,7 +385,7 @@ def test_close_wakes_waiting_threads_which_fail_and_take_nothing(
 
         thread = threading.Thread(target=waiter)
         thread.start()
-        assert wait_for(lambda: _registered(ensemble, "closing") > 0)
+        wait_until(lambda: registered(ensemble.urls[:1], "closing") != [[]], "registered")
         mgr.close()
         thread.join(timeout=10)
         assert not thread.is_alive(), "the waiter still waits on a closed manager"
@@ -562,7 +527,7 @@ def test_closing_during_renewals_logs_no_error(
         mgr.close()
     ensemble[4].resume()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert wait_for(lambda: not lock_keys(ensemble), timeout=10)
+    wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
 
 
 # -- 10. masters as one comma-separated string ----------------------------------------------
@@ -616,7 +581,10 @@ def test_names_with_braces_work_on_a_cluster_node(ensemble: LocalEnsemble) -> No
         with node:
             with redis.Redis.from_url(node.url) as r:
                 r.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
-                assert wait_for(lambda: b"cluster_state:ok" in r.execute_command("CLUSTER", "INFO"))
+                wait_until(
+                    lambda: b"cluster_state:ok" in r.execute_command("CLUSTER", "INFO"),
+                    "ok: the cluster",
+                )
             with LockManager([node.url], lease=3.0) as mgr:
                 for name in ("}x", "a}b", "{}"):
                     with mgr.rw_lock(name).write, mgr.fair_lock(name), mgr.lock(name):

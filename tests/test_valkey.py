@@ -15,18 +15,14 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import lock_keys
 
 from redreentrant import LockManager
-from redreentrant._core.keys import PREFIX
 from redreentrant.asyncio import LockManager as AsyncLockManager
 from redreentrant.testing import LocalEnsemble
 
 valkey = pytest.importorskip("valkey")
 valkey_asyncio = pytest.importorskip("valkey.asyncio")
-
-
-def lock_keys(ensemble: LocalEnsemble) -> dict[str, list[str]]:
-    return {url: keys for url, keys in ensemble.keys(PREFIX + "*").items() if keys}
 
 
 def valkey_clients(ensemble: LocalEnsemble, timeout: float = 0.5) -> list[Any]:

@@ -9,17 +9,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 import redis
+from helpers import WORKERS, read_line, stop, wait_until
 
 from redreentrant import LockManager, LockUpgradeError
 from redreentrant._core.keys import aux_key
 from redreentrant.testing import LocalEnsemble
-
-WORKERS = Path(__file__).with_name("workers.py")
 
 
 @pytest.fixture(params=[0, 2], ids=["all-up", "two-down"])
@@ -43,25 +41,7 @@ def spawn(urls: list[str], name: str, lease: float, kind: str) -> subprocess.Pop
     )
 
 
-def read_line(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    return proc.stdout.readline().strip()
-
-
-def kill(proc: subprocess.Popen[str]) -> None:
-    proc.kill()
-    proc.wait()
-
-
 # -- read/write ---------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait for an observable condition (never a fixed sleep)."""
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "the condition never held"
-        time.sleep(0.01)
 
 
 def queued(mgr: LockManager, name: str) -> int:
@@ -211,7 +191,9 @@ def test_releasing_the_write_lock_wakes_every_waiting_reader(masters: list[str])
         for t in threads:
             t.start()
         channel = aux_key("wake", "rw:wake:r")
-        wait_until(lambda: all(subscribed(url, channel) >= 2 for url in masters))
+        wait_until(
+            lambda: all(subscribed(url, channel) >= 2 for url in masters), "heard by both waiters"
+        )
         released = time.monotonic()
         holder.rw_lock("wake").write.release()
         inside.wait()
@@ -226,18 +208,18 @@ def test_a_killed_reader_frees_the_lock_within_its_lease(masters: list[str]) -> 
     lease = 1.0
     proc = spawn(masters, "crashed", lease, "read")
     try:
-        assert read_line(proc) == "waiting" and read_line(proc) == "held"
+        assert read_line(proc) == "waiting\n" and read_line(proc) == "held\n"
         with LockManager(masters) as mgr:
             writer = mgr.rw_lock("crashed").write
             assert writer.acquire(blocking=False) is False
-            kill(proc)
+            stop(proc)
             killed = time.monotonic()
             assert writer.acquire(timeout=lease + 1.0)
             assert time.monotonic() - killed <= lease + 1.0
             writer.release()
     finally:
         if proc.poll() is None:
-            kill(proc)
+            stop(proc)
 
 
 @pytest.mark.parametrize("kind", ["read", "write", "fair"])
@@ -287,7 +269,7 @@ def test_fair_lock_grants_in_order_of_arrival(mgr: LockManager, masters: list[st
                 t.start()
                 # Arrive one after another, in a known order: each is queued on every
                 # master before the next starts.
-                wait_until(lambda n=i + 1: queued(mgr, "fifo") == n)
+                wait_until(lambda n=i + 1: queued(mgr, "fifo") == n, f"{i + 1} queued")
             queue = mgr.inspect("fifo")[0].locks[0].queue
             assert len(queue) == 7
         for t in threads:
@@ -319,11 +301,12 @@ def test_a_killed_waiter_does_not_stick_the_queue(mgr: LockManager, masters: lis
     fair.acquire()
     proc = spawn(masters, "dead-waiter", lease, "fair")
     try:
-        assert read_line(proc) == "waiting"
-        deadline = time.monotonic() + 5
-        while not any(v.locks and v.locks[0].queue for v in mgr.inspect("dead-waiter")):
-            assert time.monotonic() < deadline, "the waiter never queued"
-            time.sleep(0.02)
+        assert read_line(proc) == "waiting\n"
+        wait_until(
+            lambda: any(v.locks and v.locks[0].queue for v in mgr.inspect("dead-waiter")),
+            "queued: the doomed process's waiter",
+            5,
+        )
         got = threading.Event()
 
         def behind() -> None:
@@ -332,8 +315,8 @@ def test_a_killed_waiter_does_not_stick_the_queue(mgr: LockManager, masters: lis
 
         t = threading.Thread(target=behind)
         t.start()
-        wait_until(lambda: queued(mgr, "dead-waiter") == 2)  # behind the doomed process
-        kill(proc)
+        wait_until(lambda: queued(mgr, "dead-waiter") == 2, "queued behind the doomed process")
+        stop(proc)
         fair.release()
         assert got.wait(timeout=lease + 3), "the queue stuck behind a dead waiter"
         t.join(timeout=10)
@@ -341,11 +324,12 @@ def test_a_killed_waiter_does_not_stick_the_queue(mgr: LockManager, masters: lis
         # where no call ran after its deadline (the others reached a quorum without it).
         wait_until(
             lambda: not any(v.locks for v in mgr.inspect("dead-waiter") if v.error is None),
-            timeout=lease + 5,
+            "gone: the queue",
+            lease + 5,
         )
     finally:
         if proc.poll() is None:
-            kill(proc)
+            stop(proc)
 
 
 def test_masters_that_queued_waiters_in_different_orders_still_agree(

