@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
+from sphinx.application import Sphinx
+from sphinx.environment import BuildEnvironment
+
 # Document the source tree next to this directory, not whatever version is installed.
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
@@ -38,6 +41,9 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_class_signature = "mixed"
+# Optional dependencies of documented modules: redreentrant.otel (the otel extra) and
+# the pytest plugin. Mocked, so that the docs extra alone builds the whole reference.
+autodoc_mock_imports = ["opentelemetry", "pytest"]
 
 html_theme = "alabaster"
 html_title = f"redreentrant {release}"
@@ -46,3 +52,58 @@ html_theme_options = {
     "fixed_sidebar": True,
 }
 html_static_path: list[str] = []
+
+# Every name a public module exports must be documented: the API reference lists the
+# modules with automodule, and this check turns a name that autodoc could not place
+# (data without a doc comment, say) into a warning, which fails the strict build.
+PUBLIC_MODULES = (
+    "redreentrant",
+    "redreentrant.asyncio",
+    "redreentrant.errors",
+    "redreentrant.otel",
+    "redreentrant.testing",
+    "redreentrant.testing.faults",
+    "redreentrant.testing.plugin",
+)
+
+
+def _resolve(dotted: str) -> object:
+    """The object a documented dotted name stands for (a sentinel if none)."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for part in parts[cut:]:
+                obj = getattr(obj, part)
+        except AttributeError:
+            return _resolve
+        return obj
+    return _resolve
+
+
+def _check_public_names(app: Sphinx, env: BuildEnvironment) -> None:
+    import importlib
+
+    from sphinx.ext.autodoc.mock import mock  # type: ignore[attr-defined]
+    from sphinx.util import logging
+
+    documented = env.get_domain("py").objects  # type: ignore[attr-defined]
+    with mock(autodoc_mock_imports):
+        ids = {id(_resolve(name)) for name in documented}
+        for modname in PUBLIC_MODULES:
+            module = importlib.import_module(modname)
+            for name in module.__all__:
+                obj = getattr(module, name)
+                if f"{modname}.{name}" not in documented and id(obj) not in ids:
+                    logging.getLogger(__name__).warning(
+                        "%s.%s is public but not in the API reference", modname, name
+                    )
+
+
+def setup(app: Sphinx) -> None:
+    app.connect("env-check-consistency", _check_public_names)
