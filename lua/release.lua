@@ -1,5 +1,5 @@
 -- name: release
--- version: 13
+-- version: 14
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -21,8 +21,6 @@
 -- A release may also defer the wake-up ('defer'): while the releasing manager's turn
 -- lasts, it frees the lock but wakes (or hands it to) nobody; that manager sends
 -- 'wake' a moment later unless it took the lock again meanwhile.
--- Clients of an earlier version wait on the lock's wake channel instead: the release id
--- is published there too, but only while someone subscribes to it (PUBSUB NUMSUB).
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  zset of registered waiters: owner -> end of its registration (server ms)
@@ -36,12 +34,12 @@
 --            late to count may have registered it), '0' to keep it (undoing a try that
 --            failed elsewhere, while still waiting: such an undo wakes no registered
 --            waiter, for the owner undoing tries again or gives up, which wakes the
---            next waiter, and a wake-up would draw one more contender into the split;
---            it still publishes on the lock's channel for earlier versions), ARGV[8]
---            (optional) a hand-over lease in ms, '0' or absent for none: when the waiter to wake belongs to
---            the releasing owner's own manager, it is granted the lock at once instead
---            (hold count 1, that PTTL; its registration ends) and nothing is published:
---            that manager reads this reply and tells it. A waiter of another manager
+--            next waiter, and a wake-up would draw one more contender into the split),
+--            ARGV[8] (optional) a hand-over lease in ms, '0' or absent for none: when
+--            the waiter to wake belongs to the releasing owner's own manager, it is
+--            granted the lock at once instead (hold count 1, that PTTL; its
+--            registration ends) and nothing is published: that manager reads this
+--            reply and tells it. A waiter of another manager
 --            is only woken (handing over to another process would make every hand-off
 --            wait for that process to be scheduled). ARGV[9] (optional) '1' to defer
 --            the wake-up (nobody is woken or handed the lock, nothing is published,
@@ -79,8 +77,8 @@ end
 
 -- Wakes the next registered waiter, or grants it the lock with the lease handover
 -- (0: never) if it belongs to local_manager; a waiter of another manager woken gets a
--- reservation of reserve ms (0: none); with defer, nobody is woken. Returns (the owner woken or '', the lease it was granted or
--- 0, 1 if the wake-up was deferred else 0).
+-- reservation of reserve ms (0: none); with defer, nobody is woken. Returns (the owner
+-- woken or '', the lease it was granted or 0, 1 if the wake-up was deferred else 0).
 local function wake_next(channel, id, prefix, handover, local_manager, reserve, defer)
   local now = 0
   if redis.call('exists', waiters) == 1 then
@@ -93,9 +91,6 @@ local function wake_next(channel, id, prefix, handover, local_manager, reserve, 
     local t = redis.call('time')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     redis.call('zremrangebyscore', waiters, '-inf', now)
-  end
-  if redis.call('pubsub', 'numsub', channel)[2] > 0 then
-    redis.call('publish', channel, id)
   end
   while true do
     local first = redis.call('zrange', waiters, 0, 0)
@@ -171,11 +166,7 @@ if redis.call('exists', hash) == 1 then
   return {0, '', 0, 0}
 end
 if ARGV[7] == '0' then
-  -- An undo wakes no registered waiter; waiters of an earlier version are told still.
-  if redis.call('pubsub', 'numsub', ARGV[4])[2] > 0 then
-    redis.call('publish', ARGV[4], ARGV[5])
-  end
-  return {0, '', 0, 0}
+  return {0, '', 0, 0}  -- an undo wakes no registered waiter
 end
 local woken, handed, deferred = wake_next(ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[8] or '0'),
   manager_of(owner), tonumber(ARGV[10] or '0'), ARGV[9] == '1')

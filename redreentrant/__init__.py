@@ -22,7 +22,6 @@ from ._core.errors import (
     LockUpgradeError,
     ManagerClosedError,
     QuorumUnavailableError,
-    RedisServerNotFound,
 )
 from ._core.listeners import LockInfo, LockListener
 from ._core.locking import ReadWriteLock
@@ -62,7 +61,6 @@ __all__ = [
     "QuorumUnavailableError",
     "ReadLock",
     "ReadWriteLock",
-    "RedisServerNotFound",
     "WriteLock",
     "__version__",
     "parse_owner",

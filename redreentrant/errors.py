@@ -32,7 +32,6 @@ from ._core.errors import (
     LockUpgradeError,
     ManagerClosedError,
     QuorumUnavailableError,
-    RedisServerNotFound,
 )
 
 __all__ = [
@@ -46,5 +45,4 @@ __all__ = [
     "LockUpgradeError",
     "ManagerClosedError",
     "QuorumUnavailableError",
-    "RedisServerNotFound",
 ]

@@ -449,7 +449,9 @@ def start_holder(urls: list[str], name: str, kind: str) -> subprocess.Popen[str]
     )
 
 
-@pytest.mark.parametrize(("kind", "summary"), [("fair", "fair"), ("write", "rw/write")])
+@pytest.mark.parametrize(
+    ("kind", "summary"), [("lock", "lock"), ("fair", "fair"), ("write", "rw/write")]
+)
 def test_inspect_shows_host_pid_and_thread_of_holders_and_waiters(
     ensemble: LocalEnsemble, manager: LockManager, urls: list[str], kind: str, summary: str
 ) -> None:
@@ -715,28 +717,6 @@ def test_the_state_file_is_in_a_directory_of_the_users_own(
     own.symlink_to(theirs)
     with pytest.raises(CliError, match="not a directory"):
         _default_state(monkeypatch, tmp_path, None)
-
-
-def test_an_earlier_releases_state_file_is_still_read(redis_binary: str, tmp_path: Path) -> None:
-    # Where an earlier release kept it: the temp directory, shared by every user.
-    legacy = tmp_path / "redreentrant-ensemble.json"
-    port = free_port()
-    legacy.write_text(json.dumps({"servers": [{"port": port, "pid": 2**22 + 1}]}))
-    env = {"TMPDIR": str(tmp_path), "XDG_RUNTIME_DIR": ""}
-    status = run_cli("ensemble", "status", env=env)
-    assert status.returncode == 1  # its server is down
-    assert f"127.0.0.1:{port}" in status.stdout and "down" in status.stdout
-    assert "earlier release" in status.stderr and str(legacy) in status.stderr
-    # 'up' finds it stale, removes it, and writes the new place.
-    up = run_cli("ensemble", "up", "--size", "1", env=env)
-    try:
-        assert up.returncode == 0, up.stderr
-        assert not legacy.exists()
-        assert (tmp_path / f"redreentrant-{os.getuid()}" / "ensemble.json").is_file()
-    finally:
-        down = run_cli("ensemble", "down", env=env)
-        assert down.returncode == 0, down.stderr
-        assert "earlier release" not in down.stderr
 
 
 # -- demo ---------------------------------------------------------------------------

@@ -1385,6 +1385,17 @@ def test_the_cluster_slot_of_keys_matches_redis() -> None:
         assert key_slot(key) == redis_key_slot(key.encode())
 
 
+def test_a_plain_locks_view_shows_a_registered_holder_as_the_holder_only() -> None:
+    # A grant keeps the owner's registration until its final release (lua/acquire.lua):
+    # a probe reads it among the waiters, and the view does not show it waiting.
+    view = EXCLUSIVE.view([30000, [b"a:t1", b"1"], [b"a:t1", b"b:t2"]])
+    assert view is not None and view.holders == {"a:t1": 1} and view.queue == ["b:t2"]
+    waiting = EXCLUSIVE.view([-2, [], [b"b:t2"]])  # free, with a waiter registered
+    assert waiting is not None and waiting.holders == {} and waiting.queue == ["b:t2"]
+    assert EXCLUSIVE.view([-2, [], []]) is None
+    assert not EXCLUSIVE.is_locked(waiting)
+
+
 def test_holds_are_keyed_by_kind_name_and_owner() -> None:
     holds = Holds(threading.Lock())
     a = Hold(EXCLUSIVE, "x", "o1", 1, LEASE, True, 10.0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -535,45 +534,3 @@ def test_bad_option_error_includes_log_tail(binary: str | None) -> None:
         assert not server.running
     finally:
         server.close()
-
-
-# -- the deprecated import path ----------------------------------------------------------
-
-
-def test_the_old_module_warns_and_reexports_the_same_objects() -> None:
-    sys.modules.pop("redreentrant.ensemble", None)
-    try:
-        with pytest.warns(DeprecationWarning, match=r"redreentrant\.testing"):
-            old = importlib.import_module("redreentrant.ensemble")
-    finally:
-        sys.modules.pop("redreentrant.ensemble", None)  # the next import warns again
-    names = [
-        "LocalEnsemble",
-        "LocalServer",
-        "RedisServerNotFound",
-        "detached_servers",
-        "detached_status",
-        "die_with_parent",
-        "find_redis_server",
-        "redis_server_version",
-        "stop_detached",
-    ]
-    assert set(names) <= set(old.__all__)
-    for name in names:
-        assert getattr(old, name) is getattr(redreentrant.testing, name), name
-    assert old.RedisServerNotFound is redreentrant.RedisServerNotFound
-
-
-def test_the_old_module_warns_where_it_is_imported() -> None:
-    # Python's default filters show a DeprecationWarning raised in __main__: the warning
-    # must be attributed to the importing line, not to the shim or importlib.
-    result = subprocess.run(
-        [sys.executable, "-c", "import redreentrant.ensemble"],
-        env={**_child_env(), "PYTHONWARNINGS": ""},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    assert "<string>:1: DeprecationWarning" in result.stderr
-    assert "redreentrant.testing" in result.stderr

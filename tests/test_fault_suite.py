@@ -36,8 +36,8 @@ from helpers import heal
 from history import Event, Report, check, load
 
 from redreentrant import LockManager
+from redreentrant.cli._process import die_with_parent
 from redreentrant.testing import LocalEnsemble, LocalServer
-from redreentrant.testing.deathsig import die_with_parent
 from redreentrant.testing.proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]

@@ -40,7 +40,7 @@ from redreentrant import (
 )
 from redreentrant import errors as error_module
 from redreentrant._core.keys import PREFIX, lock_key
-from redreentrant.testing import LocalEnsemble, LocalServer
+from redreentrant.testing import LocalEnsemble, LocalServer, RedisServerNotFound
 
 # -- 1. a connection that timed out is never reused with a reply owed -----------------
 
@@ -613,7 +613,7 @@ def test_every_error_survives_pickling() -> None:
         error_module.LockError("base"),
         error_module.LockUpgradeError("upgrade"),
         error_module.LockTimeoutError("x", 1.5, "f() did not run"),
-        error_module.RedisServerNotFound("no binary"),
+        RedisServerNotFound("no binary"),
     ]
     for error in errors:
         copy = pickle.loads(pickle.dumps(error))

@@ -503,17 +503,3 @@ def test_the_live_view_without_rich_says_which_extra_to_install(
 def _no_stray_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(MASTERS_ENV, raising=False)
     monkeypatch.delenv(STATE_ENV, raising=False)
-
-
-def test_a_holder_that_was_registered_as_a_waiter_is_shown_as_the_holder_only() -> None:
-    # A grant keeps the owner's registration until its final release (lua/acquire.lua):
-    # top must not show the holder among the waiters.
-    from redreentrant._core.views import LockView, MasterView
-    from redreentrant.cli.top import _rows
-
-    views = [
-        MasterView(f"m{i}", locks=[LockView("lock", None, 30.0, {"a:t1": 1})]) for i in range(3)
-    ]
-    (row,) = _rows("x", views, [["a:t1", "b:t2"]] * 3, 2)
-    assert [h.owner for h in row.holders] == ["a:t1"]
-    assert [w.owner for w in row.waiters] == ["b:t2"]

@@ -112,7 +112,3 @@ def _picklable(errors: Mapping[str, BaseException]) -> dict[str, BaseException]:
         except Exception:
             out[master] = RuntimeError(f"{type(error).__name__}: {error}")
     return out
-
-
-class RedisServerNotFound(RuntimeError):
-    """No redis-server binary could be found for an embedded local ensemble."""

@@ -73,8 +73,8 @@ def reserved_key(name: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def wake_channel(name: str) -> str:
-    """The plain lock's wake channel: the name of its local wake-ups, on which the
-    masters also announce a release to clients of earlier versions."""
+    """The plain lock's wake channel: it names the lock in the wake-ups the masters send
+    a waiter's manager (nothing is published on it)."""
     return f"{tag(name)}:wake"
 
 
@@ -83,6 +83,20 @@ def home_channel(manager_id: str) -> str:
     registered waiter there. Its owner id is ``<manager id>:<token>``, so the scripts
     find the channel from the owner id alone."""
     return f"{HOME_PREFIX}{manager_id}"
+
+
+#: characters of a name glob that the masters' MATCH is not given: a glob of these would
+#: not match the escaped form of a name holding "}" (see tag), or is read differently
+#: by Redis and by fnmatch
+_LOCAL_ONLY = frozenset("[]\\}%?")
+
+
+def scan_pattern(name_glob: str) -> str:
+    """A ``SCAN MATCH`` pattern for the keys of the names matching ``name_glob`` (an
+    fnmatch glob): it may let keys of other names through (match their names again),
+    but never leaves out a key of a matching name."""
+    inner = "*" if any(c in _LOCAL_ONLY for c in name_glob) else name_glob
+    return f"{PREFIX}{{{inner}}}*"
 
 
 def name_of(key: str) -> str:

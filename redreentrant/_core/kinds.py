@@ -187,17 +187,19 @@ class LockKind:
         return Call(scripts.RELEASE, self._keys(name), args)
 
     def probe(self, name: str) -> Call:
-        return Call(scripts.PROBE, (keys.lock_key(name),), ())
+        return Call(scripts.PROBE, (keys.lock_key(name), keys.waiters_key(name)), ())
 
     def view(self, reply: object) -> LockView | None:
-        """Read a probe reply; None when the lock is absent on that master."""
-        if not isinstance(reply, list) or len(reply) < 2:
+        """Read a probe reply; None when nobody holds or waits for the lock on that
+        master."""
+        if not isinstance(reply, list) or len(reply) < 3 or not isinstance(reply[2], list):
             raise ValueError(f"unexpected probe reply {reply!r}")
-        fields = pairs(reply[1])
-        if not fields:
+        holders = {owner: int(count) for owner, count in pairs(reply[1]).items()}
+        # A holder keeps its registration until its final release: not a waiter.
+        queue = [owner for owner in map(text, reply[2]) if owner not in holders]
+        if not holders and not queue:
             return None
-        holders = {owner: int(count) for owner, count in fields.items()}
-        return LockView(self.family, None, ttl_of(reply[0]), holders)
+        return LockView(self.family, None, ttl_of(reply[0]), holders, queue)
 
     def is_locked(self, view: LockView | None) -> bool:
         """Whether a master's view counts as this lock being held (for ``locked()``)."""
@@ -447,3 +449,15 @@ FAIR = FairKind()
 
 #: one kind per family: what ``inspect`` and ``force_unlock`` of a name go through
 FAMILIES: tuple[LockKind, ...] = (EXCLUSIVE, READ, FAIR)
+
+
+def lock_name_of(key: str) -> str | None:
+    """The name of the lock a key on a master belongs to; None for a key that is not
+    ours, or for a fencing counter (which outlives its lock on purpose)."""
+    try:
+        name = keys.name_of(key)
+    except ValueError:
+        return None
+    if any(key == kind.fence_key(name) for kind in (EXCLUSIVE, READ, WRITE, FAIR)):
+        return None
+    return name

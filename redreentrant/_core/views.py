@@ -18,7 +18,8 @@ class LockView:
     holders: dict[str, int] = field(default_factory=dict)
     """Owner id -> hold count. A writer that also reads appears once per side."""
     queue: list[str] = field(default_factory=list)
-    """Waiting owners in order: a fair lock's queue, a read/write lock's waiting writers."""
+    """Waiting owners in order: a fair lock's queue, a read/write lock's waiting writers,
+    a plain lock's registered waiters (in the order releases wake them)."""
 
 
 @dataclass

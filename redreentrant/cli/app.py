@@ -18,7 +18,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from redreentrant import LockError, QuorumUnavailableError, RedisServerNotFound, __version__
+from redreentrant import LockError, QuorumUnavailableError, __version__
+from redreentrant.testing import RedisServerNotFound
 
 from . import demo, ensemble, fence, inspect, run, top, unlock
 from .common import (

@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 import redis
 
 from redreentrant import LockError, LockLostError, LockManager
-from redreentrant.testing import LocalEnsemble, die_with_parent, redis_server_version
+from redreentrant.testing import LocalEnsemble, redis_server_version
 
+from ._process import die_with_parent
 from .common import (
     EXIT_FAILED,
     EXIT_OK,

@@ -11,9 +11,7 @@ removes, so nobody else may write it. By default it lives in a directory of the 
 own, ``$XDG_RUNTIME_DIR/redreentrant/`` (when that is a directory of the user's), else
 ``redreentrant-<uid>`` in the temp directory, made with mode 0700; a directory owned by
 someone else, or a symbolic link, is refused, and so is a state file there owned by
-someone else. A state file at an earlier release's default place (shared by every user
-of the temp directory) is still read when it is the user's own and the new one is
-absent, so an ensemble started by that release can still be stopped.
+someone else.
 """
 
 from __future__ import annotations
@@ -45,8 +43,6 @@ __all__ = [
 
 STATE_ENV = "REDREENTRANT_ENSEMBLE_STATE"
 STATE_FILE = "ensemble.json"
-#: the state file's name at an earlier release's default place (see :func:`_legacy_path`)
-LEGACY_STATE_FILE = "redreentrant-ensemble.json"
 HOST = "127.0.0.1"
 
 _STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL for ``ensemble down``
@@ -167,14 +163,6 @@ def _check_private_dir(path: str, create: bool) -> None:
         os.chmod(path, 0o700)
 
 
-def _legacy_path() -> str:
-    """Where an earlier release kept the state file by default (shared by every user of
-    the temp directory when there is no ``$XDG_RUNTIME_DIR``)."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = runtime if runtime and os.path.isdir(runtime) else tempfile.gettempdir()
-    return os.path.join(base, LEGACY_STATE_FILE)
-
-
 def _own_file(path: str) -> bool:
     """Whether ``path`` is a regular file (not a link) owned by the user."""
     try:
@@ -185,22 +173,14 @@ def _own_file(path: str) -> bool:
 
 
 def _state_path(args: argparse.Namespace, create: bool = False) -> tuple[str, bool]:
-    """(the state file, whether it is at a default place, to be checked for ownership).
-
-    The default place is the user's :func:`state_dir` (made when ``create``); an earlier
-    release's file is used instead when the new one is absent and it is the user's."""
+    """(the state file, whether it is at the default place, the user's
+    :func:`state_dir` (made when ``create``), to be checked for ownership)."""
     given = getattr(args, "state", None) or os.environ.get(STATE_ENV)
     if given:
         return os.path.abspath(str(given)), False
     directory = state_dir()
     _check_private_dir(directory, create)
-    path = os.path.join(directory, STATE_FILE)
-    if not os.path.lexists(path):
-        legacy = _legacy_path()
-        if _own_file(legacy):
-            print(f"{PROG}: using the state file of an earlier release, {legacy}", file=sys.stderr)
-            return legacy, True
-    return path, True
+    return os.path.join(directory, STATE_FILE), True
 
 
 def local_masters(args: argparse.Namespace) -> tuple[list[str], str] | None:
@@ -266,8 +246,6 @@ def cmd_ensemble_up(args: argparse.Namespace) -> int:
         stop_detached(old)  # nothing is up: this only removes its directory
         os.unlink(path)
         print(f"{PROG}: removed the stale state file {path} (no server was up)", file=sys.stderr)
-        if default:
-            path = default_state_path()  # an earlier release's place: never written again
     ensemble = LocalEnsemble(args.size)
     try:
         ensemble.start()

@@ -39,7 +39,7 @@ def register(
         help="show what every master holds for a lock name",
         description="Ask every master what it holds under NAME, of every lock kind: "
         "the kind, the mode (read/write locks), the holders with their hold counts, "
-        "the TTL, and the queue (fair locks); then, for every holder and waiter, its "
+        "the TTL, and who waits; then, for every holder and waiter, its "
         "host, pid and thread or task. A read-only look; exit 1 if fewer than a "
         "quorum of masters answered.",
     )

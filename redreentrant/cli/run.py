@@ -4,7 +4,7 @@ Acquire a lock, run a command while holding it (watchdog-renewed, or on a fixed 
 forward terminating signals to it, stop it if the lock is lost, release the lock once it
 has exited, and pass its exit status through. The command dies with ``redreentrant``
 even when that is killed with SIGKILL (Linux: ``PR_SET_PDEATHSIG``, through
-:func:`redreentrant.testing.die_with_parent`).
+:mod:`._process`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from types import FrameType
 from typing import Protocol
 
 from redreentrant import LockLostError, QuorumUnavailableError
-from redreentrant.testing import die_with_parent
 
+from ._process import die_with_parent
 from .common import (
     EXIT_FAILED,
     PROG,

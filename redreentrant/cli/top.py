@@ -3,13 +3,12 @@
 Every refresh takes a snapshot (:meth:`Watcher.snapshot`):
 
 1. every master is sent a ``PING`` (its latency) and scanned (``SCAN``) for the library's
-   keys, ``redreentrant:v1:{NAME}...``, whose names match PATTERN (a glob, as
-   :func:`fnmatch.fnmatchcase` reads it; a name that has nothing but fencing counters
-   left is not a lock);
+   keys whose names match PATTERN (a glob, as :func:`fnmatch.fnmatchcase` reads it; a
+   name that has nothing but fencing counters left is not a lock);
 2. the first ``--limit`` names in sorted order are read with
-   :meth:`redreentrant.LockManager.inspect` (every master's view, as ``inspect`` shows it:
-   no quorum is needed to see what each master says), and a plain lock's registered
-   waiters from its ``:waiters`` set; the other names are counted, not read.
+   :meth:`redreentrant.LockManager.inspect` (every master's view, holders and waiters,
+   as ``inspect`` shows it: no quorum is needed to see what each master says); the
+   other names are counted, not read.
 
 One row per holder and waiter of each lock kind under a name: its role, host, pid and
 thread or task (:func:`redreentrant.parse_owner`), hold count and on how many masters.
@@ -41,6 +40,7 @@ from redis.connection import AbstractConnection
 from redreentrant import LockManager, LockView, MasterView, OwnerInfo, parse_owner
 from redreentrant._core import keys
 from redreentrant._core.cluster import is_cluster_url, parse_cluster_url
+from redreentrant._core.kinds import lock_name_of
 from redreentrant._core.masters import no_handshake
 
 from .common import (
@@ -67,19 +67,13 @@ EXTRA = "cli"
 DEFAULT_LIMIT = 50
 DEFAULT_INTERVAL = 1.0
 MIN_INTERVAL = 0.1
-#: seconds a master has to answer a PING, a SCAN page or the waiters' read
+#: seconds a master has to answer a PING or a SCAN page
 MASTER_TIMEOUT = 1.0
 #: keys asked for per SCAN call
 SCAN_COUNT = 1000
 #: the most names taken from one master's SCAN in one refresh (the rest: not counted)
 SCAN_CAP = 10_000
 
-# The keys of a name that are no lock: fencing counters outlive their locks on purpose.
-_FENCE_SUFFIXES = frozenset({":fence", ":rw:fence", ":fair:fence"})
-# Characters that make a pattern unfit for the masters' own MATCH: a glob of these
-# would not match the escaped form of a name holding "}" (see keys.tag), or is read
-# differently by Redis and by fnmatch. Such a pattern is applied here only.
-_LOCAL_ONLY = frozenset("[]\\}%?")
 # A read/write lock's view names each holder once per side: "<owner id> (read)".
 _SIDE = re.compile(r"^(.*) \((read|write)\)$")
 
@@ -184,8 +178,7 @@ class PerMaster:
     error: str | None = None
     view: LockView | None = None
     waiters: list[str] = field(default_factory=list)
-    """Who waits: a fair lock's queue, a read/write lock's waiting writers, a plain
-    lock's registered waiters (in the order their registrations end)."""
+    """Who waits (the view's queue)."""
 
 
 @dataclass
@@ -244,16 +237,9 @@ def _error(error: BaseException) -> str:
     return first_line(f"{type(error).__name__}: {error}")
 
 
-def _scan_match(pattern: str) -> str:
-    """The masters' MATCH for ``pattern``: it may let keys of other names through (all
-    names are matched here again), but never leaves out a key of a matching name."""
-    inner = "*" if any(c in _LOCAL_ONLY for c in pattern) else pattern
-    return f"{keys.PREFIX}{{{inner}}}*"
-
-
 class _ClusterReads:
     """``top``'s own reads on a cluster member: PING of every primary, a SCAN of every
-    node, the waiters by slot. Through a ``RedisCluster`` made at first use (it connects
+    node. Through a ``RedisCluster`` made at first use (it connects
     when made) and made again after a failure, so a cluster down when ``top`` starts is
     shown down, then up once it answers."""
 
@@ -284,31 +270,10 @@ class _ClusterReads:
     def scan_iter(self, match: str, count: int) -> Any:
         return self._get().scan_iter(match=match, count=count)
 
-    def time_and_zranges(self, names: Sequence[str]) -> list[Any]:
-        """The server's TIME, then each name's waiters (a cluster pipeline routes the
-        reads by slot, and takes no TIME)."""
-        client = self._get()
-        pipe = client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
-        for name in names:
-            pipe.zrange(keys.waiters_key(name), 0, -1, withscores=True)
-        zranges = pipe.execute()
-        return [client.time(), *zranges]
-
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             client.close()
-
-
-def _time_and_zranges(client: Any, names: Sequence[str]) -> list[Any]:
-    """The server's TIME and each name's registered waiters, in one round trip."""
-    if isinstance(client, _ClusterReads):
-        return client.time_and_zranges(names)
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
-    for name in names:
-        pipe.zrange(keys.waiters_key(name), 0, -1, withscores=True)
-    return list(pipe.execute())
 
 
 class Watcher:
@@ -318,7 +283,7 @@ class Watcher:
         self.pattern = pattern
         self.limit = limit
         self.manager: LockManager = open_manager(urls)
-        # Clients of our own for PING, SCAN and the waiters: with a time-out longer than
+        # Clients of our own for PING and SCAN: with a time-out longer than
         # a lock round's, so that a slow master is shown slow rather than down.
         # A cluster member's reads go through a cluster client (see _ClusterReads).
         options = no_handshake(AbstractConnection)
@@ -356,14 +321,10 @@ class Watcher:
             found |= scan.names
         matching = sorted(n for n in found if fnmatch.fnmatchcase(n, self.pattern))
         shown = matching[: self.limit]
-        views = {name: self.manager.inspect(name) for name in shown}
-        up = [scan.state.up for scan in scans]
-        waiters = list(self._pool.map(lambda c, u: self._waiters(c, u, shown), self.clients, up))
         quorum = self.manager.quorum
         locks: list[LockRow] = []
         for name in shown:
-            per_master_waiters = [w.get(name, []) for w in waiters]
-            locks.extend(_rows(name, views[name], per_master_waiters, quorum))
+            locks.extend(_rows(name, self.manager.inspect(name), quorum))
         return Snapshot(
             pattern=self.pattern,
             quorum=quorum,
@@ -388,13 +349,10 @@ class Watcher:
             return _Scan(MasterState(master, False, None, _error(error)))
         scan = _Scan(MasterState(master, True, latency))
         try:
-            for raw in client.scan_iter(match=_scan_match(self.pattern), count=SCAN_COUNT):
-                key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-                try:
-                    name = keys.name_of(key)
-                except ValueError:
-                    continue
-                if key[len(keys.tag(name)) :] in _FENCE_SUFFIXES:
+            match = keys.scan_pattern(self.pattern)
+            for raw in client.scan_iter(match=match, count=SCAN_COUNT):
+                name = lock_name_of(_text(raw))
+                if name is None:
                     continue
                 scan.names.add(name)
                 if len(scan.names) >= SCAN_CAP:
@@ -404,49 +362,23 @@ class Watcher:
             scan.state.error = f"scan: {_error(error)}"
         return scan
 
-    @staticmethod
-    def _waiters(client: Any, up: bool, names: Sequence[str]) -> dict[str, list[str]]:
-        """The registered waiters of each plain lock of ``names`` on one master, whose
-        registrations have not ended (their scores are ends, in the server's ms)."""
-        if not up or not names:
-            return {}
-        try:
-            replies = _time_and_zranges(client, names)
-        except Exception:
-            return {}  # the master's views say what went wrong
-        seconds, micros = replies[0]
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
-        out: dict[str, list[str]] = {}
-        for name, members in zip(names, replies[1:], strict=True):
-            alive = [_text(member) for member, end in members if end > now_ms]
-            if alive:
-                out[name] = alive
-        return out
-
 
 def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _rows(
-    name: str, views: Sequence[MasterView], waiters: Sequence[list[str]], quorum: int
-) -> list[LockRow]:
+def _rows(name: str, views: Sequence[MasterView], quorum: int) -> list[LockRow]:
     """The lock kinds present under ``name`` on any master, each as a row."""
     rows = []
     answered = sum(1 for v in views if v.error is None)
     for kind in ("lock", "rw", "fair"):
         per_master = []
-        for view, registered in zip(views, waiters, strict=True):
+        for view in views:
             if view.error is not None:
                 per_master.append(PerMaster(view.master, error=first_line(view.error)))
                 continue
             lv = next((lv for lv in view.locks if lv.kind == kind), None)
-            if kind == "lock":
-                # A holder keeps its registration until its final release: not a waiter.
-                waiting = [o for o in registered if lv is None or o not in lv.holders]
-            else:
-                waiting = list(lv.queue) if lv else []
-            per_master.append(PerMaster(view.master, view=lv, waiters=waiting))
+            per_master.append(PerMaster(view.master, view=lv, waiters=list(lv.queue) if lv else []))
         if not any(pm.view is not None or pm.waiters for pm in per_master):
             continue
         rows.append(_row(name, kind, per_master, answered, quorum))

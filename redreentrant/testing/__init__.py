@@ -32,7 +32,6 @@ The modules, one concern each: :mod:`~redreentrant.testing.binary` (finding the 
 the resharding of a slot), :mod:`~redreentrant.testing.detached` (detached ensembles),
 :mod:`~redreentrant.testing.cleanup` (the exit-time safety net),
 :mod:`~redreentrant.testing.reaper` (the safety net after a hard kill),
-:mod:`~redreentrant.testing.deathsig` (:func:`die_with_parent`, for other children),
 :mod:`~redreentrant.testing.faults` (faults on an ensemble's masters by index, and healing)
 and :mod:`~redreentrant.testing.plugin` (the pytest plugin, registered through the
 ``pytest11`` entry point; the only module here that imports pytest, and not imported by
@@ -47,7 +46,6 @@ from .binary import (
     shipped_server,
 )
 from .cluster import LocalCluster
-from .deathsig import die_with_parent
 from .detached import detached_servers, detached_status, stop_detached
 from .ensemble import LocalEnsemble
 from .server import LocalServer
@@ -60,7 +58,6 @@ __all__ = [
     "RedisServerNotFound",
     "detached_servers",
     "detached_status",
-    "die_with_parent",
     "find_redis_server",
     "redis_server_version",
     "shipped_server",

@@ -13,8 +13,6 @@ import re
 import shutil
 import subprocess
 
-from .._core.errors import RedisServerNotFound
-
 __all__ = [
     "SHIPPED_SERVERS",
     "RedisServerNotFound",
@@ -22,6 +20,11 @@ __all__ = [
     "redis_server_version",
     "shipped_server",
 ]
+
+
+class RedisServerNotFound(RuntimeError):
+    """No redis-server binary could be found for an embedded local ensemble."""
+
 
 _VERSION = re.compile(r"\bv=(\d+)\.(\d+)\.(\d+)")
 

@@ -59,10 +59,10 @@ from typing import Any, NoReturn
 import pytest
 
 import redreentrant.asyncio
-from redreentrant import LockManager, RedisServerNotFound
+from redreentrant import LockManager
 from redreentrant._core.keys import PREFIX
 
-from .binary import find_redis_server
+from .binary import RedisServerNotFound, find_redis_server
 from .ensemble import LocalEnsemble
 from .faults import Faults, heal, lock_keys, remove_keys
 
@@ -109,7 +109,7 @@ def pytest_configure(config: pytest.Config) -> None:
 class EnsemblePool:
     """The session's local ensembles, one per size, started when first asked for.
 
-    :meth:`get` raises :class:`~redreentrant.RedisServerNotFound` when there is no
+    :meth:`get` raises :class:`~redreentrant.testing.RedisServerNotFound` when there is no
     ``redis-server`` binary; :meth:`close` stops every ensemble.
     """
 

@@ -31,10 +31,10 @@ rather than a library: nothing ready-made fits.
   holds the variable). It would reap nothing here, and it would remove no directory.
 - It must not import this package, which a fresh interpreter may not find (a checkout on
   ``sys.path`` only).
-- Linux's ``PR_SET_PDEATHSIG`` alone (:func:`redreentrant.testing.die_with_parent`)
-  would not do: it fires when the *thread* that started a server ends (a server started
-  from a short-lived thread would die with that thread), exists on Linux only, and
-  removes no directory.
+- Linux's ``PR_SET_PDEATHSIG`` alone (which the CLI's children use) would not do: it
+  fires when the *thread* that started a server ends (a server started from a
+  short-lived thread would die with that thread), exists on Linux only, and removes no
+  directory.
 """
 
 from __future__ import annotations

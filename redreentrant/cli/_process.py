@@ -2,8 +2,8 @@
 
 For the children that need nothing more than to die (the command of ``redreentrant
 run``, the demo's holder process). Local servers need more (their directories removed,
-and no dependence on the thread that started them): they have the reaper
-(:mod:`redreentrant.testing.reaper`).
+and no dependence on the thread that started them): they have the reaper of
+:mod:`redreentrant.testing`.
 """
 
 from __future__ import annotations
