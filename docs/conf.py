@@ -8,6 +8,7 @@ Build, warnings as errors (as CI does)::
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from sphinx.application import Sphinx
@@ -105,5 +106,42 @@ def _check_public_names(app: Sphinx, env: BuildEnvironment) -> None:
                     )
 
 
+# A name exported by several modules is documented once: in the first of these modules
+# that exports it. The API reference says "|documented under A or B|" where a module's
+# :exclude-members: are the names it shares with A or B; they are filled in here, so a
+# new shared name needs no entry by hand.
+_PLACEHOLDER = re.compile(r"\|documented under ([\w.]+(?: or [\w.]+)*)\|")
+
+
+def _shared(match: re.Match[str], module: str) -> str:
+    import importlib
+
+    mine = importlib.import_module(module)
+    others = [importlib.import_module(m) for m in match[1].split(" or ")]
+    names = [
+        name
+        for name in mine.__all__
+        if any(getattr(other, name, None) is getattr(mine, name) for other in others)
+    ]
+    return ", ".join(names) or "__none__"
+
+
+def _fill_excludes(app: Sphinx, docname: str, source: list[str]) -> None:
+    if docname != "api":
+        return
+    out = []
+    module = ""
+    for line in source[0].splitlines(keepends=True):
+        found = re.match(r"\.\. automodule:: ([\w.]+)", line.strip())
+        if found:
+            module = found[1]
+        found = _PLACEHOLDER.search(line)
+        if found:
+            line = line.replace(found[0], _shared(found, module))
+        out.append(line)
+    source[0] = "".join(out)
+
+
 def setup(app: Sphinx) -> None:
+    app.connect("source-read", _fill_excludes)
     app.connect("env-check-consistency", _check_public_names)
