@@ -27,7 +27,6 @@ from redreentrant._async.waker import AsyncWaker
 from redreentrant._core.effects import Call, Fanout, Handover, Notify, Reply, Steps, Wait
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
-from redreentrant._core.fanout import WireCache, evalsha_args
 from redreentrant._core.holds import Hold, Holds
 from redreentrant._core.keys import (
     PREFIX,
@@ -40,6 +39,7 @@ from redreentrant._core.keys import (
 )
 from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant._core.mock import AsyncMockTransport, FakeClock, MockTransport
+from redreentrant._core.packing import WireCache, evalsha_args
 from redreentrant._core.quorum import Quorum, lease_ms
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
@@ -1768,7 +1768,7 @@ def test_the_fanout_round_is_decided_by_votes_and_a_no_wait_round_at_once() -> N
 
 
 def test_a_master_health_record_turns_suspect_is_probed_at_intervals_and_rejoins() -> None:
-    from redreentrant._core.fanout import MAX_OWED, Behind, MasterHealth
+    from redreentrant._core.health import MAX_OWED, Behind, MasterHealth
 
     m = MasterHealth(probe_interval=0.5)
     behind = Behind(conn=object(), owed=2, since=10.0)
@@ -1793,7 +1793,7 @@ def test_a_master_health_record_turns_suspect_is_probed_at_intervals_and_rejoins
 
 
 def test_a_connection_behind_knows_when_its_oldest_owed_reply_went_out() -> None:
-    from redreentrant._core.fanout import Behind
+    from redreentrant._core.health import Behind
 
     behind = Behind(conn=object(), owed=2, since=10.0)
     assert Behind.after(behind, behind.conn, 1, 10.1) is behind and behind.owed == 3
@@ -1810,7 +1810,7 @@ def test_a_connection_behind_knows_when_its_oldest_owed_reply_went_out() -> None
 
 
 def test_a_round_looks_for_owed_replies_only_once_they_are_due_or_the_master_is_suspect() -> None:
-    from redreentrant._core.fanout import CATCH_UP_AFTER, Behind, MasterHealth
+    from redreentrant._core.health import CATCH_UP_AFTER, Behind, MasterHealth
 
     m = MasterHealth(probe_interval=0.5)
     behind = Behind(conn=object(), owed=1, since=10.0)
@@ -1985,7 +1985,7 @@ def test_the_wire_cache_packs_a_repeated_call_once_and_never_mixes_calls_up() ->
 
 
 def test_the_c_packer_packs_a_round_as_redis_py_would() -> None:
-    from redreentrant._core.fanout import evalsha_args, wire_packer
+    from redreentrant._core.packing import evalsha_args, wire_packer
 
     pack = wire_packer("utf-8", "strict")
     assert wire_packer("latin-1", "strict") is None  # the client's own packer then

@@ -30,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.fanout import wire_packer
+from .._core.packing import wire_packer
 from .._core.wire import Replies, WireOptions, wire_options
 
 _NOTHING = object()

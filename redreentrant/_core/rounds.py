@@ -137,7 +137,7 @@ def acquire_steps(
     # alike whatever order the tries reach them in (see lua/acquire.lua). One master
     # orders them alike by itself: it is not sent there (its registration ends a wait
     # after the first try reached it, about when the place does), and the calls stay
-    # the same from one acquire to the next (packed once, see fanout.WireCache).
+    # the same from one acquire to the next (packed once, see packing.WireCache).
     place = 0
     propose = q.size > 1
     try:

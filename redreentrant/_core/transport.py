@@ -18,8 +18,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
 from .cluster import Address, Endpoints
-from .fanout import NOT_SENT, FanoutProtocol, wire_packer
+from .fanout import NOT_SENT, FanoutProtocol
 from .masters import master_name, with_valkey
+from .packing import wire_packer
 
 
 def packing(conn: Any) -> tuple[object, Callable[[list[tuple[object, ...]]], Any]]:
