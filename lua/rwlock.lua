@@ -1,33 +1,44 @@
 -- name: rwlock
--- version: 2
--- The read/write lock: many readers or one writer, both reentrant and owner-scoped.
+-- version: 3
+-- The read/write lock: many readers or one writer, both reentrant and owner-scoped,
+-- and the upgradeable reader: one owner at a time that shares with readers and
+-- excludes writers. Its write acquire is its upgrade: granted, in the same call, once
+-- no hold but its own is left, while new readers are refused meanwhile.
 -- Every hold has its own lease, kept as a score (server time, ms) in KEYS[2], so a
 -- crashed reader frees the lock by itself; expired holds are purged by every call.
--- A writer that waits registers in KEYS[3] and new readers are refused while it waits
--- (no writer starvation); its entry ends at its own deadline if it dies.
+-- A writer that waits (or an upgrade) registers in KEYS[3] and new readers are refused
+-- while it waits (no writer starvation); its entry ends at its own deadline if it dies.
 --
--- KEYS[1]  hash: 'mode' -> 'read'|'write', 'writer' -> owner, 'r:<owner>' / 'w:<owner>'
---          -> read / write hold count
--- KEYS[2]  zset of hold leases: 'r:<owner>' / 'w:<owner>' -> lease end (server ms)
--- KEYS[3]  zset of waiting writers: owner -> end of its wait (server ms)
+-- KEYS[1]  hash: 'mode' -> 'read'|'write', 'writer' -> owner, 'upgradeable' -> owner,
+--          'r:<owner>' / 'w:<owner>' / 'u:<owner>' -> read / write / upgradeable hold
+--          count
+-- KEYS[2]  zset of hold leases: 'r:<owner>' / 'w:<owner>' / 'u:<owner>' -> lease end
+--          (server ms)
+-- KEYS[3]  zset of waiting writers and upgrades: owner -> end of its wait (server ms)
 -- ARGV[1]  the operation; the rest depends on it:
---   acquire  ARGV[2] side 'r'|'w', ARGV[3] owner, ARGV[4] lease ms, ARGV[5] count to
---            record (1 takes, >1 re-enters), ARGV[6] ms a waiting writer stays
+--   acquire  ARGV[2] side 'r'|'w'|'u', ARGV[3] owner, ARGV[4] lease ms, ARGV[5] count
+--            to record (1 takes, >1 re-enters), ARGV[6] ms a waiting writer stays
 --            registered (0: do not register)
+--            'u' is refused while a writer holds or waits, or another owner holds 'u';
+--            'r' by the owner of 'u' is not held up by waiting writers (it is inside);
+--            'w' by the owner of 'u' (its upgrade) waits for every hold but its own.
 --            Reply {1, count} granted; {0, ms} refused, ms = when a retry may succeed
---            (-2: a re-entry whose hold is gone)
+--            (an upgrade: when the other holds end; -2: a re-entry whose hold is gone)
 --   release  ARGV[2] side, ARGV[3] owner, ARGV[4] count left (0 frees the hold),
 --            ARGV[5] readers' channel, ARGV[6] writers' channel, ARGV[7] release id,
 --            ARGV[8] '1' to end the owner's wait as a writer too (a try that reached
 --            this master too late to count may have registered it), '0' to keep it
---            (undoing a try that failed elsewhere, while still waiting)
+--            (undoing a try that failed elsewhere, while still waiting), ARGV[9] the
+--            upgrade channel. The last release of 'u' also frees the owner's 'w' hold
+--            (its upgrade). A release that leaves only the holds of an owner of 'u'
+--            waiting to upgrade publishes on the upgrade channel.
 --            Reply 1 still held; 0 the hold is gone; -1 the owner held nothing here
 --   abandon  ARGV[2] owner, ARGV[3] readers' channel, ARGV[4] release id: a waiting
---            writer gives up. Reply 0
+--            writer (or upgrade) gives up. Reply 0
 --   renew    ARGV[2] lease ms, then per lock i (KEYS[3i-2..3i]) ARGV[2i+1] side and
 --            ARGV[2i+2] owner. Reply array: 1 renewed, 0 the hold is gone
---   force    ARGV[2] readers' channel, ARGV[3] writers' channel, ARGV[4] release id.
---            Reply 1 a lock was deleted, 0 there was none
+--   force    ARGV[2] readers' channel, ARGV[3] writers' channel, ARGV[4] release id,
+--            ARGV[5] the upgrade channel. Reply 1 a lock was deleted, 0 there was none
 --   probe    (after purging ended holds) Reply {pttl, {field, value, ...},
 --            {waiting writer, ...}}
 --   extend   ARGV[2] side, ARGV[3] owner, ARGV[4] ms, ARGV[5] 'add' (the hold's lease
@@ -53,8 +64,11 @@ local function tidy(hash, leases, writers)
   local ended = redis.call('zrangebyscore', leases, '-inf', now)
   for _, member in ipairs(ended) do
     redis.call('hdel', hash, member)
-    if string.sub(member, 1, 2) == 'w:' then
+    local side = string.sub(member, 1, 2)
+    if side == 'w:' then
       redis.call('hdel', hash, 'writer')
+    elseif side == 'u:' then
+      redis.call('hdel', hash, 'upgradeable')
     end
   end
   if #ended > 0 then
@@ -86,6 +100,29 @@ local function all_end(leases)
   local last = redis.call('zrange', leases, -1, -1, 'withscores')
   if #last == 0 then return 1 end
   return math.max(1, tonumber(last[2]) - now)
+end
+
+-- Milliseconds until every hold but ``owner``'s own read and upgradeable holds has
+-- ended (when its upgrade could be granted); nil when there is none.
+local function others_end(leases, owner)
+  local mine = {['r:' .. owner] = true, ['u:' .. owner] = true}
+  local all = redis.call('zrange', leases, 0, -1, 'withscores')
+  local last
+  for i = 1, #all, 2 do
+    if not mine[all[i]] then
+      last = tonumber(all[i + 1])  -- in ascending order: the last one seen ends last
+    end
+  end
+  if last then return math.max(1, last - now) end
+  return nil
+end
+
+-- Wake the owner of the upgradeable lock if it waits to upgrade and nothing else holds.
+local function wake_upgrade(hash, leases, writers, channel, rid)
+  local up = redis.call('hget', hash, 'upgradeable')
+  if up and redis.call('zscore', writers, up) and not others_end(leases, up) then
+    redis.call('publish', channel, rid)
+  end
 end
 
 local function grant(hash, leases, member, count, lease)
@@ -141,6 +178,7 @@ if op == 'force' then
   redis.call('del', hash, leases, writers)
   redis.call('publish', ARGV[2], ARGV[4])
   redis.call('publish', ARGV[3], ARGV[4])
+  redis.call('publish', ARGV[5], ARGV[4])
   return existed
 end
 
@@ -160,29 +198,43 @@ if op == 'release' then
   if ARGV[8] == '1' then
     redis.call('zrem', writers, owner)
   end
-  local free_before = tidy(hash, leases, writers)
-  if free_before or redis.call('hexists', hash, member) == 0 then
-    return -1
-  end
+  tidy(hash, leases, writers)
   local left = tonumber(ARGV[4])
-  if left > 0 then
+  local held = redis.call('hexists', hash, member) == 1
+  if held and left > 0 then
     redis.call('hset', hash, member, left)
     return 1
   end
-  redis.call('hdel', hash, member)
-  redis.call('zrem', leases, member)
-  if side == 'w' then
-    redis.call('hdel', hash, 'writer')
+  local gone = {}
+  if held then gone[1] = member end
+  if side == 'u' and left == 0 and redis.call('hexists', hash, 'w:' .. owner) == 1 then
+    -- The last release of the upgradeable lock ends its upgrade too.
+    gone[#gone + 1] = 'w:' .. owner
+  end
+  if #gone == 0 then
+    return -1
+  end
+  for _, m in ipairs(gone) do
+    redis.call('hdel', hash, m)
+    redis.call('zrem', leases, m)
+    if string.sub(m, 1, 2) == 'w:' then
+      redis.call('hdel', hash, 'writer')
+    elseif string.sub(m, 1, 2) == 'u:' then
+      redis.call('hdel', hash, 'upgradeable')
+    end
   end
   local free = tidy(hash, leases, writers)
-  if free or side == 'w' then
-    -- Readers may enter now (all of them: their channel wakes every reader).
+  if free or side ~= 'r' then
+    -- Readers (and upgradeable readers) may enter now: their channel wakes them all.
     redis.call('publish', ARGV[5], ARGV[7])
   end
   if free then
     redis.call('publish', ARGV[6], ARGV[7])
+  else
+    wake_upgrade(hash, leases, writers, ARGV[9], ARGV[7])
   end
-  return 0
+  if held then return 0 end
+  return -1
 end
 
 -- op == 'acquire'
@@ -197,11 +249,33 @@ if count > 1 then
   return {0, -2}
 end
 local writer = redis.call('hget', hash, 'writer')
-if side == 'r' then
-  if writer and writer ~= owner then
+local upgrader = redis.call('hget', hash, 'upgradeable')
+if side == 'w' then
+  local busy
+  if upgrader == owner then
+    busy = others_end(leases, owner)  -- the upgrade: only its own holds may be left
+  elseif redis.call('zcard', leases) > 0 then
+    busy = all_end(leases)
+  end
+  if busy then
+    if wait > 0 then
+      redis.call('zadd', writers, now + wait, owner)
+      tidy(hash, leases, writers)
+    end
+    return {0, busy}
+  end
+  redis.call('hset', hash, 'writer', owner)
+  redis.call('zrem', writers, owner)
+else
+  if writer and (writer ~= owner or side == 'u') then
     return {0, all_end(leases)}
   end
-  if not writer and redis.call('zcard', writers) > 0 then
+  if side == 'u' and upgrader then
+    -- Another owner's (this owner's own is a re-entry): one at a time.
+    local ends = redis.call('zscore', leases, 'u:' .. upgrader)
+    return {0, math.max(1, (tonumber(ends) or now) - now)}
+  end
+  if not writer and upgrader ~= owner and redis.call('zcard', writers) > 0 then
     -- A writer is waiting: no new reader until it has had its turn (or its wait ended).
     local first = redis.call('zrange', writers, 0, 0, 'withscores')
     local holders = redis.call('zcard', leases)
@@ -209,16 +283,9 @@ if side == 'r' then
     if holders > 0 then retry = math.min(retry, all_end(leases)) end
     return {0, math.max(1, retry)}
   end
-else
-  if redis.call('zcard', leases) > 0 then
-    if wait > 0 then
-      redis.call('zadd', writers, now + wait, owner)
-      tidy(hash, leases, writers)
-    end
-    return {0, all_end(leases)}
+  if side == 'u' then
+    redis.call('hset', hash, 'upgradeable', owner)
   end
-  redis.call('hset', hash, 'writer', owner)
-  redis.call('zrem', writers, owner)
 end
 grant(hash, leases, member, count, lease)
 tidy(hash, leases, writers)

@@ -28,8 +28,10 @@ from ._core.locking import ReadWriteLock
 from ._core.owner import OwnerInfo, parse_owner
 from ._core.views import LockView, MasterView
 from ._sync.fenced import FencedStore
-from ._sync.lock import FairLock, Lock, ReadLock, WriteLock
+from ._sync.lock import FairLock, Lock, ReadLock, UpgradeableReadLock, WriteLock
 from ._sync.manager import LockManager
+from ._sync.multilock import MultiLock
+from ._sync.semaphore import Semaphore
 from ._sync.signals import LostSignal
 
 # The library's loggers ("redreentrant.*") print nothing unless the application
@@ -57,10 +59,13 @@ __all__ = [
     "LostSignal",
     "ManagerClosedError",
     "MasterView",
+    "MultiLock",
     "OwnerInfo",
     "QuorumUnavailableError",
     "ReadLock",
     "ReadWriteLock",
+    "Semaphore",
+    "UpgradeableReadLock",
     "WriteLock",
     "__version__",
     "parse_owner",

@@ -31,9 +31,12 @@ class Spec:
     #: the masters' URLs and the resource server's URL (not a master)
     urls: list[str]
     resource: str
-    #: the lock's name, and kind: "x" lock, "r"/"w" the rw lock's sides, "fair"
+    #: the lock's name, and kind: "x" lock, "r"/"w" the rw lock's sides, "u" its
+    #: upgradeable side (which upgrades to write, see :meth:`Client.upgrade`), "fair",
+    #: "sem" a permit of a semaphore of ``permits``
     lock: str
     kind: str = "x"
+    permits: int = 2
     #: "loop" (acquire, work, release, until ``duration`` passed), "hold" (once, see
     #: the module docstring), "thread-dies" / "task-dies" (an owner that ends holding)
     mode: str = "loop"
@@ -52,7 +55,9 @@ class Spec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-MODE_OF_KIND = {"x": "x", "r": "r", "w": "w", "fair": "fair"}
+MODE_OF_KIND = {"x": "x", "r": "r", "w": "w", "u": "u", "fair": "fair", "sem": "sem"}
+#: kinds whose holds have no fencing token (the upgradeable side: its upgrades have)
+SHARED = ("r", "u", "sem")
 
 
 def say(line: str) -> None:
@@ -73,11 +78,13 @@ class Client:
 
     def lock(self) -> redreentrant.Lock:
         kind = self.spec.kind
-        if kind in ("r", "w"):
+        if kind in ("r", "w", "u"):
             rw = self.mgr.rw_lock(self.spec.lock)
-            return rw.read if kind == "r" else rw.write
+            return {"r": rw.read, "w": rw.write, "u": rw.upgradeable}[kind]
         if kind == "fair":
             return self.mgr.fair_lock(self.spec.lock)
+        if kind == "sem":
+            return self.mgr.semaphore(self.spec.lock, self.spec.permits)
         return self.mgr.lock(self.spec.lock)
 
     def lost(self, lock: object) -> None:
@@ -96,7 +103,7 @@ class Client:
         if not got:
             rec.fail("acquire", self.spec.lock, mode)
             return False
-        token = lock.token if self.spec.fencing and self.spec.kind != "r" else None
+        token = lock.token if self.spec.fencing and self.spec.kind not in SHARED else None
         valid_until = time.monotonic_ns() + int(lock.remaining() * 1e9)
         owner = self.mgr.owner_id()
         rec.ok("acquire", self.spec.lock, mode, owner=owner, token=token, valid_until=valid_until)
@@ -116,18 +123,51 @@ class Client:
     def work(self, rec: Recorder, lock: redreentrant.Lock) -> None:
         """The critical section: a non-atomic increment, then a fenced write."""
         mode = MODE_OF_KIND[self.spec.kind]
-        if self.spec.kind == "r":
+        if self.spec.kind == "sem":
+            time.sleep(self.spec.work)  # the holds themselves are what the checker counts
+            return
+        if self.spec.kind in ("r", "u"):
             before = int(self.resource.get(self.counter) or 0)
             time.sleep(self.spec.work)
             after = int(self.resource.get(self.counter) or 0)
             rec.ok("read", self.spec.lock, mode, value=after - before)
+            if self.spec.kind == "u":
+                self.upgrade(rec, lock)
             return
+        self.increment(rec, lock.token if self.spec.fencing else 0, mode)
+
+    def increment(self, rec: Recorder, token: int, mode: str) -> None:
         value = int(self.resource.get(self.counter) or 0) + 1
         time.sleep(self.spec.work)
         self.resource.set(self.counter, value)
         rec.ok("incr", self.spec.lock, mode, value=value)
         if self.spec.fencing:
-            self.fenced_write(rec, lock.token, value)
+            self.fenced_write(rec, token, value)
+
+    def upgrade(self, rec: Recorder, lock: Any) -> None:
+        """The upgradeable holder becomes the writer (recorded as an acquire of "w"),
+        increments, and goes back (a release of "w")."""
+        owner = self.mgr.owner_id()
+        write = self.mgr.rw_lock(self.spec.lock).write
+        rec.invoke("acquire", self.spec.lock, "w", owner=owner)
+        try:
+            upgraded = lock.upgrade(timeout=self.spec.timeout)
+        except LockError:
+            upgraded = False
+        if not upgraded:
+            rec.fail("acquire", self.spec.lock, "w", owner=owner)
+            return
+        token = write.token if self.spec.fencing else None
+        valid_until = time.monotonic_ns() + int(write.remaining() * 1e9)
+        rec.ok("acquire", self.spec.lock, "w", owner=owner, token=token, valid_until=valid_until)
+        self.increment(rec, write.token if self.spec.fencing else 0, "w")
+        rec.invoke("release", self.spec.lock, "w", owner=owner)
+        try:
+            lock.downgrade()
+        except LockError:
+            rec.fail("release", self.spec.lock, "w", owner=owner)
+        else:
+            rec.ok("release", self.spec.lock, "w", owner=owner)
 
     def fenced_write(self, rec: Recorder, token: int, value: int) -> None:
         mode = MODE_OF_KIND[self.spec.kind]
@@ -179,10 +219,10 @@ class Client:
             target=self.watch_validity, args=(self.rec, lock, stop), daemon=True
         )
         watcher.start()
-        token = lock.token if self.spec.fencing else 0
+        token = lock.token if self.spec.fencing and self.spec.kind not in SHARED else 0
         say(f"held {token}")
         sys.stdin.readline()  # frozen or killed here by the test, then told to go on
-        if self.spec.fencing:
+        if self.spec.fencing and self.spec.kind not in SHARED:
             self.fenced_write(self.rec, token, -1)
         stop.set()
         watcher.join()

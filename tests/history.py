@@ -55,11 +55,20 @@ from typing_extensions import TypedDict, Unpack
 
 PHASES = ("invoke", "ok", "fail")
 #: "x" exclusive (plain lock), "r"/"w" the two sides of a read/write lock, "fair" the
-#: fair (FIFO) exclusive lock.
-MODES = ("x", "r", "w", "fair")
+#: fair (FIFO) exclusive lock, "u" the upgradeable side of a read/write lock (see
+#: :func:`upgradeable_violations`), "sem" a permit of a semaphore (see ``permits``).
+MODES = ("x", "r", "w", "fair", "u", "sem")
 #: modes whose holds exclude every other owner's hold of the same family
 EXCLUSIVE_MODES = frozenset({"x", "w", "fair"})
-KINDS = ("overlap", "reader-writer", "fifo", "stale-write", "lost-update")
+KINDS = (
+    "overlap",
+    "reader-writer",
+    "fifo",
+    "stale-write",
+    "lost-update",
+    "upgrade-gap",
+    "over-capacity",
+)
 
 #: default of :func:`check`'s ``fifo_slack_ns``: 50 ms, a few quorum rounds on loopback
 #: plus thread scheduling; raise it when a test slows the masters down.
@@ -68,8 +77,8 @@ DEFAULT_FIFO_SLACK_NS = 50_000_000
 
 def family(mode: str) -> str:
     """The lock family of a mode: a name is one lock per family, so an "x" lock and a
-    "fair" lock of the same name never exclude each other, and "r"/"w" share "rw"."""
-    return "rw" if mode in ("r", "w") else mode
+    "fair" lock of the same name never exclude each other, and "r"/"w"/"u" share "rw"."""
+    return "rw" if mode in ("r", "w", "u") else mode
 
 
 # -- events -------------------------------------------------------------------------
@@ -590,6 +599,7 @@ def check(
     final_counter: int | Mapping[str, int] | None = None,
     late_writes: bool = True,
     end: int | None = None,
+    permits: int | Mapping[str, int] | None = None,
 ) -> Report:
     """Judge a history; returns a :class:`Report`.
 
@@ -642,6 +652,8 @@ def check(
     violations += _fifo(scan.attempts, fifo_slack_ns, origin)
     violations += _stale_writes(ordered, scan, late_writes, origin)
     violations += _lost_updates(ordered, final_counter, origin, end_t)
+    violations += upgradeable_violations(scan, origin)
+    violations += over_capacity(scan.holds, permits, origin)
     violations.sort(key=lambda v: v.t)
     return Report(violations, scan.holds, len(ordered), origin, end_t)
 
@@ -841,4 +853,131 @@ def _lost_updates(
                     f"({count - value} lost)",
                 )
             )
+    return found
+
+
+# -- the upgradeable reader -------------------------------------------------------------
+#
+# Mode "u" is the upgradeable side of a read/write lock: it shares with "r", and the
+# "reader-writer" rule of :func:`check` already judges it against other owners' "w"
+# holds. An upgrade is recorded as what it is, an acquire of "w" by an owner that holds
+# "u" (its downgrade as the release of "w"): the write phase is a "w" hold of that owner.
+
+
+def upgradeable_violations(scan: _Scan, origin: int) -> list[Violation]:
+    """The upgradeable reader's rules (part of :func:`check`):
+
+    ``overlap``
+        Two "u" holds of one name by different owners share an instant (one
+        upgradeable reader at a time).
+    ``upgrade-gap``
+        An upgrade (an acquire of "w" invoked while its owner held "u") that succeeded
+        after the owner's "u" hold had ended, so the write phase does not follow the
+        upgradeable phase; or another owner's "w" hold overlapping the upgrade's wait
+        and grant (from its invoke to its ok): a writer came in between.
+    """
+    found: list[Violation] = []
+    ups: dict[str, list[Hold]] = defaultdict(list)
+    for h in scan.holds:
+        if h.mode == "u":
+            ups[h.lock].append(h)
+    for lock, group in ups.items():
+        group.sort(key=lambda h: h.start)
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                if b.start >= a.end:
+                    break
+                if a.owner != b.owner and a.overlaps(b):
+                    found.append(
+                        Violation(
+                            "overlap",
+                            lock,
+                            b.start,
+                            f"[rw] two upgradeable holds: {a.describe(origin)} and "
+                            f"{b.describe(origin)}",
+                        )
+                    )
+    for at in scan.attempts:
+        if at.mode != "w" or at.ok_t is None or at.nested:
+            continue
+        mine = [
+            h
+            for h in ups.get(at.lock, [])
+            if h.owner == at.owner and h.start <= at.invoke_t < h.end
+        ]
+        if not mine:
+            continue  # not an upgrade: a plain writer
+        up = mine[0]
+        if up.end < at.ok_t:
+            found.append(
+                Violation(
+                    "upgrade-gap",
+                    at.lock,
+                    at.ok_t,
+                    f"{at.client} (owner {at.owner}) upgraded at {_at(at.ok_t, origin)}, "
+                    f"after its upgradeable hold ended: {up.describe(origin)}",
+                )
+            )
+        for h in scan.holds:
+            if (
+                h.lock == at.lock
+                and h.mode == "w"
+                and h.owner != at.owner
+                and h.start < at.ok_t
+                and at.invoke_t < h.end
+            ):
+                found.append(
+                    Violation(
+                        "upgrade-gap",
+                        at.lock,
+                        max(h.start, at.invoke_t),
+                        f"{h.describe(origin)} while {at.client} (owner {at.owner}) was "
+                        f"upgrading [{_at(at.invoke_t, origin)}, {_at(at.ok_t, origin)}]",
+                    )
+                )
+    return found
+
+
+# -- the semaphore ----------------------------------------------------------------------
+
+
+def over_capacity(
+    holds: list[Hold], permits: int | Mapping[str, int] | None, origin: int
+) -> list[Violation]:
+    """The semaphore's rule (part of :func:`check`): ``over-capacity``, more than ``P``
+    owners hold a permit ("sem" holds) of one name at one instant, ``P`` being
+    ``permits`` (an int for every name, or per name; a name without one is not
+    judged). Holds that merely touch (one ends where the next starts) do not count
+    together."""
+    found: list[Violation] = []
+    groups: dict[str, list[Hold]] = defaultdict(list)
+    for h in holds:
+        if h.mode == "sem":
+            groups[h.lock].append(h)
+    for lock, group in groups.items():
+        p = permits if isinstance(permits, int) or permits is None else permits.get(lock)
+        if p is None:
+            continue
+        # Sweep the holds' ends before their starts at one instant (they only touch).
+        points = sorted(
+            [(h.start, 1, h) for h in group] + [(h.end, 0, h) for h in group],
+            key=lambda point: (point[0], point[1]),
+        )
+        inside: list[Hold] = []
+        for t, starts, h in points:
+            if not starts:
+                inside.remove(h)
+                continue
+            inside.append(h)
+            owners = {x.owner for x in inside}
+            if len(owners) > p:
+                found.append(
+                    Violation(
+                        "over-capacity",
+                        lock,
+                        t,
+                        f"{len(owners)} owners hold one of {p} permits at {_at(t, origin)}: "
+                        + ", ".join(x.describe(origin) for x in inside),
+                    )
+                )
     return found

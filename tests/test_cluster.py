@@ -34,7 +34,7 @@ from redreentrant._core.cluster import (
     route,
 )
 from redreentrant._core.effects import Call, Fanout
-from redreentrant._core.keys import PREFIX, key_slot, lock_key
+from redreentrant._core.keys import PREFIX, aux_key, key_slot, lock_key
 from redreentrant._core.scripts import RENEW
 from redreentrant._core.settings import master_url, master_urls
 from redreentrant.testing import LocalCluster, LocalEnsemble
@@ -136,6 +136,68 @@ def test_a_cluster_member_is_one_vote_beside_plain_masters(
         with pytest.raises(LockLostError):
             locks[2].release()
     assert not node_keys(cluster)
+
+
+@pytest.mark.integration
+def test_a_semaphore_works_through_a_cluster_member(
+    cluster: LocalCluster, plain: list[str]
+) -> None:
+    with LockManager([cluster.url, *plain], lease=LEASE) as mgr:
+        sems = [mgr.semaphore("pool", permits=2) for _ in range(3)]
+        done = threading.Event()
+        got: list[bool] = []
+
+        def hold(sem: Any) -> None:
+            got.append(sem.acquire(blocking=False))
+            if got[-1]:
+                done.wait(10)
+                sem.release()
+
+        holders = [threading.Thread(target=hold, args=(s,)) for s in sems[:2]]
+        for n, t in enumerate(holders, 1):  # one after the other: every member agrees
+            t.start()
+            wait_until(lambda n=n: len(got) == n, "tried")
+        assert got == [True, True]
+        # All of a semaphore's keys share its name's hash tag: one node holds them.
+        assert len(node_keys(cluster)) == 1
+        mgr._watchdog.tick()  # renewed through the member
+        assert sems[2].available() == 0 and not sems[2].acquire(blocking=False)
+        assert len(sems[2].holders()) == 2
+        done.set()
+        for t in holders:
+            t.join()
+        assert sems[2].available() == 2
+    assert not node_keys(cluster)
+
+
+@pytest.mark.integration
+def test_a_multi_lock_takes_names_on_several_nodes_together(
+    cluster: LocalCluster, plain: list[str], ensemble: LocalEnsemble
+) -> None:
+    names = [cluster.names_on(k, 1)[0] for k in range(3)]  # one name per node
+
+    def locks() -> dict[int, list[str]]:  # the lock keys (the fencing counters stay)
+        held = {
+            k: [x for x in v if not x.endswith(":fence")] for k, v in node_keys(cluster).items()
+        }
+        return {k: v for k, v in held.items() if v}
+
+    with LockManager([cluster.url, *plain], lease=LEASE) as mgr:
+        many = mgr.multi_lock(names, fencing=True)
+        with many:
+            assert locks() == {k: [lock_key(n)] for k, n in enumerate(names)}
+            assert set(many.tokens) == set(names)
+            mgr._watchdog.tick()  # renewed on every node
+            assert all(node_pttl(cluster, k, n) > (LEASE - 0.5) * 1000 for k, n in enumerate(names))
+            with LockManager([cluster.url, *plain], lease=LEASE) as other:
+                assert not other.lock(names[1]).acquire(blocking=False)
+        assert not locks()
+        # One name held elsewhere: the multi-lock takes none of them, on any node.
+        with LockManager([cluster.url, *plain], lease=LEASE) as other, other.lock(names[2]):
+            assert not many.acquire(blocking=False)
+            assert locks() == {2: [lock_key(names[2])]}
+    cluster.flushall()  # the fencing counters outlive their locks on purpose
+    ensemble.flushall()
 
 
 @pytest.mark.integration
@@ -498,6 +560,46 @@ def test_asyncio_twin_on_cluster_members(three: list[LocalCluster], plain: list[
     asyncio.run(main())
     for cl in three:
         assert not node_keys(cl)
+
+
+@pytest.mark.integration
+def test_an_upgradeable_reader_upgrades_through_cluster_members(three: list[LocalCluster]) -> None:
+    urls = [c.url for c in three]
+    lease = 60.0  # only a wake-up, not a lease's end or a retry (lease / 3), ends the wait
+    name = three[0].names_on(1, 1, "upgrade")[0]  # on a node other than the first
+    with LockManager(urls, lease=lease) as a, LockManager(urls, lease=lease) as b:
+        rw = a.rw_lock(name)
+        assert rw.upgradeable.acquire()
+        reading, released = threading.Event(), []
+        channel = aux_key(name, "rw:wake:u")
+
+        def heard(c: LocalCluster) -> bool:
+            """Whether a node of ``c`` has a subscriber on the upgrade's channel."""
+            for host, port in c.addresses:
+                with redis.Redis(host=host, port=port) as r:
+                    if int(r.pubsub_numsub(channel)[0][1]) > 0:
+                        return True
+            return False
+
+        def reader() -> None:
+            with b.rw_lock(name).read:
+                reading.set()
+                wait_until(lambda: all(v.locks and v.locks[0].queue for v in b.inspect(name)), "up")
+                wait_until(lambda: all(map(heard, three)), "the upgrade waiting for a wake-up")
+                released.append(time.monotonic())
+
+        t = threading.Thread(target=reader)
+        t.start()
+        assert reading.wait(10)
+        assert rw.upgradeable.upgrade(timeout=lease)
+        assert released and time.monotonic() - released[0] < 5.0
+        t.join(timeout=10)
+        # (A round ends once a quorum answered: a member may not have seen it yet.)
+        assert sum(v.locks[0].mode == "write" for v in a.inspect(name) if v.locks) >= 2
+        rw.upgradeable.downgrade()
+        assert sum(v.locks[0].mode == "read" for v in a.inspect(name) if v.locks) >= 2
+        rw.upgradeable.release()
+        assert sum(not v.locks for v in a.inspect(name)) >= 2
 
 
 # -- the URL form and the routing, without a server ------------------------------------------

@@ -30,6 +30,7 @@ from redreentrant._core.errors import LockLostError, QuorumUnavailableError
 from redreentrant._core.holds import Hold, Holds
 from redreentrant._core.keys import (
     PREFIX,
+    aux_key,
     home_channel,
     key_slot,
     lock_key,
@@ -2060,3 +2061,180 @@ def test_max_hold_stops_renewals_and_names_itself_in_the_verdict() -> None:
     assert capped.lost is not None and "max_hold" in capped.lost
     assert free.lost is not None and "max_hold" not in free.lost
     assert told == ["lost"]
+
+
+def test_a_semaphore_try_sends_every_slot_in_an_order_drawn_from_the_injected_source() -> None:
+    from redreentrant._core.kinds import semaphore_kind
+
+    draws = iter([0.2, 3.9, 1.5])  # j for i = 3, 2, 1 (Fisher-Yates)
+    q = Quorum(("a", "b", "c"), 0.01, 0.1, FakeClock(), lambda lo, hi: next(draws))
+    call = semaphore_kind(4).attempt(q, "s", "o", 1000, 1, 0)
+    order = call.args[5:]
+    assert sorted(order) == [1, 2, 3, 4]  # positions of the four slots' keys
+    assert order == (4, 2, 3, 1)  # i=3 swaps with 0; i=2 and i=1 stay
+    assert call.keys[:4] == tuple(aux_key("s", f"sem:{n}") for n in range(4))
+
+
+def test_a_semaphore_grant_is_a_slot_a_quorum_granted_and_the_rest_is_taken_back() -> None:
+    from redreentrant._core.kinds import semaphore_kind
+
+    q = Quorum(tuple("abcde"), 0.01, 0.1, FakeClock())
+    front = semaphore_kind(2)
+    # Masters 0, 1, 3 granted slot 1 (position 2); master 2 slot 0; master 4 refused.
+    replies: list[list[object]] = [[[1, 1, 2]], [[1, 1, 2]], [[1, 1, 1]], [[1, 1, 2]], [[0, 50]]]
+    tally, held = front.judge(q, "s", replies)
+    assert held is semaphore_kind(2, 1) and tally.granted == [0, 1, 3]
+    assert sorted(tally.refused) == [2, 4]
+    back = front.kept(q, "s", "o", tally, held)
+    assert back is not None and back.early is not None and back.early.needed == 0
+    assert [bool(calls) for calls in back.calls] == [False, False, True, False, True]
+    assert back.calls[2][0].args[:3] == ("drop", "o", 2)  # keep slot 1 (position 2)
+    # Split: no slot on a quorum (two masters each for slots 0 and 1, one refused).
+    split: list[list[object]] = [[[1, 1, 1]], [[1, 1, 2]], [[1, 1, 1]], [[1, 1, 2]], [[0, 9]]]
+    tally, _ = front.judge(q, "s", split)
+    assert len(tally.granted) == 2 < q.needed
+    everyone: list[list[object]] = [[[1, 1, 1]]] * 5
+    tally, held = front.judge(q, "s", everyone)
+    assert front.kept(q, "s", "o", tally, held) is None  # nothing to take back
+
+
+# -- the upgradeable reader of the read/write lock (replies of rwlock.lua, canned) ----------
+
+
+def rw_answers(w: World, answer: Callable[[int, Call], Reply]) -> list[list[Call]]:
+    """Let ``answer`` reply to every call of every master (the model answers the plain
+    lock's scripts only); returns the rounds' calls to master 0, as they are made."""
+    rounds: list[list[Call]] = []
+
+    def handler(master: int, call: Call) -> Reply:
+        if master == 0:
+            w.clock.advance(w.round_time)
+            rounds.append([call])
+        return answer(master, call)
+
+    mock = w.transport if isinstance(w.transport, MockTransport) else w.transport._mock
+    mock.handler = handler
+    return rounds
+
+
+def rw_granting(refused: int, ms: int = 0) -> Callable[[int, Call], Reply]:
+    """Replies that grant every acquire but the first ``refused`` tries of the write
+    side on each master, refused with ``ms`` left on the other holds; a release or an
+    abandon finds the hold (0)."""
+    tries: dict[int, int] = {}
+
+    def answer(master: int, call: Call) -> Reply:
+        op = call.args[0]
+        if op == "acquire" and call.args[1] == "w":
+            tries[master] = tries.get(master, 0) + 1
+            if tries[master] <= refused:
+                return [0, ms]
+        if op == "acquire":
+            return [1, int(call.args[4])]
+        return 0
+
+    return answer
+
+
+def test_an_upgrade_marks_its_intent_waits_on_its_own_channel_and_holds_the_write_side(
+    world: Worlds,
+) -> None:
+    from redreentrant._core.kinds import UPGRADEABLE, WRITE
+
+    w = world()
+    rounds = rw_answers(w, rw_granting(2, 500))
+    owner = w.engine.owner_id()
+    assert w.run(w.engine.acquire(UPGRADEABLE, "x", owner, True, -1, None))
+    w.hub.wakes = 1  # the wait ends with a wake-up: the last reader left
+    assert w.run(w.engine.upgrade("x", owner, -1, False, None))
+    tries = [r[0].args for r in rounds[1:]]
+    # Each try is the write side's acquire, registering the owner as a waiting writer
+    # (new readers are refused meanwhile) for as long as it waits: a lease at most.
+    assert [t[:3] for t in tries] == [("acquire", "w", owner)] * 3
+    assert all(t[5] == lease_ms(LEASE) for t in tries)
+    # It waits on the upgrade's channel (subscribed first, then one more try), woken by
+    # a release, or else when the other holds end (0.5 s left: expiry publishes nothing).
+    assert w.hub.watches == [(aux_key("x", "rw:wake:u"), owner, True, False)]
+    assert w.hub.waits == [pytest.approx(0.501)]
+    up, write = w.engine.hold(UPGRADEABLE, "x"), w.engine.hold(WRITE, "x")
+    assert up is not None and write is not None and write.kind.label == "rw:write"
+    assert (up.count, write.count) == (1, 1)
+
+
+def test_an_upgrade_that_times_out_withdraws_its_intent_and_keeps_the_upgradeable_hold(
+    world: Worlds,
+) -> None:
+    from redreentrant._core.kinds import UPGRADEABLE, WRITE
+
+    w = world()
+    rounds = rw_answers(w, rw_granting(1000, 60000))
+    owner = w.engine.owner_id()
+    assert w.run(w.engine.acquire(UPGRADEABLE, "x", owner, True, -1, None))
+    assert not w.run(w.engine.upgrade("x", owner, 2.0, False, None))
+    last = rounds[-1][0]
+    assert last.args[:2] == ("abandon", owner) and last.args[2] == aux_key("x", "rw:wake:r")
+    assert w.engine.hold(UPGRADEABLE, "x") is not None and w.engine.hold(WRITE, "x") is None
+
+
+def test_the_last_upgradeable_release_ends_the_upgrade_in_the_same_call(world: Worlds) -> None:
+    from redreentrant._core.kinds import UPGRADEABLE, WRITE
+
+    w = world()
+    rounds = rw_answers(w, rw_granting(0))
+    owner = w.engine.owner_id()
+    engine = w.engine
+    assert w.run(engine.acquire(UPGRADEABLE, "x", owner, True, -1, None))
+    assert w.run(engine.acquire(UPGRADEABLE, "x", owner, True, -1, None))  # re-entry
+    assert w.run(engine.upgrade("x", owner, -1, False, None))
+    assert w.run(engine.upgrade("x", owner, -1, False, None))  # re-enters the write side
+    write = engine.hold(WRITE, "x")
+    assert write is not None and write.count == 2
+    w.run(engine.downgrade("x", owner))
+    assert rounds[-1][0].args[:4] == ("release", "w", owner, 1)
+    w.run(engine.release(UPGRADEABLE, "x", owner, False))  # not the last: still upgraded
+    assert engine.hold(WRITE, "x") is write and write.count == 1
+    sent = len(rounds)
+    w.run(engine.release(UPGRADEABLE, "x", owner, False))
+    assert len(rounds) == sent + 1 and rounds[-1][0].args[:4] == ("release", "u", owner, 0)
+    assert rounds[-1][0].args[-1] == aux_key("x", "rw:wake:u")
+    assert engine.hold(UPGRADEABLE, "x") is None and engine.hold(WRITE, "x") is None
+
+
+def test_sides_that_would_wait_for_themselves_are_refused_before_anything_is_sent(
+    world: Worlds,
+) -> None:
+    from redreentrant._core.errors import LockNotOwnedError, LockUpgradeError
+    from redreentrant._core.kinds import READ, UPGRADEABLE, WRITE
+
+    w = world()
+    rounds = rw_answers(w, rw_granting(0))
+    owner = w.engine.owner_id()
+    engine = w.engine
+    with pytest.raises(LockNotOwnedError):
+        w.run(engine.upgrade("x", owner, -1, False, None))
+    with pytest.raises(LockNotOwnedError):
+        w.run(engine.downgrade("x", owner))
+    for held, wanted in ((READ, UPGRADEABLE), (READ, WRITE), (WRITE, UPGRADEABLE)):
+        assert w.run(engine.acquire(held, "x", owner, True, -1, None))
+        sent = len(rounds)
+        with pytest.raises(LockUpgradeError, match=f"{held.label[3:]} lock cannot take"):
+            w.run(engine.acquire(wanted, "x", owner, True, 10, None))
+        assert len(rounds) == sent
+        w.run(engine.release(held, "x", owner, False))
+    # The holder of the upgradeable side may read; then it is not upgraded.
+    assert w.run(engine.acquire(UPGRADEABLE, "x", owner, True, -1, None))
+    assert w.run(engine.acquire(READ, "x", owner, True, -1, None))
+    with pytest.raises(LockNotOwnedError, match="not upgraded"):
+        w.run(engine.downgrade("x", owner))
+
+
+def test_a_read_write_view_names_the_upgradeable_holder() -> None:
+    from redreentrant._core.kinds import READ, UPGRADEABLE, WRITE
+
+    fields = [b"mode", b"read", b"upgradeable", b"o1", b"u:o1", b"1", b"r:o2", b"2"]
+    view = READ.view([5000, fields, [b"o1"]])  # o1 waits to upgrade
+    assert view is not None and view.mode == "read" and view.queue == ["o1"]
+    assert view.holders == {"o1 (upgradeable)": 1, "o2 (read)": 2}
+    assert UPGRADEABLE.is_locked(view) and READ.is_locked(view) and not WRITE.is_locked(view)
+    alone = READ.view([5000, [b"mode", b"read", b"r:o2", b"1"], []])
+    assert not UPGRADEABLE.is_locked(alone)

@@ -748,6 +748,84 @@ def test_rw_lock_with_a_minority_killed(run: Run, masters: LocalEnsemble) -> Non
     assert not torn
 
 
+@pytest.mark.parametrize("fault", ["minority killed", "master restarted after a lease"])
+def test_upgradeable_reader_under_faults(run: Run, masters: LocalEnsemble, fault: str) -> None:
+    # Upgraders read, upgrade, increment and downgrade; a writer increments; a reader
+    # reads. No writer may overlap an upgradeable hold, an upgrade may leave no gap, and
+    # no read (the upgraders' included) may see a write.
+    upgraders = [run.worker(f"u{i}", kind="u", duration=2.5, work=0.005) for i in range(2)]
+    others = [
+        run.worker("w0", kind="w", duration=2.5),
+        run.worker("r0", kind="r", duration=2.5, work=0.005),
+    ]
+    for w in upgraders + others:
+        w.expect("ready")
+    if fault == "minority killed":
+        during(
+            0.5,
+            lambda: (masters[0].kill(), masters[1].kill()),
+            lambda: (masters[0].start(), masters[1].start()),
+            0.7,
+        )
+    else:
+        during(0.3, masters[0].kill, masters[0].start, LEASE + 0.3)
+    for w in upgraders + others:
+        w.finish(timeout=30)
+    events = run.events()
+    report = judge(run)
+    torn = [e for e in events if e.op == "read" and e.value]
+    upgrades = [
+        e for e in events if e.op == "acquire" and e.phase == "ok" and e.mode == "w"
+        and e.client.startswith("u")
+    ]  # fmt: skip
+    record(
+        run,
+        "upgradeable reader: 2 upgraders, a writer, a reader; "
+        + {
+            "minority killed": "2 of 5 masters killed and restarted",
+            "master restarted after a lease": "1 master killed, restarted after a lease",
+        }[fault],
+        "no violation, no gap in an upgrade; reads see no write",
+        report,
+        ("no violation" if report.ok else report.summary())
+        + f"; {len(upgrades)} upgrades; torn reads: {len(torn)}",
+    )
+    assert report.ok, report.format()
+    assert not torn and upgrades
+
+
+def test_upgradeable_holder_paused_past_its_lease(run: Run) -> None:
+    holder = run.worker("holder", kind="u", mode="hold")
+    holder.expect("ready")
+    holder.expect("held")
+    holder.signal(signal.SIGSTOP)
+    run.mark("sigstop")
+    others = [run.worker(f"p{i}", kind=k, duration=LEASE + 1.5) for i, k in enumerate("uw")]
+    for w in others:
+        w.expect("ready")
+    for w in others:
+        w.finish(timeout=30)
+    holder.signal(signal.SIGCONT)
+    run.mark("sigcont")
+    holder.go()
+    events = run.events()
+    report = judge(run)
+    released = [e for e in events if e.op == "release" and e.client == "holder"]
+    lost = [e for e in events if e.op == "lost" and e.client == "holder"]
+    taken = [e for e in events if e.op == "acquire" and e.phase == "ok" and e.client != "holder"]
+    record(
+        run,
+        "upgradeable reader SIGSTOPped past its lease; an upgrader and a writer contend",
+        "loss reported; no violation",
+        report,
+        f"release {'raised LockLostError' if released[-1].phase == 'fail' else 'passed'};"
+        f" loss {'reported' if lost else 'NOT reported'}; {len(taken)} grants to others",
+        detect=("sigcont", "holder"),
+    )
+    assert report.ok, report.format()
+    assert released[-1].phase == "fail" and lost and taken
+
+
 def test_fair_lock_with_a_minority_frozen(run: Run, masters: LocalEnsemble) -> None:
     workers = contend(run, kind="fair", duration=2.5)
     during(0.6, lambda: masters[4].pause(), lambda: masters[4].resume(), 1.0)
@@ -799,3 +877,98 @@ def test_a_dead_owner_frees_the_lock(run: Run, owner: str) -> None:
         )
     )
     assert freed < LEASE + 1.0
+
+
+# -- the semaphore: at most P holders ---------------------------------------------------
+
+PERMITS = 2
+
+
+def judge_permits(run: Run) -> Report:
+    """The checker's report, with at most :data:`PERMITS` holders of the run's name."""
+    return check(run.events(), permits={run.lock: PERMITS}, late_writes=False)
+
+
+def most_at_once(report: Report) -> int:
+    """The most permit holders at one instant."""
+    points = sorted(
+        [(h.start, 1) for h in report.holds if h.mode == "sem"]
+        + [(h.end, -1) for h in report.holds if h.mode == "sem"]
+    )
+    inside = most = 0
+    for _, step in points:
+        inside += step
+        most = max(most, inside)
+    return most
+
+
+@pytest.mark.parametrize(
+    "fault", ["none", "minority killed", "minority frozen", "master restarted after a lease"]
+)
+def test_semaphore_keeps_at_most_p_holders(run: Run, masters: LocalEnsemble, fault: str) -> None:
+    spec = {"kind": "sem", "permits": PERMITS, "fencing": False, "work": 0.02}
+    workers = contend(run, clients=5, duration=2.5, **spec)
+    if fault == "minority killed":
+        during(
+            0.6,
+            lambda: (masters[0].kill(), masters[1].kill()),
+            lambda: (masters[0].start(), masters[1].start()),
+            0.8,
+        )
+    elif fault == "minority frozen":
+        during(
+            0.6,
+            lambda: (masters[3].pause(), masters[4].pause()),
+            lambda: (masters[3].resume(), masters[4].resume()),
+            1.0,
+        )
+    elif fault == "master restarted after a lease":
+        during(0.3, masters[0].kill, masters[0].start, LEASE + 0.3)
+    for w in workers:
+        w.finish(timeout=30)
+    report = judge_permits(run)
+    record(
+        run,
+        f"semaphore of {PERMITS}, 5 processes; "
+        + {
+            "none": "no fault",
+            "minority killed": "2 of 5 masters killed and restarted",
+            "minority frozen": "SIGSTOP 2 of 5 masters for 1 s",
+            "master restarted after a lease": "1 master killed, restarted after a lease",
+        }[fault],
+        f"at most {PERMITS} holders",
+        report,
+        f"at most {most_at_once(report)} at once" + ("" if report.ok else f"; {report.summary()}"),
+    )
+    assert report.ok, report.format()
+    assert most_at_once(report) == PERMITS  # and the permits were used in parallel
+
+
+def test_semaphore_holder_paused_past_its_lease(run: Run) -> None:
+    spec = {"kind": "sem", "permits": PERMITS, "fencing": False}
+    holder = run.worker("holder", mode="hold", **spec)
+    holder.expect("ready")
+    holder.expect("held")
+    holder.signal(signal.SIGSTOP)
+    run.mark("sigstop")
+    others = contend(run, clients=3, duration=LEASE + 1.5, work=0.02, **spec)
+    for w in others:
+        w.finish(timeout=30)
+    holder.signal(signal.SIGCONT)
+    run.mark("sigcont")
+    holder.go()
+    events = run.events()
+    report = judge_permits(run)
+    released = [e for e in events if e.op == "release" and e.client == "holder"]
+    lost = [e for e in events if e.op == "lost" and e.client == "holder"]
+    record(
+        run,
+        "semaphore: a permit holder SIGSTOPped past its lease, 3 others contend",
+        f"loss reported; at most {PERMITS} holders",
+        report,
+        f"release {'raised LockLostError' if released[-1].phase == 'fail' else 'passed'};"
+        f" loss {'reported' if lost else 'NOT reported'}",
+        detect=("sigcont", "holder"),
+    )
+    assert report.ok, report.format()
+    assert released[-1].phase == "fail" and lost

@@ -169,7 +169,7 @@ def test_tokens_grow_with_every_grant_across_managers_and_kinds(fenced_urls: lis
         with fair:
             assert isinstance(fair.token, int)
         read = a.rw_lock("t").read
-        with read, pytest.raises(FencingError, match="readers share"):
+        with read, pytest.raises(FencingError, match="holders share"):
             _ = read.token
         with pytest.raises(LockNotOwnedError):
             _ = a.lock("t").token

@@ -705,3 +705,45 @@ def test_the_checker_catches_a_store_that_accepts_a_paused_holders_write(
     else:
         assert report.kinds() == {"stale-write"}, report.format()
         assert len(report.violations) == 1 and "token 1" in report.violations[0].detail
+
+
+# -- the semaphore: at most P holders ------------------------------------------------------
+
+
+def test_more_permit_holders_than_permits_at_one_instant_is_over_capacity() -> None:
+    three = [
+        *held("a", 1, 10, mode="sem", owner="A"),
+        *held("b", 2, 10, mode="sem", owner="B"),
+        *held("c", 5, 12, mode="sem", owner="C"),
+    ]
+    report = check(three, permits=2)
+    assert report.kinds() == {"over-capacity"}
+    assert "3 owners hold one of 2 permits" in report.violations[0].detail
+    assert check(three, permits=3).ok
+    assert check(three, permits={"other": 1}).ok  # a name without a number: not judged
+    assert check(three).ok  # permit holds never overlap-fail as exclusive holds
+
+
+def test_permit_holds_that_merely_touch_do_not_count_together() -> None:
+    events = [
+        *held("a", 1, 5, mode="sem", owner="A"),
+        *held("b", 1, 9, mode="sem", owner="B"),
+        *held("c", 5, 9, mode="sem", owner="C"),  # starts where a ends
+    ]
+    assert check(events, permits=2).ok
+
+
+def test_a_killed_permit_holder_counts_until_its_validity_ends() -> None:
+    gone = [ev("a", "acquire", "ok", 1, mode="sem", owner="A", valid_until=round(20 * MS))]
+    events = [
+        *gone,
+        *held("b", 2, 30, mode="sem", owner="B"),
+        *held("c", 15, 30, mode="sem", owner="C"),
+    ]
+    assert check(events, permits=2).kinds() == {"over-capacity"}  # a held until 20
+    late = [
+        *gone,
+        *held("b", 2, 30, mode="sem", owner="B"),
+        *held("c", 21, 30, mode="sem", owner="C"),
+    ]
+    assert check(late, permits=2).ok

@@ -4,6 +4,7 @@ changes nothing; the OpenTelemetry adapter's spans and metrics; logging conventi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -83,6 +84,26 @@ def test_an_acquire_and_release_are_told_with_wait_votes_and_hold_time(urls: lis
         assert released["held"] >= 0.05
     for url in urls:
         redis.Redis.from_url(url).delete("redreentrant:v1:{told}:fence")
+
+
+def test_every_kind_is_told_by_its_label(urls: list[str]) -> None:
+    rec = Recorder()
+    with LockManager(urls, listener=rec) as mgr:
+        with mgr.semaphore("sem", permits=2):
+            pass
+        with mgr.multi_lock(["b", "a"]) as many:
+            pass
+        rw = mgr.rw_lock("rw")
+        with rw.upgradeable:
+            assert rw.upgradeable.upgrade()
+            rw.upgradeable.downgrade()
+    kinds = [(who, d["kind"]) for e, who, d in rec.calls if e == "acquire_started"]
+    assert kinds == [
+        ("sem", "semaphore"),
+        (json.dumps(list(many.names)), "multi"),
+        ("rw", "rw:upgradeable"),
+        ("rw", "rw:write"),  # the upgrade
+    ]
 
 
 def test_contention_and_a_timed_out_acquire_are_told(urls: list[str]) -> None:

@@ -26,11 +26,13 @@ PINS: dict[str, tuple[int, str]] = {
     "release": (14, "60407d0aed575f34"),
     "renew": (1, "25bd8edda58852a6"),
     "probe": (2, "b8f2fbe2e1a0c00a"),
-    "rwlock": (2, "997474ce8e091d11"),
+    "rwlock": (3, "915d464559dc70b0"),
     "fairlock": (3, "c55931264e875e51"),
     "fence": (2, "86b825c3d1994952"),
     "fenced_write": (2, "51208ad8a45b1b4b"),
     "extend": (1, "e0f678db4903b1d5"),
+    "semaphore": (1, "af44e59278e9d56f"),
+    "multilock": (1, "7fd97793fb76582e"),
 }
 
 

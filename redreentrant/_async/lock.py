@@ -8,7 +8,7 @@ from types import FrameType, TracebackType
 
 from .._core.engine import Engine, entry_caller
 from .._core.errors import LockLostError, LockOwnerError
-from .._core.kinds import FAIR, READ, WRITE, LockKind
+from .._core.kinds import FAIR, READ, UPGRADEABLE, WRITE, LockKind
 from .._core.locking import LockCore
 from .driver import AsyncDriver
 from .owner import current_task
@@ -169,6 +169,33 @@ class WriteLock(Lock):
     kind: LockKind = WRITE
 
 
+class UpgradeableReadLock(Lock):
+    """The asyncio twin of :class:`redreentrant.UpgradeableReadLock`."""
+
+    kind: LockKind = UPGRADEABLE
+
+    async def upgrade(self, timeout: float = -1) -> bool:
+        """See :meth:`redreentrant.UpgradeableReadLock.upgrade`. Cancelling it leaves
+        the owner an upgradeable reader, as a timeout does."""
+        refuse_a_task_of_its_own(inspect.currentframe(), "lock.upgrade()")
+        engine = self._engine
+        owner = engine.owner_id()
+        signal = None
+        if self.cancel_on_loss and engine.hold(WRITE, self.name) is None:
+            signal = LostSignal(engine)  # the write hold's, as rw.write.acquire() makes
+            signal.task = current_task()
+        steps = engine.upgrade(self.name, owner, timeout, self.fencing, entry_caller(), signal)
+        got = await self._driver.run(steps)
+        if got and signal is not None:
+            signal.attach(engine.held(WRITE, self.name, owner))
+        return got
+
+    async def downgrade(self) -> None:
+        """See :meth:`redreentrant.UpgradeableReadLock.downgrade`."""
+        engine = self._engine
+        await self._driver.run_shielded(engine.downgrade(self.name, engine.owner_id()))
+
+
 class FairLock(Lock):
     """The asyncio twin of :class:`redreentrant.FairLock`."""
 
@@ -177,5 +204,5 @@ class FairLock(Lock):
 
 #: the asyncio lock class of each kind
 LOCK_CLASSES: dict[str, type[Lock]] = {
-    k.kind.label: k for k in (Lock, ReadLock, WriteLock, FairLock)
+    k.kind.label: k for k in (Lock, ReadLock, WriteLock, UpgradeableReadLock, FairLock)
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
@@ -17,18 +17,27 @@ from .._core.decorators import Synchronized, SyncKind
 from .._core.engine import Engine
 from .._core.holds import Hold
 from .._core.keys import validate_name
-from .._core.kinds import FAMILIES, LockKind
+from .._core.kinds import (
+    FAMILIES,
+    LockKind,
+    MultiKind,
+    SemaphoreKind,
+    multi_kind,
+    multi_names,
+)
 from .._core.listeners import LockListener
 from .._core.locking import ReadWriteLock
 from .._core.manager import ManagerCore
 from .._core.masters import no_handshake, with_valkey
-from .._core.settings import Settings
+from .._core.settings import Settings, check_permits
 from .._core.views import MasterView
 from .cluster import NodeClients, cluster_types
 from .decorators import synchronize
 from .driver import AsyncDriver
-from .lock import LOCK_CLASSES, Lock
+from .lock import LOCK_CLASSES, Lock, UpgradeableReadLock
+from .multilock import MultiLock
 from .owner import task_token
+from .semaphore import Semaphore
 from .transport import AsyncTransport
 from .waker import AsyncWaker
 from .wakeups import AsyncWakeupHub
@@ -42,6 +51,7 @@ else:
     Master = str | redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 P = ParamSpec("P")
 R = TypeVar("R")
+L = TypeVar("L", bound=Lock)
 
 
 def url_client(url: str, timeout: float) -> redis.asyncio.Redis:
@@ -57,7 +67,7 @@ def url_client(url: str, timeout: float) -> redis.asyncio.Redis:
     )
 
 
-class LockManager(ManagerCore[Lock]):
+class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
     """The asyncio twin of :class:`redreentrant.LockManager`: locks owned by tasks.
 
     ``masters`` are redis URLs or ``redis.asyncio.Redis`` (or valkey-py's
@@ -127,11 +137,12 @@ class LockManager(ManagerCore[Lock]):
 
     def rw_lock(
         self, name: str, *, fencing: bool | None = None, cancel_on_loss: bool = False
-    ) -> ReadWriteLock[Lock]:
-        """A read/write lock named ``name``; ``cancel_on_loss`` applies to both sides."""
+    ) -> ReadWriteLock[Lock, UpgradeableReadLock]:
+        """A read/write lock named ``name``; ``cancel_on_loss`` applies to every side."""
         rw = super().rw_lock(name, fencing=fencing)
         self._cancelling(rw.read, cancel_on_loss)
         self._cancelling(rw.write, cancel_on_loss)
+        self._cancelling(rw.upgradeable, cancel_on_loss)
         return rw
 
     def fair_lock(
@@ -140,14 +151,41 @@ class LockManager(ManagerCore[Lock]):
         """A fair lock named ``name``; ``cancel_on_loss`` as for :meth:`lock`."""
         return self._cancelling(super().fair_lock(name, fencing=fencing), cancel_on_loss)
 
+    def semaphore(self, name: str, permits: int, *, cancel_on_loss: bool = False) -> Semaphore:
+        """A semaphore of ``permits`` permits named ``name`` (see
+        :meth:`redreentrant.LockManager.semaphore`); ``cancel_on_loss`` as for
+        :meth:`lock`."""
+        self._engine.check_open()
+        made = Semaphore(self._engine, self._driver, name, check_permits(permits))
+        self._cancelling(made, cancel_on_loss)
+        return made
+
     @staticmethod
-    def _cancelling(lock: Lock, cancel_on_loss: bool) -> Lock:
+    def _cancelling(lock: L, cancel_on_loss: bool) -> L:
         if not isinstance(cancel_on_loss, bool):
             raise TypeError(f"cancel_on_loss must be True or False, not {cancel_on_loss!r}")
         lock.cancel_on_loss = cancel_on_loss
         return lock
 
+    def multi_lock(
+        self, names: Iterable[str], *, fencing: bool | None = None, cancel_on_loss: bool = False
+    ) -> MultiLock:
+        """The locks of ``names``, taken and released together (see
+        :meth:`redreentrant.LockManager.multi_lock`); ``cancel_on_loss`` as for
+        :meth:`lock`."""
+        self._engine.check_open()
+        if isinstance(names, str):
+            raise TypeError("multi_lock takes several names (a list), not one str")
+        kind = multi_kind(multi_names(names))
+        return self._cancelling(
+            MultiLock(self._engine, self._driver, kind, fencing), cancel_on_loss
+        )
+
     def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
+        if isinstance(kind, MultiKind):
+            return MultiLock(self._engine, self._driver, kind, fencing)
+        if isinstance(kind, SemaphoreKind):
+            return Semaphore(self._engine, self._driver, name, kind.permits)
         return LOCK_CLASSES[kind.label](self._engine, self._driver, name, fencing)
 
     @overload

@@ -407,7 +407,90 @@ def route(
     fanout: Fanout, ends: Endpoints, clock: Callable[[], float], timeout: float
 ) -> Generator[RouteEffect, Any, list[list[Reply]]]:
     """Carry out ``fanout`` (calls per member) over endpoints; returns the replies per
-    member, one per call, as a round over plain masters would."""
+    member, one per call, as a round over plain masters would.
+
+    A call over several locks (:class:`~.effects.Groups`) whose locks' slots differ is
+    made, on a cluster member, as one call per slot, in one fixed order (by slot, then
+    by the locks' order in the call); its reply is its parts' replies merged (a part
+    that failed, or was not read, is the call's reply). Such a member votes only once
+    every part answered."""
+    split, plans = _split(fanout, ends)
+    replies = yield from _route(split, ends, clock, timeout, frozenset(plans))
+    for i, plan in plans.items():
+        merged: list[Reply] = [UNREAD] * len(fanout.calls[i])
+        parts: dict[int, list[tuple[list[int], Reply]]] = {}
+        for (j, groups), reply in zip(plan, replies[i], strict=True):
+            if groups is None:
+                merged[j] = reply
+            else:
+                parts.setdefault(j, []).append((groups, reply))
+        for j, pieces in parts.items():
+            odd = next((r for _, r in pieces if r is UNREAD or isinstance(r, Exception)), None)
+            call_groups = fanout.calls[i][j].groups
+            assert call_groups is not None
+            merged[j] = odd if odd is not None else call_groups.merge(pieces)
+        replies[i] = merged
+    return replies
+
+
+def _split(
+    fanout: Fanout, ends: Endpoints
+) -> tuple[Fanout, dict[int, list[tuple[int, list[int] | None]]]]:
+    """``fanout`` with the cluster members' calls over several slots made one call per
+    slot, and, per member split, where each of its calls comes from: (the call's place,
+    the indices of its groups; None: the call as it was)."""
+    calls = list(fanout.calls)
+    plans: dict[int, list[tuple[int, list[int] | None]]] = {}
+    for i, mine in enumerate(fanout.calls):
+        if ends.cluster(i) is None or not any(c.groups is not None for c in mine):
+            continue
+        made: list[Call] = []
+        plan: list[tuple[int, list[int] | None]] = []
+        for j, call in enumerate(mine):
+            pieces = _pieces(call)
+            if len(pieces) == 1:
+                made.append(call)
+                plan.append((j, None))
+                continue
+            for groups, part in pieces:
+                made.append(part)
+                plan.append((j, groups))
+        if any(groups is not None for _, groups in plan):
+            calls[i] = tuple(made)
+            plans[i] = plan
+    return fanout._replace(calls=tuple(calls)), plans
+
+
+def _pieces(call: Call) -> list[tuple[list[int], Call]]:
+    """A call over several locks as one call per slot, by slot (a call without groups,
+    or of one slot, as it is)."""
+    g = call.groups
+    if g is None:
+        return [([], call)]
+    by_slot: dict[int, list[int]] = {}
+    for k in range(len(call.keys) // g.keys):
+        by_slot.setdefault(key_slot(call.keys[k * g.keys]), []).append(k)
+    if len(by_slot) == 1:
+        return [([], call)]
+    shared = call.args[: g.shared]
+    out = []
+    for slot in sorted(by_slot):
+        idx = by_slot[slot]
+        keys = tuple(key for k in idx for key in call.keys[k * g.keys : (k + 1) * g.keys])
+        args = shared + tuple(
+            a for k in idx for a in call.args[g.shared + k * g.args : g.shared + (k + 1) * g.args]
+        )
+        out.append((idx, Call(call.script, keys, args)))
+    return out
+
+
+def _route(
+    fanout: Fanout,
+    ends: Endpoints,
+    clock: Callable[[], float],
+    timeout: float,
+    split: frozenset[int],
+) -> Generator[RouteEffect, Any, list[list[Reply]]]:
     started = clock()
     results: list[list[Reply]] = [[UNREAD] * len(calls) for calls in fanout.calls]
     for i, calls in enumerate(fanout.calls):
@@ -424,11 +507,12 @@ def route(
             else:
                 end = ends.of(i, member.owner(_slot(call)) or member.fallback())
             per_end.setdefault(end, []).append((call, i, j))
-    # A member whose calls all go to one endpoint votes there.
+    # A member whose calls all go to one endpoint votes there (not one whose calls
+    # were split: its parts' replies are merged first).
     whole = {
         end: items[0][1]
         for end, items in per_end.items()
-        if len(items) == len(fanout.calls[items[0][1]])
+        if len(items) == len(fanout.calls[items[0][1]]) and items[0][1] not in split
     }
     size = max(per_end, default=-1) + 1
     round_calls: list[tuple[Call, ...]] = [()] * size

@@ -26,12 +26,30 @@ Reply = object
 # immutable like frozen dataclasses, but built and hashed in C.
 
 
+class Groups(NamedTuple):
+    """How a call over several locks' keys splits (see :class:`Call`): its keys come in
+    groups of ``keys`` (one group per lock), its arguments are ``shared`` arguments
+    followed by ``args`` per group, and ``merge`` makes the call's reply from the
+    replies of its parts, each with the indices of its groups."""
+
+    keys: int
+    shared: int
+    args: int
+    merge: Callable[[list[tuple[list[int], Reply]]], Reply]
+
+
 class Call(NamedTuple):
-    """One script call: EVALSHA ``script`` with ``keys`` and ``args``."""
+    """One script call: EVALSHA ``script`` with ``keys`` and ``args``.
+
+    ``groups``: the call is over several locks at once (a multi-lock), atomic on one
+    master; on a Redis Cluster member whose nodes own its locks' slots apart, it is
+    made as one call per slot, and the parts' replies merged (see
+    :func:`~.cluster.route`)."""
 
     script: Script
     keys: tuple[str, ...]
     args: tuple[str | int, ...]
+    groups: Groups | None = None
 
 
 class Unread:

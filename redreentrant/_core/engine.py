@@ -34,7 +34,7 @@ from .errors import (
 from .fencing import FENCE_TTL_MS, check_token, integer_of
 from .holds import Hold, Holds, Signal
 from .keys import home_channel
-from .kinds import LockKind
+from .kinds import READ, UPGRADE, UPGRADEABLE, WRITE, LockKind, MultiKind, SemaphoreKind
 from .listeners import LockInfo, LockListener, tell
 from .masters import connect, master_name
 from .owner import new_manager_id
@@ -252,12 +252,8 @@ class Engine:
             if lease is None and max_hold is None  # the usual acquire, checked cheaply
             else settings.hold_cap(lease, max_hold)
         )
-        upgrade = kind.upgrade_from
-        if upgrade is not None and self.holds.get(upgrade, name, owner) is not None:
-            raise LockUpgradeError(
-                f"lock {name!r}: a holder of the read lock cannot take the write lock"
-                " (release the read lock first)"
-            )
+        if kind.upgrade_from is not None:
+            kind = self._side(kind, name, owner)
         site = call_site(caller)
         deadline = None if timeout == -1 or not blocking else self.clock() + timeout
         # After its turn on several masters, an owner lets the waiter woken go first.
@@ -274,8 +270,27 @@ class Engine:
         )  # fmt: skip
         grant = yield from steps
         if grant is not None and self.closed:
-            yield from self._closed_meanwhile(kind, name, owner)
+            yield from self._closed_meanwhile(grant.kind or kind, name, owner)
         return self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
+
+    def _side(self, kind: LockKind, name: str, owner: str) -> LockKind:
+        """How ``owner`` takes a first hold of ``kind``, a side of the read/write lock
+        ``name``, given its holds of the other sides: the write side, by the holder of
+        the upgradeable side, is its upgrade (:data:`~.kinds.UPGRADE`, the same hold);
+        the write or the upgradeable side, by a holder of the read side, and the
+        upgradeable side, by a writer, raise :class:`LockUpgradeError` at once (they
+        would wait for the owner itself, or for an upgrade that waits for it)."""
+        holds = self.holds
+        if kind is WRITE and holds.get(UPGRADEABLE, name, owner) is not None:
+            return UPGRADE
+        for side in (READ, WRITE):
+            if side is not kind and holds.get(side, name, owner) is not None:
+                have, want = side.label[3:], kind.label[3:]
+                raise LockUpgradeError(
+                    f"lock {name!r}: a holder of the {have} lock cannot take the {want}"
+                    f" lock (release the {have} lock first)"
+                )
+        return kind
 
     def _acquire_told(
         self,
@@ -309,7 +324,7 @@ class Engine:
         try:
             grant = yield from steps
             if grant is not None and self.closed:
-                yield from self._closed_meanwhile(kind, name, owner)
+                yield from self._closed_meanwhile(grant.kind or kind, name, owner)
             got = self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
         except BaseException as error:
             if isinstance(error, QuorumUnavailableError):
@@ -321,7 +336,8 @@ class Engine:
             tell(partial(listener.acquire_failed, info, wait, None))
         else:
             size = self.quorum.size
-            tell(partial(listener.acquired, info, wait, grant.votes, size, grant.token))
+            token = grant.token if isinstance(grant.token, int) else None  # not per name
+            tell(partial(listener.acquired, info, wait, grant.votes, size, token))
         return got
 
     def _granted(
@@ -341,6 +357,7 @@ class Engine:
         :meth:`_closed_meanwhile`."""
         if grant is None:
             return False
+        kind = grant.kind or kind  # a semaphore's: the slot it won
         now = self.clock()
         hold = Hold(
             kind,
@@ -413,12 +430,24 @@ class Engine:
 
     def token(self, kind: LockKind, name: str, owner: str) -> int:
         """The fencing token of ``owner``'s hold on ``name`` (see ``Lock.token``)."""
+        token = self._tokens(kind, name, owner)
+        if isinstance(token, tuple):
+            raise FencingError(f"lock {name!r} holds several names: it has a token per name")
+        return token
+
+    def tokens(self, kind: MultiKind, name: str, owner: str) -> dict[str, int]:
+        """The fencing token of each name of ``owner``'s multi-lock hold."""
+        tokens = self._tokens(kind, name, owner)
+        assert isinstance(tokens, tuple)
+        return dict(zip(kind.names, tokens, strict=True))
+
+    def _tokens(self, kind: LockKind, name: str, owner: str) -> int | tuple[int, ...]:
         hold = self.holds.get(kind, name, owner)
         if hold is None:
             raise LockNotOwnedError(f"lock {name!r} is not held by this owner: it has no token")
         if hold.fencing_token is None:
             why = (
-                "the read side of a read/write lock has none (readers share)"
+                "its holders share it (the read side of a read/write lock, a semaphore)"
                 if not kind.fenced
                 else "it was acquired without fencing (pass fencing=True to the manager"
                 " or to the lock)"
@@ -430,7 +459,10 @@ class Engine:
         """Raise ``name``'s fencing counters to at least ``at_least`` on every master
         (see ``Lock.raise_fence``); returns how many masters acknowledged."""
         if not kind.fenced:
-            raise ValueError("the read side of a read/write lock has no fencing counter")
+            raise ValueError(
+                f"lock {name!r} has no fencing counter: its holders share it (the read side"
+                " of a read/write lock, a semaphore)"
+            )
         check_token(at_least, "raise_fence(at_least=...)")
         q = self.quorum
         replies = yield q.everywhere(kind.fence_raise(name, at_least, FENCE_TTL_MS))
@@ -482,6 +514,7 @@ class Engine:
     ) -> Steps[None]:
         """Extend ``owner``'s fixed lease on ``name`` (see ``Lock.extend``)."""
         hold = self.held(kind, name, owner)
+        kind = hold.kind  # a semaphore's: the slot it holds
         if hold.managed:
             raise ValueError(
                 f"lock {name!r} has a watchdog-managed lease, which the watchdog renews:"
@@ -512,10 +545,15 @@ class Engine:
         hold = self.holds.get(kind, name, owner)
         if hold is None:
             raise LockNotOwnedError(f"lock {name!r} is not held by this owner")
+        kind = hold.kind  # a semaphore's: the slot it holds
         hold.count -= 1
         if hold.count == 0:
             # Off the watchdog before the release runs, so it is never renewed after.
             self.holds.remove(hold)
+            # The last release of an upgradeable read frees its upgrade (rwlock.lua).
+            upgraded = self.holds.get(WRITE, name, owner) if kind is UPGRADEABLE else None
+            if upgraded is not None:
+                self.holds.remove(upgraded)
         if hold.lost is not None:
             if hold.count == 0:
                 # Already reported as lost: remove what is left where it still is; what
@@ -562,6 +600,37 @@ class Engine:
             held = self.clock() - hold.acquired_at
             tell(partial(self.settings.listener.released, info, held))
 
+    def upgrade(
+        self,
+        name: str,
+        owner: str,
+        timeout: float,
+        fencing: bool,
+        caller: FrameType | None,
+        signal: Signal | None = None,
+    ) -> Steps[bool]:
+        """Take the write side of the read/write lock ``name`` for ``owner``, the holder
+        of its upgradeable side (see ``UpgradeableReadLock.upgrade``): the upgrade
+        waits until no other hold is left; a new write hold gets that hold's kind of
+        lease, and an upgrade while upgraded re-enters the write hold."""
+        hold = self.held(UPGRADEABLE, name, owner)
+        if hold.lost is not None:
+            raise LockLostError(f"lock {name!r} was lost: {hold.lost}")
+        fixed = not hold.managed and self.holds.get(WRITE, name, owner) is None
+        steps = self.acquire(
+            WRITE, name, owner, True, timeout, hold.lease if fixed else None, fencing,
+            signal=signal, caller=caller,
+        )  # fmt: skip
+        return (yield from steps)
+
+    def downgrade(self, name: str, owner: str) -> Steps[None]:
+        """Release one level of the write hold of ``owner``, the holder of the
+        upgradeable side of ``name`` (see ``UpgradeableReadLock.downgrade``)."""
+        self.held(UPGRADEABLE, name, owner)
+        if self.holds.get(WRITE, name, owner) is None:
+            raise LockNotOwnedError(f"lock {name!r} is not upgraded by this owner")
+        yield from self.release(WRITE, name, owner, False)
+
     def _deferred_wake(self, kind: LockKind, name: str, courteous: str | None) -> None:
         due = self.turns.released(kind, name, True, courteous)
         if due is not None:
@@ -585,3 +654,13 @@ class Engine:
 
     def probe(self, kinds: Sequence[LockKind], name: str) -> Steps[list[MasterView]]:
         return probe_steps(self.quorum, kinds, name)
+
+    def permits_free(self, kind: SemaphoreKind, name: str) -> Steps[int]:
+        """How many of a semaphore's permits are free on a quorum (read-only)."""
+        views = yield from probe_steps(self.quorum, (kind,), name)
+        return kind.available(self.quorum, views)
+
+    def permit_holders(self, kind: SemaphoreKind, name: str) -> Steps[list[str]]:
+        """The owner ids holding a permit of a semaphore on a quorum (read-only)."""
+        views = yield from probe_steps(self.quorum, (kind,), name)
+        return kind.holders(self.quorum, views)

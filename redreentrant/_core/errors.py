@@ -25,7 +25,9 @@ class LockLostError(LockError):
 
 
 class LockUpgradeError(LockError):
-    """A holder of a read lock asked for the write lock, which could never be granted."""
+    """An owner asked for a side of a read/write lock that its own hold would keep from
+    ever being granted: the write lock while it holds the read lock, or the upgradeable
+    lock while it holds the read or the write lock."""
 
 
 class LockKeyTypeError(LockError):

@@ -87,24 +87,28 @@ def counter_of(reply: Reply) -> Counter | None:
 
 
 def kept_counter(replies: Sequence[Reply]) -> bool:
-    """A master's replies (acquire, then ``fence next``) granted with a kept counter:
-    the vote of a fenced acquire round, which may end once a quorum gave one."""
+    """A master's replies (acquire, then each ``fence next``) granted with kept
+    counters: the vote of a fenced acquire round, which may end once a quorum gave one."""
     if len(replies) < 2 or not (isinstance(replies[0], list) and replies[0][:1] == [1]):
         return False
-    counter = counter_of(replies[1])
-    return counter is not None and counter.held and not counter.fresh
+    counters = [counter_of(r) for r in replies[1:]]
+    return all(c is not None and c.held and not c.fresh for c in counters)
 
 
 def token_of(
-    q: Quorum, name: str, granted: Sequence[int], replies: Sequence[Sequence[Reply]]
+    q: Quorum,
+    name: str,
+    granted: Sequence[int],
+    replies: Sequence[Sequence[Reply]],
+    call: int = 1,
 ) -> int | None:
     """The token a fenced grant on the masters ``granted`` proves, from each master's
-    ``fence next`` reply (its second call); None when this round cannot tell (too few
+    ``fence next`` reply (its call number ``call``); None when this round cannot tell (too few
     granting masters kept their counters, but no more were lost than a quorum
     tolerates: another round may). Raises :class:`FencingError` when the counters were
     lost on too many masters to prove any token."""
     counters = [
-        counter_of(per_master[1]) if len(per_master) > 1 else None for per_master in replies
+        counter_of(per_master[call]) if len(per_master) > call else None for per_master in replies
     ]
     if full := [q.masters[i] for i in granted if (c := counters[i]) is not None and c.full]:
         raise FencingError(

@@ -44,8 +44,9 @@ class Hold:
     #: where the first acquire was called (its ``str()``: ``file:line in function``),
     #: for warnings
     site: object = "?"
-    #: the fencing token of the first grant (None: taken without fencing)
-    fencing_token: int | None = None
+    #: the fencing token of the first grant (None: taken without fencing; a tuple: a
+    #: multi-lock's, one per name)
+    fencing_token: int | tuple[int, ...] | None = None
     #: when the first grant was taken (monotonic clock)
     acquired_at: float = 0.0
     #: the watchdog stops renewing it then (``max_hold``; monotonic clock; None: never)

@@ -11,11 +11,14 @@ Keys: each kind has keys of its own under the lock's hash tag, so ``lock("x")``,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import json
+from collections.abc import Callable, Iterable, Sequence
 
 from . import keys, scripts
-from .effects import Call
-from .views import LockView, pairs, text, ttl_of
+from .effects import Call, Early, Fanout, Groups
+from .quorum import NO_WAIT, Quorum, Tally, tally_grants
+from .views import LockView, MasterView, pairs, text, ttl_of
 
 
 class LockKind:
@@ -64,6 +67,38 @@ class LockKind:
     def notify_channels(self, name: str) -> tuple[str, ...]:
         """Channels whose local waiters a full release here should wake at once."""
         return (keys.wake_channel(name),)
+
+    # -- how an acquire's tries are made and judged (see rounds.acquire_steps) ---------
+
+    def early(self, q: Quorum) -> Early | None:
+        """When a try's round may stop reading: once a quorum granted."""
+        return q.until_granted
+
+    def attempt(
+        self,
+        q: Quorum,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        count: int,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
+    ) -> Call:
+        """The call of one try (see :meth:`acquire`); ``q`` draws at random for a kind
+        that needs to."""
+        return self.acquire(name, owner, lease_ms, count, wait_ms, polite_ms, place_ms)
+
+    def judge(
+        self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
+    ) -> tuple[Tally, LockKind]:
+        """A try's replies judged, and the kind a grant is held as: this one."""
+        return tally_grants(q, self.key(name), replies), self
+
+    def kept(self, q: Quorum, name: str, owner: str, tally: Tally, held: LockKind) -> Fanout | None:
+        """After a grant (``held``): the round that takes back what the masters outside
+        ``tally.granted`` may have granted besides; None: nothing to take back."""
+        return None
 
     def acquire(
         self,
@@ -168,6 +203,14 @@ class LockKind:
         args = ("raise", token, ttl_ms)
         return Call(scripts.FENCE, (self.key(name), self.fence_key(name)), args)
 
+    def fence_calls(self, name: str, owner: str, ttl_ms: int) -> list[tuple[str, Call]]:
+        """The counters a fenced grant steps: (the name a token is for, its call)."""
+        return [(name, self.fence_next(name, owner, ttl_ms))]
+
+    def fence_raise_calls(self, name: str, tokens: Sequence[int], ttl_ms: int) -> list[Call]:
+        """The write-back of :meth:`fence_calls`' tokens."""
+        return [self.fence_raise(name, tokens[0], ttl_ms)]
+
     def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
         """Extend ``owner``'s hold where it still holds it: by ``ms`` (``add``) or to
         ``ms`` from now; replies the hold's milliseconds left, 0 where it holds nothing."""
@@ -207,7 +250,8 @@ class LockKind:
 
 
 class _ReadWriteKind(LockKind):
-    """One side of the read/write lock (see ``lua/rwlock.lua``)."""
+    """One side of the read/write lock (see ``lua/rwlock.lua``): ``r`` (read), ``w``
+    (write) or ``u`` (upgradeable read)."""
 
     family = "rw"
     side = ""
@@ -224,12 +268,17 @@ class _ReadWriteKind(LockKind):
     def key(self, name: str) -> str:
         return keys.aux_key(name, "rw")
 
-    def _channels(self, name: str) -> tuple[str, str]:
-        return keys.aux_key(name, "rw:wake:r"), keys.aux_key(name, "rw:wake:w")
+    def _channels(self, name: str) -> tuple[str, str, str]:
+        """Where readers (and upgradeable readers), writers and an upgrade wait."""
+        return (
+            keys.aux_key(name, "rw:wake:r"),
+            keys.aux_key(name, "rw:wake:w"),
+            keys.aux_key(name, "rw:wake:u"),
+        )
 
     def wake_channel(self, name: str, owner: str) -> str:
-        readers, writers = self._channels(name)
-        return readers if self.side == "r" else writers
+        readers, writers, _ = self._channels(name)
+        return writers if self.side == "w" else readers
 
     def notify_channels(self, name: str) -> tuple[str, ...]:
         return self._channels(name)
@@ -264,8 +313,8 @@ class _ReadWriteKind(LockKind):
         return None  # readers keep no place as waiters
 
     def _release(self, name: str, owner: str, left: int, rid: str, stop_waiting: str) -> Call:
-        channels = self._channels(name)
-        args = ("release", self.side, owner, left, *channels, rid, stop_waiting)
+        readers, writers, upgrade = self._channels(name)
+        args = ("release", self.side, owner, left, readers, writers, rid, stop_waiting, upgrade)
         return Call(scripts.RWLOCK, self._keys(name), args)
 
     def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
@@ -280,7 +329,9 @@ class _ReadWriteKind(LockKind):
         )
 
     def force_unlock(self, name: str, release_id: str) -> Call:
-        return Call(scripts.RWLOCK, self._keys(name), ("force", *self._channels(name), release_id))
+        readers, writers, upgrade = self._channels(name)
+        args = ("force", readers, writers, release_id, upgrade)
+        return Call(scripts.RWLOCK, self._keys(name), args)
 
     def probe(self, name: str) -> Call:
         return Call(scripts.RWLOCK, self._keys(name), ("probe",))
@@ -291,9 +342,9 @@ class _ReadWriteKind(LockKind):
         fields = pairs(reply[1])
         waiting = [text(x) for x in reply[2]]
         holders = {
-            f"{owner[2:]} ({'read' if owner[0] == 'r' else 'write'})": int(count)
+            f"{owner[2:]} ({_SIDES[owner[:2]]})": int(count)
             for owner, count in fields.items()
-            if owner[:2] in ("r:", "w:")
+            if owner[:2] in _SIDES
         }
         if not holders and not waiting:
             return None
@@ -303,6 +354,10 @@ class _ReadWriteKind(LockKind):
     def is_locked(self, view: LockView | None) -> bool:
         wanted = "read" if self.side == "r" else "write"
         return view is not None and view.mode == wanted
+
+
+#: how a view names each side of a hold (``inspect``: ``"<owner id> (read)"``)
+_SIDES = {"r:": "read", "w:": "write", "u:": "upgradeable"}
 
 
 class ReadKind(_ReadWriteKind):
@@ -332,8 +387,43 @@ class WriteKind(_ReadWriteKind):
         return f"w:{owner}"
 
     def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
-        readers, _ = self._channels(name)
+        readers = self._channels(name)[0]
         return Call(scripts.RWLOCK, self._keys(name), ("abandon", owner, readers, release_id))
+
+
+class UpgradeableKind(_ReadWriteKind):
+    """The upgradeable read side: shared with readers, excluded by a writer and by
+    another upgradeable reader (one at a time, so two upgrades never wait for each
+    other). Its holder may take the write side: that is its upgrade (:data:`UPGRADE`).
+    The last release of this side also frees the owner's write hold (see
+    ``lua/rwlock.lua``). A holder of the read side cannot take it (an upgrade in
+    progress would wait for that reader, and the reader for the upgrade), nor can a
+    writer (see ``Engine._side``)."""
+
+    label = "rw:upgradeable"
+    side = "u"
+    broadcast = True  # it waits where readers wait, woken with them
+    fenced = False  # it shares with readers: its upgrade's write hold gets the token
+
+    @property
+    def upgrade_from(self) -> LockKind | None:
+        return READ
+
+    def is_locked(self, view: LockView | None) -> bool:
+        return view is not None and any(h.endswith(" (upgradeable)") for h in view.holders)
+
+
+class UpgradeKind(WriteKind):
+    """The write side as the holder of the upgradeable side takes it: its upgrade. The
+    masters grant it once every hold but the owner's own has ended, and refuse new
+    readers meanwhile (the owner waits as a writer). The same hold as the write side's
+    (the same label, calls and fencing counter), waiting on a channel of its own, which
+    the release that leaves only the owner's holds publishes on."""
+
+    broadcast = True
+
+    def wake_channel(self, name: str, owner: str) -> str:
+        return self._channels(name)[2]
 
 
 class FairKind(LockKind):
@@ -442,13 +532,400 @@ class FairKind(LockKind):
         return LockView(self.family, None, ttl_of(reply[0]), holders, queue)
 
 
+class SemaphoreKind(LockKind):
+    """A semaphore of ``permits`` permits, kept as that many slots (see
+    ``lua/semaphore.lua``): each slot is held like a plain lock, and a permit is one
+    slot held on a quorum. Sound over a quorum because each slot is a lock: two holders
+    of one slot would need two quorums that granted it, which intersect.
+
+    ``slot=None`` stands for the whole semaphore: each try of a first acquire sends the
+    slots in an order drawn at random, every master grants the first that is free
+    there, and a grant is a slot a quorum granted (the others' grants of other slots
+    are taken back); the hold is then of the kind of that slot, which re-enters,
+    renews, extends and releases that slot only. ``permits=0``: a semaphore of unknown
+    size, whose slots each master's index names (``inspect``, ``force_unlock``)."""
+
+    label = "semaphore"
+    family = "semaphore"
+    fenced = False  # a permit is shared by up to ``permits`` holders
+    hands_over = False  # no turns: a release wakes a waiter, it does not hand over
+
+    def __init__(self, permits: int, slot: int | None = None) -> None:
+        self.permits = permits
+        self.slot = slot
+
+    def __repr__(self) -> str:
+        return f"<SemaphoreKind permits={self.permits} slot={self.slot}>"
+
+    def _slot_key(self, name: str, slot: int) -> str:
+        return keys.aux_key(name, f"sem:{slot}")
+
+    def _tail(self, name: str) -> tuple[str, str]:
+        """The waiters' zset and the index (owner -> slot)."""
+        return keys.aux_key(name, "sem:waiters"), keys.aux_key(name, "sem:holders")
+
+    def _all(self, name: str) -> tuple[str, ...]:
+        """Every slot, then the waiters and the index."""
+        slots = tuple(self._slot_key(name, n) for n in range(self.permits))
+        return (*slots, *self._tail(name))
+
+    def _own(self, name: str) -> tuple[str, str, str]:
+        """This slot, then the waiters and the index."""
+        assert self.slot is not None, "a permit's own calls need its slot"
+        return (self._slot_key(name, self.slot), *self._tail(name))
+
+    def key(self, name: str) -> str:
+        if self.slot is None:
+            return keys.aux_key(name, "sem:holders")
+        return self._slot_key(name, self.slot)
+
+    def wake_channel(self, name: str, owner: str) -> str:
+        return keys.aux_key(name, "sem:wake")
+
+    def notify_channels(self, name: str) -> tuple[str, ...]:
+        return (keys.aux_key(name, "sem:wake"),)
+
+    def early(self, q: Quorum) -> Early | None:
+        # Masters may grant different slots: a try reads them all.
+        return None if self.slot is None else q.until_granted
+
+    def attempt(
+        self,
+        q: Quorum,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        count: int,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
+    ) -> Call:
+        if self.slot is not None:
+            return self.acquire(name, owner, lease_ms, count, wait_ms)
+        order = list(range(1, self.permits + 1))  # positions in the keys, 1-based
+        for i in range(len(order) - 1, 0, -1):  # Fisher-Yates, on the injected source
+            j = min(i, int(q.uniform(0.0, i + 1)))
+            order[i], order[j] = order[j], order[i]
+        args: tuple[str | int, ...] = ("acquire", owner, lease_ms, count, wait_ms, *order)
+        return Call(scripts.SEMAPHORE, self._all(name), args)
+
+    def acquire(
+        self,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        count: int,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
+    ) -> Call:
+        # This slot: a re-entry (see attempt for a first acquire).
+        args = ("acquire", owner, lease_ms, count, wait_ms, 1)
+        return Call(scripts.SEMAPHORE, self._own(name), args)
+
+    def judge(
+        self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
+    ) -> tuple[Tally, LockKind]:
+        tally = tally_grants(q, self.key(name), replies)
+        if self.slot is not None or not tally.granted:
+            return tally, self
+        # Granted: the slot most masters granted (replies {1, count, position}).
+        votes: dict[int, list[int]] = {}
+        for i in tally.granted:
+            votes.setdefault(int(replies[i][0][2]) - 1, []).append(i)  # type: ignore[index]
+        slot, granted = max(votes.items(), key=lambda item: len(item[1]))
+        tally.refused += [i for i in tally.granted if i not in granted]
+        tally.granted = granted
+        return tally, semaphore_kind(self.permits, slot)
+
+    def kept(self, q: Quorum, name: str, owner: str, tally: Tally, held: LockKind) -> Fanout | None:
+        if len(tally.granted) == q.size:
+            return None
+        # Not waited for: each master runs it after the try, on the same connection.
+        assert isinstance(held, SemaphoreKind) and held.slot is not None
+        drop = self._drop(name, owner, held.slot)
+        calls = tuple(() if i in tally.granted else (drop,) for i in range(q.size))
+        return Fanout(calls, NO_WAIT, cleanup=True)
+
+    def _drop(self, name: str, owner: str, keep: int | None) -> Call:
+        args = ("drop", owner, 0 if keep is None else keep + 1)
+        return Call(scripts.SEMAPHORE, self._all(name), args)
+
+    def release(
+        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+    ) -> Call:
+        return self._release(name, owner, count_left, release_id, "1")
+
+    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+        if self.slot is None:
+            return self._drop(name, owner, None)  # a first acquire's try
+        return self._release(name, owner, count_left, release_id, "0")
+
+    def _release(self, name: str, owner: str, left: int, rid: str, final: str) -> Call:
+        channel = keys.aux_key(name, "sem:wake")
+        args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, final)
+        return Call(scripts.SEMAPHORE, self._own(name), args)
+
+    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+        channel = keys.aux_key(name, "sem:wake")
+        args = ("abandon", owner, channel, release_id, keys.HOME_PREFIX)
+        return Call(scripts.SEMAPHORE, self._all(name), args)
+
+    def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
+        args = ("extend", owner, ms, "add" if add else "set")
+        return Call(scripts.SEMAPHORE, self._own(name), args)
+
+    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
+        assert self.slot is not None, "a permit's own calls need its slot"
+        pairs_ = tuple(
+            k for name, _ in entries for k in (self._slot_key(name, self.slot), self._tail(name)[1])
+        )
+        return Call(scripts.SEMAPHORE, pairs_, ("renew", lease_ms, *(o for _, o in entries)))
+
+    def force_unlock(self, name: str, release_id: str) -> Call:
+        channel = keys.aux_key(name, "sem:wake")
+        return Call(
+            scripts.SEMAPHORE, self._all(name), ("force", channel, release_id, keys.HOME_PREFIX)
+        )
+
+    def probe(self, name: str) -> Call:
+        return Call(scripts.SEMAPHORE, self._all(name), ("probe",))
+
+    def view(self, reply: object) -> LockView | None:
+        if not isinstance(reply, list) or len(reply) < 2:
+            raise ValueError(f"unexpected probe reply {reply!r}")
+        holders: dict[str, int] = {}
+        slots: dict[str, int] = {}
+        ttls: list[float] = []
+        for slot, owner, count, pttl in reply[0]:
+            holders[text(owner)] = int(count)
+            slots[text(owner)] = int(slot)
+            if (ttl := ttl_of(pttl)) is not None:
+                ttls.append(ttl)
+        queue = [w for w in map(text, reply[1]) if w not in holders]
+        if not holders and not queue:
+            return None
+        return LockView(self.family, None, max(ttls, default=None), holders, queue, slots)
+
+    def is_locked(self, view: LockView | None) -> bool:
+        """Whether no permit is free on that master."""
+        if view is None:
+            return False
+        return len([s for s in view.slots.values() if s < self.permits]) >= self.permits
+
+    def available(self, q: Quorum, views: Sequence[MasterView]) -> int:
+        """How many permits are free on a quorum's view: the slots that are free on at
+        least a quorum of the masters (what an acquire could win now)."""
+        answered = self._answered(q, views)
+        held = [{s for lv in v.locks for s in lv.slots.values()} for v in answered]
+        return sum(1 for s in range(self.permits) if sum(s not in h for h in held) >= q.needed)
+
+    def holders(self, q: Quorum, views: Sequence[MasterView]) -> list[str]:
+        """The owners that hold a permit on a quorum of the masters, in slot order."""
+        answered = self._answered(q, views)
+        seen: dict[str, tuple[int, int]] = {}  # owner -> (slot, on how many masters)
+        for v in answered:
+            for lv in v.locks:
+                for owner, slot in lv.slots.items():
+                    seen[owner] = (slot, seen.get(owner, (slot, 0))[1] + 1)
+        on_quorum = [(slot, owner) for owner, (slot, n) in seen.items() if n >= q.needed]
+        return [owner for _, owner in sorted(on_quorum)]
+
+    @staticmethod
+    def _answered(q: Quorum, views: Sequence[MasterView]) -> list[MasterView]:
+        failed = {i: RuntimeError(v.error) for i, v in enumerate(views) if v.error is not None}
+        if len(failed) > q.tolerated:
+            raise q.unavailable("read the semaphore", failed)
+        return [v for v in views if v.error is None]
+
+
+@functools.lru_cache(maxsize=4096)
+def semaphore_kind(permits: int, slot: int | None = None) -> SemaphoreKind:
+    """The kind of a semaphore of ``permits`` permits (one object per size and slot:
+    holds of one slot are renewed together)."""
+    return SemaphoreKind(permits, slot)
+
+
+#: a semaphore of unknown size: what ``inspect`` and ``force_unlock`` of a name read
+SEMAPHORES = semaphore_kind(0)
+
+
+class MultiKind(LockKind):
+    """The plain locks of several ``names``, held together as one hold (see
+    ``lua/multilock.lua``): all of them or none, in one call on a plain master; on a
+    Redis Cluster member whose nodes own the names' slots apart, one call per slot (see
+    :class:`~.effects.Groups`). Each name is the plain lock of that name, so a
+    multi-lock and the locks of its names exclude each other. The hold's name is
+    :attr:`label_of_names`; the kind's calls ignore the name they are given."""
+
+    label = "multi"
+    family = "lock"
+    hands_over = False  # no turns: a release wakes each name's next waiter
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        #: the names, by cluster hash slot, then by name: the one order they are taken in
+        self.names = names
+        #: the name of its holds: the names, as one string
+        self.label_of_names = json.dumps(list(names), ensure_ascii=False)
+
+    def __repr__(self) -> str:
+        return f"<MultiKind {list(self.names)!r}>"
+
+    def _all(self) -> tuple[str, ...]:
+        # Each name's plain lock keys, as acquire.lua and release.lua have them.
+        return tuple(
+            k
+            for n in self.names
+            for k in (keys.lock_key(n), keys.waiters_key(n), keys.reserved_key(n))
+        )
+
+    def key(self, name: str) -> str:
+        return keys.lock_key(self.names[0])
+
+    def wake_channel(self, name: str, owner: str) -> str:
+        # Local only: a wake-up for any of the names reaches the owner (see
+        # subscriptions: an owner waits for one thing at a time).
+        return keys.wake_channel(self.names[0])
+
+    def notify_channels(self, name: str) -> tuple[str, ...]:
+        return tuple(keys.wake_channel(n) for n in self.names)
+
+    def _call(self, args: tuple[str | int, ...], merge: Merge) -> Call:
+        return Call(scripts.MULTILOCK, self._all(), args, Groups(3, len(args), 0, merge))
+
+    def acquire(
+        self,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        count: int,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
+    ) -> Call:
+        return self._call(("acquire", owner, lease_ms, count, wait_ms), _all_granted)
+
+    def judge(
+        self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
+    ) -> tuple[Tally, LockKind]:
+        tally, held = super().judge(q, name, replies)
+        # A cluster member that granted part of the names (see route): not a grant,
+        # and, like a master not read, undone if the try fails. After a grant, what it
+        # holds is kept, as a master not read keeps its grant: the release frees it.
+        partial = [i for i in tally.refused if _partial(replies[i][0])]
+        if partial:
+            tally.refused = [i for i in tally.refused if i not in partial]
+            tally.unread += partial
+        return tally, held
+
+    def release(
+        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+    ) -> Call:
+        args = ("release", owner, count_left, release_id, keys.HOME_PREFIX, "1")
+        return self._call(args, _least_status)
+
+    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+        args = ("release", owner, count_left, release_id, keys.HOME_PREFIX, "0")
+        return self._call(args, _least_status)
+
+    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+        return self._call(("abandon", owner, release_id, keys.HOME_PREFIX), _least_status)
+
+    def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
+        return self._call(("extend", owner, ms, "add" if add else "set"), _least_ttl)
+
+    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
+        # Every hold's every name: its owner and the hold's number (one flag per hold).
+        names = self.names
+        args = tuple(x for n, (_, owner) in enumerate(entries) for _ in names for x in (owner, n))
+        all_keys = self._all() * len(entries)
+        per = len(names)
+        merge = functools.partial(_renewed, [n for n in range(len(entries)) for _ in range(per)])
+        return Call(scripts.MULTILOCK, all_keys, ("renew", lease_ms, *args), Groups(3, 2, 2, merge))
+
+    def fence_calls(self, name: str, owner: str, ttl_ms: int) -> list[tuple[str, Call]]:
+        return [(n, EXCLUSIVE.fence_next(n, owner, ttl_ms)) for n in self.names]
+
+    def fence_raise_calls(self, name: str, tokens: Sequence[int], ttl_ms: int) -> list[Call]:
+        return [
+            EXCLUSIVE.fence_raise(n, t, ttl_ms) for n, t in zip(self.names, tokens, strict=True)
+        ]
+
+    def force_unlock(self, name: str, release_id: str) -> Call:
+        raise TypeError("a multi-lock is unlocked name by name")
+
+    def probe(self, name: str) -> Call:
+        raise TypeError("a multi-lock is read name by name")
+
+
+#: how a call's parts (each with its groups' indices) merge into its reply
+Merge = Callable[[list[tuple[list[int], object]]], object]
+
+
+def _all_granted(parts: list[tuple[list[int], object]]) -> object:
+    """An acquire's parts: granted if every part granted, else refused, marked partial
+    (``[0, ms, [1]]``) when some part granted (see :meth:`MultiKind.judge`)."""
+    replies = [r for _, r in parts]
+    granted = [isinstance(r, list) and r[:1] == [1] for r in replies]
+    if all(granted):
+        return replies[0]
+    waits = [int(r[1]) for r in replies if isinstance(r, list) and r[:1] == [0]]
+    return [0, max(waits, default=-2), [1] if any(granted) else []]
+
+
+def _partial(reply: object) -> bool:
+    return isinstance(reply, list) and len(reply) >= 3 and reply[0] == 0 and bool(reply[2])
+
+
+def _least_status(parts: list[tuple[list[int], object]]) -> object:
+    """A release's parts: the least status (a part that held nothing makes the whole
+    lost), and the first waiter woken."""
+    replies = [r for _, r in parts if isinstance(r, list) and r]
+    status = min(int(r[0]) for r in replies)
+    woken = next((r[1] for r in replies if len(r) > 1 and r[1]), "")
+    return [status, woken, []]
+
+
+def _least_ttl(parts: list[tuple[list[int], object]]) -> object:
+    """An extension's parts: the least time left (0 where a part held nothing)."""
+    return min(int(r) if isinstance(r, int) else 0 for _, r in parts)
+
+
+def _renewed(hold_of: list[int], parts: list[tuple[list[int], object]]) -> object:
+    """A renewal's parts: a hold is renewed where every part that has its names
+    renewed them (``hold_of``: the hold of each name in the call)."""
+    flags: dict[int, int] = {}
+    for groups, reply in parts:
+        seen = list(dict.fromkeys(hold_of[g] for g in groups))
+        for hold, flag in zip(seen, reply if isinstance(reply, list) else [], strict=False):
+            flags[hold] = min(flags.get(hold, 1), int(flag))
+    return [flags.get(h, 0) for h in range(max(hold_of, default=-1) + 1)]
+
+
+@functools.lru_cache(maxsize=4096)
+def multi_kind(names: tuple[str, ...]) -> MultiKind:
+    """The kind of the multi-lock of ``names`` (distinct, by hash slot, then by name)."""
+    return MultiKind(names)
+
+
+def multi_names(names: Iterable[object]) -> tuple[str, ...]:
+    """The names of a multi-lock, checked, without repeats, in the order they are
+    taken: by cluster hash slot, then by name."""
+    checked = {keys.validate_name(n) for n in names}
+    if not checked:
+        raise ValueError("a multi-lock needs at least one name")
+    return tuple(sorted(checked, key=lambda n: (keys.key_slot(keys.lock_key(n)), n)))
+
+
 EXCLUSIVE = LockKind()
 READ = ReadKind()
 WRITE = WriteKind()
+UPGRADEABLE = UpgradeableKind()
+UPGRADE = UpgradeKind()
 FAIR = FairKind()
 
 #: one kind per family: what ``inspect`` and ``force_unlock`` of a name go through
-FAMILIES: tuple[LockKind, ...] = (EXCLUSIVE, READ, FAIR)
+FAMILIES: tuple[LockKind, ...] = (EXCLUSIVE, READ, FAIR, SEMAPHORES)
 
 
 def lock_name_of(key: str) -> str | None:

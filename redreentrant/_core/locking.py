@@ -6,7 +6,9 @@ The flavours' lock classes add the calls that make rounds, driven by their drive
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from .engine import Engine
 from .holds import Hold
@@ -15,6 +17,8 @@ from .kinds import EXCLUSIVE, LockKind
 from .settings import check_fencing
 
 L = TypeVar("L")
+#: the flavour's upgradeable read lock class
+U = TypeVar("U", default=Any)
 
 
 class LockCore:
@@ -83,17 +87,20 @@ class LockCore:
         return self._engine.remaining(self._hold())
 
 
-class ReadWriteLock(Generic[L]):
-    """A read/write lock named ``name``: ``.read`` and ``.write`` are its two locks.
+class ReadWriteLock(Generic[L, U]):
+    """A read/write lock named ``name``: ``.read`` (shared), ``.write`` (exclusive) and
+    ``.upgradeable`` (shared with readers, exclusive among writers and upgradeable
+    readers, and able to turn into the write lock: see its ``upgrade``).
 
-    Both are reentrant and owned by the thread (or task) that acquires them. Get one
+    All are reentrant and owned by the thread (or task) that acquires them. Get one
     from ``LockManager.rw_lock``.
     """
 
-    def __init__(self, name: str, read: L, write: L) -> None:
+    def __init__(self, name: str, read: L, write: L, upgradeable: U) -> None:
         self.name = name
         self.read = read
         self.write = write
+        self.upgradeable = upgradeable
 
     def __repr__(self) -> str:
         return f"<ReadWriteLock {self.name!r}>"

@@ -11,20 +11,20 @@ import logging
 import os
 import weakref
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from .engine import Engine
 from .holds import Hold
 from .keys import validate_name
-from .kinds import EXCLUSIVE, FAIR, READ, WRITE, LockKind
-from .locking import ReadWriteLock
+from .kinds import EXCLUSIVE, FAIR, READ, UPGRADEABLE, WRITE, LockKind
+from .locking import ReadWriteLock, U
 from .owner import parse_owner
 
 log = logging.getLogger(__name__)
 L = TypeVar("L")  # the flavour's lock class
 
 
-class ManagerCore(Generic[L]):
+class ManagerCore(Generic[L, U]):
     """Settings, masters and lock objects of a lock manager (see ``LockManager``)."""
 
     def __init__(
@@ -98,15 +98,20 @@ class ManagerCore(Generic[L]):
         self._engine.check_open()
         return self._make_lock(EXCLUSIVE, name, fencing)
 
-    def rw_lock(self, name: str, *, fencing: bool | None = None) -> ReadWriteLock[L]:
-        """A read/write lock named ``name``: ``.read`` (shared) and ``.write`` (exclusive).
+    def rw_lock(self, name: str, *, fencing: bool | None = None) -> ReadWriteLock[L, U]:
+        """A read/write lock named ``name``: ``.read`` (shared), ``.write`` (exclusive)
+        and ``.upgradeable`` (shared with readers, one holder at a time, and able to
+        upgrade to the write lock).
 
-        ``fencing`` applies to the write side (readers share, and get no token)."""
+        ``fencing`` applies to the write side, upgrades included (readers and
+        upgradeable readers share, and get no token)."""
         self._engine.check_open()
         return ReadWriteLock(
             validate_name(name),
             self._make_lock(READ, name, fencing),
             self._make_lock(WRITE, name, fencing),
+            # The flavour makes the lock class of the kind's label: its upgradeable one.
+            cast(U, self._make_lock(UPGRADEABLE, name, fencing)),
         )
 
     def fair_lock(self, name: str, *, fencing: bool | None = None) -> L:

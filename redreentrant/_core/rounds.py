@@ -39,7 +39,6 @@ from .quorum import (
     is_wrong_type,
     lease_ms,
     status_of,
-    tally_grants,
     tally_holds,
     woken_by,
 )
@@ -58,9 +57,13 @@ class Grant(NamedTuple):
     a frozen dataclass.)"""
 
     valid_until: float
-    token: int | None = None
+    #: a tuple: a multi-lock's tokens, one per name
+    token: int | tuple[int, ...] | None = None
     #: how many masters granted it
     votes: int = 0
+    #: the kind the hold is of, where it is not the acquired kind's own (a semaphore's
+    #: slot: see :meth:`.kinds.LockKind.judge`)
+    kind: LockKind | None = None
 
 
 class Freed(NamedTuple):
@@ -113,10 +116,11 @@ def acquire_steps(
     ms = lease_ms(lease)
     fenced = fencing and count == 1 and kind.fenced
     # A fenced round may end once a quorum granted with counters that were kept.
-    early = Early(q.needed, kept_counter) if fenced else q.until_granted
+    early = Early(q.needed, kept_counter) if fenced else kind.early(q)
+    # The counters a fenced grant steps (one per name: a multi-lock has several).
+    fences = kind.fence_calls(name, owner, FENCE_TTL_MS) if fenced else []
 
     channel = kind.wake_channel(name, owner)
-    key = kind.key(name)
     generation: int | None = None
     # Whether the last wait ended with a wake-up (which only one waiter gets): a waiter
     # that gives up after one must pass it on, or the other waiters would sleep on.
@@ -157,10 +161,11 @@ def acquire_steps(
                 wall_ms = int(q.wall() * 1000)
                 if place <= wall_ms:  # the first try, or the place ended: a new one
                     place = wall_ms + wait_ms
-            calls = [kind.acquire(name, owner, ms, count, wait_ms, polite, place if propose else 0)]
+            calls = [
+                kind.attempt(q, name, owner, ms, count, wait_ms, polite, place if propose else 0)
+            ]
             polite = 0
-            if fenced:
-                calls.append(kind.fence_next(name, owner, FENCE_TTL_MS))
+            calls += [call for _, call in fences]
             acquire = q.everywhere(*calls, early=early)
             try:
                 replies = yield acquire
@@ -168,21 +173,31 @@ def acquire_steps(
                 # Interrupted mid-round: some masters may have granted.
                 yield _undo(q, kind, name, owner, count)
                 raise
-            tally = tally_grants(q, key, replies)
+            tally, held = kind.judge(q, name, replies)
             valid_until = started + lease - q.drift(lease)
             now = q.clock()
             if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
                 if not fenced:
-                    return Grant(valid_until, None, len(tally.granted))
+                    taken_back = kind.kept(q, name, owner, tally, held)
+                    if taken_back is not None:
+                        yield taken_back
+                    return Grant(valid_until, None, len(tally.granted), held)
                 try:
-                    token = token_of(q, name, tally.granted, replies)
-                    proven = token is not None and (yield from _write_back(q, kind, name, token))
+                    proofs = [
+                        token_of(q, label, tally.granted, replies, 1 + j)
+                        for j, (label, _) in enumerate(fences)
+                    ]
+                    tokens = [t for t in proofs if t is not None]
+                    proven = len(tokens) == len(fences) and (
+                        yield from _write_back(q, kind, name, tokens)
+                    )
                 except BaseException:  # FencingError, or interrupted: held nowhere after
                     yield _undo(q, kind, name, owner, count)
                     raise
                 now = q.clock()
                 if proven and valid_until > now:
-                    return Grant(valid_until, token, len(tally.granted))
+                    token = tokens[0] if len(tokens) == 1 else tuple(tokens)
+                    return Grant(valid_until, token, len(tally.granted), held)
                 # Not proven in time: undone below, and tried again.
             if contended is not None:
                 contended(tally)
@@ -287,15 +302,16 @@ def _handed_grant(q: Quorum, handover: Handover, first_try: float | None, ms: in
     return Grant(valid_until, None, len(handover.masters))
 
 
-def _write_back(q: Quorum, kind: LockKind, name: str, token: int) -> Steps[bool]:
-    """Raise the counters to ``token`` everywhere; True once a quorum acknowledged."""
+def _write_back(q: Quorum, kind: LockKind, name: str, tokens: Sequence[int]) -> Steps[bool]:
+    """Raise the counters to ``tokens`` everywhere; True once a quorum acknowledged
+    every one."""
 
     def acked(replies: Sequence[Reply]) -> bool:
-        counter = integer_of(replies[0])
-        return counter is not None and counter >= token
+        counters = [integer_of(r) for r in replies]
+        return all(c is not None and c >= t for c, t in zip(counters, tokens, strict=True))
 
-    raise_call = kind.fence_raise(name, token, FENCE_TTL_MS)
-    replies = yield q.everywhere(raise_call, early=Early(q.needed, acked))
+    raise_calls = kind.fence_raise_calls(name, tokens, FENCE_TTL_MS)
+    replies = yield q.everywhere(*raise_calls, early=Early(q.needed, acked))
     return sum(1 for per_master in replies if acked(per_master)) >= q.needed
 
 
@@ -565,15 +581,13 @@ def _cross_slot(reply: Reply) -> bool:
 def _renew_calls(
     holds: Sequence[Hold], ms: int, by_slot: bool
 ) -> tuple[tuple[Call, ...], list[list[Hold]]]:
-    groups: dict[tuple[str, int], list[Hold]] = defaultdict(list)
-    kinds: dict[str, LockKind] = {}
+    # Per kind object: a semaphore's slots are kinds of their own (one per slot).
+    groups: dict[tuple[LockKind, int], list[Hold]] = defaultdict(list)
     for h in holds:
         slot = key_slot(h.kind.key(h.name)) if by_slot else 0
-        groups[(h.kind.label, slot)].append(h)
-        kinds[h.kind.label] = h.kind
+        groups[(h.kind, slot)].append(h)
     order = list(groups.values())
     calls = tuple(
-        kinds[label].renew([(h.name, h.owner) for h in group], ms)
-        for (label, _), group in groups.items()
+        kind.renew([(h.name, h.owner) for h in group], ms) for (kind, _), group in groups.items()
     )
     return calls, order

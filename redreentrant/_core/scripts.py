@@ -54,6 +54,10 @@ FAIRLOCK = load("fairlock")
 FENCE = load("fence")
 EXTEND = load("extend")
 FENCED_WRITE = load("fenced_write")
+SEMAPHORE = load("semaphore")
+MULTILOCK = load("multilock")
 
 #: the scripts the masters run (the fenced write runs on the protected resource)
-LOCK_SCRIPTS = (ACQUIRE, RELEASE, RENEW, PROBE, RWLOCK, FAIRLOCK, FENCE, EXTEND)
+LOCK_SCRIPTS = (
+    ACQUIRE, RELEASE, RENEW, PROBE, RWLOCK, FAIRLOCK, FENCE, EXTEND, SEMAPHORE, MULTILOCK,
+)  # fmt: skip

@@ -137,6 +137,19 @@ class Settings:
         return lease_s
 
 
+#: the most permits a semaphore may have: each acquire names every slot to the masters
+MAX_PERMITS = 1024
+
+
+def check_permits(permits: object) -> int:
+    """``permits=`` of a semaphore: an int from 1 to :data:`MAX_PERMITS`."""
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise TypeError(f"permits must be an int, not {permits!r}")
+    if not 1 <= permits <= MAX_PERMITS:
+        raise ValueError(f"permits must be from 1 to {MAX_PERMITS}, not {permits}")
+    return permits
+
+
 def check_fencing(fencing: object) -> bool:
     """``fencing=`` of a manager or a lock: a bool."""
     if not isinstance(fencing, bool):

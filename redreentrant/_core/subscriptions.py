@@ -29,6 +29,9 @@ The rules that keep the subscriptions right whatever the interleaving:
 - a channel nobody watches any more is kept until no connected master still has it;
 - a targeted wake-up counts once per waiter woken, not once per release: masters that
   disagree on whom a release wakes each took their waiter's place, and each is told;
+- a targeted wake-up names its owner, who waits for one thing at a time: it wakes the
+  owner's wait whichever of the owner's targeted channels it names (a multi-lock's
+  waiter is registered under each of its names);
 - a targeted wake-up that comes before its waiter watches (its try registered it a
   moment before), by a master's message or by this manager's own release, is kept for
   it, and a watch made while some master did not yet confirm the home channel counts
@@ -133,6 +136,8 @@ class Subscriptions:
         # later acquire (the one it was meant for may have ended, its hold given back
         # or taken by a try of its own), so its try finds out whether it holds the lock.
         self._unclaimed: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        # The targeted channel each waiting owner watches.
+        self._targeted_of: dict[str, str] = {}
 
     # -- the waiters' side --------------------------------------------------------------
 
@@ -147,7 +152,10 @@ class Subscriptions:
         waiter = chan.waiters.get(owner)
         if waiter is None:
             waiter = chan.waiters[owner] = Waiter(owner)
-            unclaimed = self._unclaimed.pop((channel, owner), False)
+            unclaimed = False
+            if chan.targeted:
+                self._targeted_of[owner] = channel
+                unclaimed = self._claim(channel, owner)
             if chan.targeted and (unclaimed or not self.settled(chan)):
                 waiter.wakes = 1
             start = 0
@@ -166,6 +174,8 @@ class Subscriptions:
             waiter.refs -= 1
             if waiter.refs <= 0:
                 del chan.waiters[owner]
+                if self._targeted_of.get(owner) == channel:
+                    del self._targeted_of[owner]
         self._prune()
         return not chan.targeted and not chan.waiters
 
@@ -238,6 +248,8 @@ class Subscriptions:
                 if chan is not None and owner in chan.waiters:
                     chan.waiters[owner].handover = handovers.get(owner)
                     out += self._wake(chan, [owner])
+                elif (watched := self._targeted_of.get(owner)) is not None:
+                    out += self._wake(self.channels[watched], [owner])  # another name
                 else:
                     # Its try's watch is still to come: keep the wake-up for the watch.
                     self._keep_unclaimed(channel, owner)
@@ -350,6 +362,9 @@ class Subscriptions:
             return []  # another master's word on this wake-up already counted
         chan = self.channels.get(channel)
         if chan is None or owner not in chan.waiters:
+            watched = self._targeted_of.get(owner)  # the owner waits for another name
+            if watched is not None:
+                return self._wake(self.channels[watched], [owner])
             # Registered by a try whose watch is still to come: keep it for the watch.
             self._keep_unclaimed(channel, owner)
             return []
@@ -358,6 +373,14 @@ class Subscriptions:
     def _ours(self, owner: str) -> bool:
         """Whether ``owner`` belongs to this manager (whose home channel this is)."""
         return home_channel(manager_of(owner)) == self.home
+
+    def _claim(self, channel: str, owner: str) -> bool:
+        """Take a wake-up kept for ``owner``: on ``channel``, or on another of its
+        names."""
+        if self._unclaimed.pop((channel, owner), False):
+            return True
+        other = next((key for key in self._unclaimed if key[1] == owner), None)
+        return other is not None and self._unclaimed.pop(other)
 
     def _keep_unclaimed(self, channel: str, owner: str) -> None:
         self._unclaimed[(channel, owner)] = True

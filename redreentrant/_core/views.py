@@ -20,6 +20,8 @@ class LockView:
     queue: list[str] = field(default_factory=list)
     """Waiting owners in order: a fair lock's queue, a read/write lock's waiting writers,
     a plain lock's registered waiters (in the order releases wake them)."""
+    slots: dict[str, int] = field(default_factory=dict)
+    """A semaphore's holders' permit slots (owner id -> slot number, from 0)."""
 
 
 @dataclass

@@ -6,7 +6,7 @@ from types import TracebackType
 
 from .._core.engine import Engine, entry_caller
 from .._core.errors import LockLostError
-from .._core.kinds import FAIR, READ, WRITE, LockKind
+from .._core.kinds import FAIR, READ, UPGRADEABLE, WRITE, LockKind
 from .._core.locking import LockCore
 from .driver import SyncDriver
 from .signals import LostSignal
@@ -172,6 +172,48 @@ class WriteLock(Lock):
     kind: LockKind = WRITE
 
 
+class UpgradeableReadLock(Lock):
+    """The upgradeable side of a read/write lock: shared with readers, but held by one
+    owner at a time and excluding writers; its holder may turn it into the write lock
+    (:meth:`upgrade`) and back (:meth:`downgrade`). Only one owner can be upgrading, so
+    two upgrades never wait for each other.
+
+    Like the read side, it is refused while a writer holds the lock or waits for it.
+    Its holder may also take the read lock (at once, even while a writer waits) and
+    the write lock (``rw.write.acquire()`` is an upgrade, its release a downgrade). A
+    holder of the read or the write lock cannot take it: :class:`LockUpgradeError` at
+    once. Its last release also releases the write lock of an upgrade still in force.
+    """
+
+    kind: LockKind = UPGRADEABLE
+
+    def upgrade(self, timeout: float = -1) -> bool:
+        """Take the write lock, keeping this hold: True once the owner holds it, False
+        if ``timeout`` (seconds, ``-1`` for no limit) passed first.
+
+        Meanwhile new readers are refused, as for a waiting writer, and the owner waits
+        for the other readers to leave (woken by their releases, or by their leases
+        running out). The masters grant the write lock in the same script call that
+        finds them gone, so no writer can come in between. When the time passes,
+        nothing has changed: the owner still holds this lock, and readers may enter
+        again. While upgraded the owner holds ``rw.write`` (``hold_count``, ``token``
+        with fencing, ``lost``); a second upgrade re-enters it. Raises
+        :class:`LockNotOwnedError` if the caller does not hold this lock, and
+        :class:`LockLostError` if its hold was lost.
+        """
+        engine = self._engine
+        steps = engine.upgrade(self.name, engine.owner_id(), timeout, self.fencing, entry_caller())
+        return self._driver.run(steps)
+
+    def downgrade(self) -> None:
+        """Release one level of the write lock an upgrade took (the last one lets
+        readers in again, and wakes them); this lock stays held. Raises
+        :class:`LockNotOwnedError` if the caller is not upgraded, and
+        :class:`LockLostError` if the write hold was lost."""
+        engine = self._engine
+        self._driver.run(engine.downgrade(self.name, engine.owner_id()))
+
+
 class FairLock(Lock):
     """A reentrant lock granted first come, first served.
 
@@ -189,5 +231,5 @@ class FairLock(Lock):
 
 #: the sync lock class of each kind
 LOCK_CLASSES: dict[str, type[Lock]] = {
-    k.kind.label: k for k in (Lock, ReadLock, WriteLock, FairLock)
+    k.kind.label: k for k in (Lock, ReadLock, WriteLock, UpgradeableReadLock, FairLock)
 }

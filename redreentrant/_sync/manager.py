@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
@@ -15,17 +15,26 @@ from .._core.cluster import ClusterMember
 from .._core.decorators import Synchronized, SyncKind
 from .._core.engine import Engine
 from .._core.keys import validate_name
-from .._core.kinds import FAMILIES, LockKind
+from .._core.kinds import (
+    FAMILIES,
+    LockKind,
+    MultiKind,
+    SemaphoreKind,
+    multi_kind,
+    multi_names,
+)
 from .._core.listeners import LockListener
 from .._core.manager import ManagerCore
 from .._core.masters import no_handshake, with_valkey
-from .._core.settings import Settings
+from .._core.settings import Settings, check_permits
 from .._core.views import MasterView
 from .cluster import NodeClients, cluster_types
 from .decorators import synchronize
 from .driver import SyncDriver
-from .lock import LOCK_CLASSES, Lock
+from .lock import LOCK_CLASSES, Lock, UpgradeableReadLock
+from .multilock import MultiLock
 from .owner import thread_token
+from .semaphore import Semaphore
 from .transport import SyncTransport
 from .waker import Waker
 from .wakeups import WakeupHub
@@ -51,7 +60,7 @@ def url_client(url: str, timeout: float) -> redis.Redis:
     )
 
 
-class LockManager(ManagerCore[Lock]):
+class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
     """Locks over a Redlock quorum of N independent Redis masters (threads own locks).
 
     ``masters`` are redis URLs or ``redis.Redis`` (or valkey-py's ``valkey.Valkey``)
@@ -128,7 +137,28 @@ class LockManager(ManagerCore[Lock]):
         engine.on_deferred_wake = self._waker.arm
         super().__init__(engine, self._make)
 
+    def semaphore(self, name: str, permits: int) -> Semaphore:
+        """A semaphore named ``name`` of ``permits`` permits (an int from 1 to 1024): at
+        most that many owners hold a permit at once (see :class:`Semaphore`). Every
+        client should give a name the same number of permits: see the semaphore docs
+        for what happens while they differ."""
+        self._engine.check_open()
+        return Semaphore(self._engine, self._driver, name, check_permits(permits))
+
+    def multi_lock(self, names: Iterable[str], *, fencing: bool | None = None) -> MultiLock:
+        """The locks of ``names`` (``lock(name)`` of each), taken and released together:
+        all of them or none (see :class:`MultiLock`). ``fencing`` (default: the
+        manager's) gives each name a token (``tokens``)."""
+        self._engine.check_open()
+        if isinstance(names, str):
+            raise TypeError("multi_lock takes several names (a list), not one str")
+        return MultiLock(self._engine, self._driver, multi_kind(multi_names(names)), fencing)
+
     def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
+        if isinstance(kind, MultiKind):
+            return MultiLock(self._engine, self._driver, kind, fencing)
+        if isinstance(kind, SemaphoreKind):
+            return Semaphore(self._engine, self._driver, name, kind.permits)
         return LOCK_CLASSES[kind.label](self._engine, self._driver, name, fencing)
 
     @overload

@@ -8,8 +8,10 @@
 """
 
 from .._async.fenced import FencedStore
-from .._async.lock import FairLock, Lock, ReadLock, WriteLock
+from .._async.lock import FairLock, Lock, ReadLock, UpgradeableReadLock, WriteLock
 from .._async.manager import LockManager
+from .._async.multilock import MultiLock
+from .._async.semaphore import Semaphore
 from .._async.signals import LostSignal
 from .._core.errors import (
     FencingError,
@@ -47,10 +49,13 @@ __all__ = [
     "LostSignal",
     "ManagerClosedError",
     "MasterView",
+    "MultiLock",
     "OwnerInfo",
     "QuorumUnavailableError",
     "ReadLock",
     "ReadWriteLock",
+    "Semaphore",
+    "UpgradeableReadLock",
     "WriteLock",
     "parse_owner",
 ]

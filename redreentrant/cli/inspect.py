@@ -81,7 +81,7 @@ def _summary(views: Sequence[MasterView], quorum: int) -> tuple[str, str]:
 
 
 # A read/write lock's view names each holder once per side: "<owner id> (read)".
-_SIDE = re.compile(r" \((?:read|write)\)$")
+_SIDE = re.compile(r" \((?:read|write|upgradeable)\)$")
 
 
 def _parse(holder: str) -> OwnerInfo | None:
@@ -181,6 +181,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                             "ttl": lv.ttl,
                             "holders": dict(lv.holders),
                             "queue": list(lv.queue),
+                            # A semaphore's: each holder's permit slot.
+                            **({"slots": dict(lv.slots)} if lv.kind == "semaphore" else {}),
                             # Who each holder and waiter is (null: an id that says not).
                             "owners": {
                                 owner: _owner_json(_parse(owner))
@@ -203,7 +205,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             elif not v.locks:
                 rows.append([v.master, "-", "-", "-", "(free)", "-"])
             for lv in [] if v.error is not None else v.locks:
-                holders = ", ".join(f"{o} x{c}" for o, c in lv.holders.items()) or "(none)"
+                holders = (
+                    ", ".join(
+                        f"{o} x{c}" + (f" (slot {lv.slots[o]})" if o in lv.slots else "")
+                        for o, c in lv.holders.items()
+                    )
+                    or "(none)"
+                )
                 rows.append(
                     [
                         v.master,

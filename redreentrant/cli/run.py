@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Protocol
 
 from redreentrant import LockLostError, QuorumUnavailableError
+from redreentrant._core.settings import MAX_PERMITS, check_permits
 
 from ._process import die_with_parent
 from .common import (
@@ -63,6 +64,15 @@ def _seconds(minimum_exclusive: bool) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def _permits(text: str) -> int:
+    try:
+        return check_permits(int(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"not a number of permits from 1 to {MAX_PERMITS}: {text!r}"
+        ) from error
 
 
 def _exit_code(text: str) -> int:
@@ -112,8 +122,9 @@ def register(
     run = add(
         "run",
         parents=parents,
-        usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] [--shared | --write | --fair] "
-        "[--lease S] [-E N] [--wait-masters] NAME -- CMD [ARGS...]",
+        usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] "
+        "[--shared | --write | --fair | --permits P] [--lease S] [-E N] [--wait-masters] "
+        "NAME -- CMD [ARGS...]",
         help="run a command while holding a lock (a distributed flock)",
         description=_RUN_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -141,6 +152,13 @@ def register(
     )
     kind.add_argument(
         "--fair", action="store_true", help="take the fair lock NAME: granted in FIFO order"
+    )
+    kind.add_argument(
+        "--permits",
+        type=_permits,
+        metavar="P",
+        help="take a permit of the semaphore NAME of P permits: at most P runs of NAME at "
+        f"once, across hosts (P from 1 to {MAX_PERMITS})",
     )
     run.add_argument(
         "--lease",
@@ -266,6 +284,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             lock = mgr.rw_lock(name).write
         elif args.fair:
             lock = mgr.fair_lock(name)
+        elif args.permits is not None:
+            lock = mgr.semaphore(name, args.permits)
         else:
             lock = mgr.lock(name)
         with signals(child.on_signal, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

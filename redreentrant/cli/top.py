@@ -75,7 +75,7 @@ SCAN_COUNT = 1000
 SCAN_CAP = 10_000
 
 # A read/write lock's view names each holder once per side: "<owner id> (read)".
-_SIDE = re.compile(r"^(.*) \((read|write)\)$")
+_SIDE = re.compile(r"^(.*) \((read|write|upgradeable)\)$")
 
 
 def register(
@@ -371,7 +371,7 @@ def _rows(name: str, views: Sequence[MasterView], quorum: int) -> list[LockRow]:
     """The lock kinds present under ``name`` on any master, each as a row."""
     rows = []
     answered = sum(1 for v in views if v.error is None)
-    for kind in ("lock", "rw", "fair"):
+    for kind in ("lock", "rw", "fair", "semaphore"):
         per_master = []
         for view in views:
             if view.error is not None:

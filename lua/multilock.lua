@@ -1,0 +1,214 @@
+-- name: multilock
+-- version: 1
+-- Several plain locks taken or released together (see docs/multi-lock.md): all of the
+-- names in the call or none, in one call. Each name is the plain lock of that name
+-- (acquire.lua, release.lua): a hash owner -> hold count, its registered waiters, its
+-- reservation. On a Redis Cluster node a call holds the names of one hash slot; a
+-- multi-lock over several slots is one call per slot.
+-- KEYS     per name, three keys: its lock hash, its waiters zset, its reservation
+-- ARGV[1]  the operation; the rest depends on it (the same for every name):
+--   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] hold count to record (1 takes,
+--            >1 re-enters), ARGV[5] ms the owner stays registered as a waiter of
+--            each name if refused (0: do not register). Every name is taken (count 1:
+--            free, and not reserved for another owner) or re-entered (held by the
+--            owner), or nothing changes. Reply {1, count, {}} granted; {0, ms, {}}
+--            refused: ms until the longest of the names' holds ends (-2: a re-entry
+--            whose hold is gone somewhere)
+--   release  ARGV[2] owner, ARGV[3] hold count left (0 frees the names), ARGV[4]
+--            release id, ARGV[5] home channel prefix, ARGV[6] '1' a final release
+--            (ends the owner's registrations too, and each name freed wakes its next
+--            registered waiter, as release.lua does) or '0' an undo (wakes nobody).
+--            The count is absolute: a repeated call changes nothing. Reply
+--            {status, woken, {per name: status}}: per name 1 still held, 0 freed,
+--            -1 the owner held nothing there; status the least of them; woken the
+--            first waiter woken, or ''
+--   renew    ARGV[2] lease ms, then per name ARGV its owner and its hold's number:
+--            each name where its owner holds it gets the lease. Reply per hold (in
+--            the order of their numbers): 1 renewed on all of its names here, 0 not
+--   extend   ARGV[2] owner, ARGV[3] ms, ARGV[4] 'add' (each name's PTTL grows by ms)
+--            or 'set' (it becomes ms), only where every name is held by the owner.
+--            Reply the least PTTL after (> 0); 0 when the owner lacks a name here
+--   abandon  ARGV[2] owner, ARGV[3] release id, ARGV[4] home prefix: a waiter gives
+--            up: ends its registrations, and each name that is free wakes its next
+--            registered waiter. Reply {0, woken, {}}
+-- A wake-up is published on the waiter's manager's home channel with the message
+-- '<release id>\n<owner id>\n<the name's wake channel>' (ARGV for each name is not
+-- needed: the wake channel is the lock hash's key followed by ':wake').
+-- A lock key that is not a hash is refused with a WRONGTYPE error (nothing changes).
+local op = ARGV[1]
+local names = #KEYS / 3
+local KEEP_MS = 1000
+
+local function server_ms()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+for i = 1, names do
+  local kind = redis.call('type', KEYS[3 * i - 2])['ok']
+  if kind ~= 'none' and kind ~= 'hash' then
+    return redis.error_reply('WRONGTYPE lock key holds a ' .. kind)
+  end
+end
+
+local function manager_of(owner)
+  return string.match(owner, '^(.*):[^:]*$') or owner
+end
+
+-- Wakes the next registered waiter of name i (as release.lua does, without hand-over
+-- or reservation); returns the owner woken, or ''.
+local function wake_next(i, id, prefix)
+  local hash, waiters = KEYS[3 * i - 2], KEYS[3 * i - 1]
+  if redis.call('exists', waiters) == 0 then
+    return ''
+  end
+  local now = server_ms()
+  redis.call('zremrangebyscore', waiters, '-inf', now)
+  while true do
+    local first = redis.call('zrange', waiters, 0, 0)
+    if #first == 0 then
+      return ''
+    end
+    local owner = first[1]
+    local message = id .. '\n' .. owner .. '\n' .. hash .. ':wake'
+    if redis.call('publish', prefix .. manager_of(owner), message) > 0 then
+      redis.call('zadd', waiters, 'XX', 'LT', now + KEEP_MS, owner)
+      return owner
+    end
+    redis.call('zrem', waiters, owner)
+  end
+end
+
+if op == 'renew' then
+  local lease = ARGV[2]
+  local held, order = {}, {}
+  for i = 1, names do
+    local owner, hold = ARGV[2 * i + 1], ARGV[2 * i + 2]
+    if held[hold] == nil then
+      held[hold] = 1
+      order[#order + 1] = hold
+    end
+    if redis.call('hexists', KEYS[3 * i - 2], owner) == 1 then
+      redis.call('pexpire', KEYS[3 * i - 2], lease)
+    else
+      held[hold] = 0
+    end
+  end
+  local out = {}
+  for n, hold in ipairs(order) do
+    out[n] = held[hold]
+  end
+  return out
+end
+
+local owner = ARGV[2]
+
+if op == 'acquire' then
+  local lease, count, wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  local refused = false
+  local longest = -2
+  for i = 1, names do
+    local hash = KEYS[3 * i - 2]
+    local ok
+    if count > 1 then
+      ok = redis.call('hexists', hash, owner) == 1
+    else
+      local reserved = redis.call('get', KEYS[3 * i])
+      ok = (redis.call('exists', hash) == 0 or redis.call('hexists', hash, owner) == 1)
+        and (not reserved or reserved == owner)
+    end
+    if not ok then
+      refused = true
+      longest = math.max(longest, redis.call('pttl', hash))
+    end
+  end
+  if not refused then
+    for i = 1, names do
+      local hash = KEYS[3 * i - 2]
+      redis.call('hset', hash, owner, count)
+      redis.call('pexpire', hash, lease)
+      if count == 1 then
+        redis.call('del', KEYS[3 * i])  -- a reservation for this owner is used up
+      end
+    end
+    return {1, count, {}}
+  end
+  if count > 1 then
+    return {0, -2, {}}
+  end
+  if wait > 0 then
+    local now = server_ms()
+    for i = 1, names do
+      local waiters = KEYS[3 * i - 1]
+      redis.call('zremrangebyscore', waiters, '-inf', now)
+      -- NX: a waiter that tries again keeps its place (and its registration's end).
+      redis.call('zadd', waiters, 'NX', now + wait, owner)
+      local last = redis.call('zrange', waiters, -1, -1, 'withscores')
+      redis.call('pexpire', waiters, math.max(1, tonumber(last[2]) - now))
+    end
+  end
+  return {0, longest, {}}
+end
+
+if op == 'release' then
+  local left, final = tonumber(ARGV[3]), ARGV[6] == '1'
+  local status, woken, each = 1, '', {}
+  for i = 1, names do
+    local hash = KEYS[3 * i - 2]
+    if final then
+      redis.call('zrem', KEYS[3 * i - 1], owner)
+    end
+    if redis.call('hexists', hash, owner) == 0 then
+      each[i] = -1
+    elseif left > 0 then
+      redis.call('hset', hash, owner, left)
+      each[i] = 1
+    else
+      redis.call('hdel', hash, owner)
+      each[i] = 0
+      if final and redis.call('exists', hash) == 0 then
+        local w = wake_next(i, ARGV[4], ARGV[5])
+        if woken == '' then
+          woken = w
+        end
+      end
+    end
+    status = math.min(status, each[i])
+  end
+  return {status, woken, each}
+end
+
+if op == 'extend' then
+  for i = 1, names do
+    if redis.call('hexists', KEYS[3 * i - 2], owner) == 0 then
+      return 0
+    end
+  end
+  local least = nil
+  for i = 1, names do
+    local hash = KEYS[3 * i - 2]
+    local ttl = tonumber(ARGV[3])
+    if ARGV[4] == 'add' then
+      ttl = ttl + math.max(0, redis.call('pttl', hash))
+    end
+    redis.call('pexpire', hash, ttl)
+    least = least and math.min(least, ttl) or ttl
+  end
+  return least
+end
+
+if op == 'abandon' then
+  local woken = ''
+  for i = 1, names do
+    redis.call('zrem', KEYS[3 * i - 1], owner)
+    if redis.call('exists', KEYS[3 * i - 2]) == 0 then
+      local w = wake_next(i, ARGV[3], ARGV[4])
+      if woken == '' then
+        woken = w
+      end
+    end
+  end
+  return {0, woken, {}}
+end
+
+return redis.error_reply('ERR multilock: unknown operation ' .. tostring(op))

@@ -1,0 +1,304 @@
+-- name: semaphore
+-- version: 1
+-- A semaphore of P permits kept as P slots (see docs/semaphore.md): each slot is a
+-- hash owner -> hold count whose PTTL is the lease, as the plain lock keeps a lock, and
+-- a permit is one slot held on a quorum of masters. An owner holds at most one slot
+-- here. The index (owner -> slot number) tells which slot each holder has; it lives as
+-- long as the longest of those holds. Refused owners register as waiters (owner -> end
+-- of registration, server ms) and keep their place until their final release; a freed
+-- slot wakes a registered waiter on its manager's home channel as release.lua does:
+-- the first that holds no permit here and was not woken in the last KEEP_MS, else the
+-- first that holds none. A waiter whose manager hears nothing there is dropped.
+-- KEYS     the slots the operation names (slot hashes), then the waiters zset, then
+--          the index hash (renew: pairs of a slot and its index instead)
+-- ARGV[1]  the operation; the rest depends on it:
+--   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] hold count to record (1 takes,
+--            >1 re-enters), ARGV[5] ms the owner stays registered as a waiter if
+--            refused (0: do not register), ARGV[6..] the slots to try, in order, as
+--            positions in KEYS (1-based). A first hold takes the first slot that is
+--            free or already the owner's, and lets go of any other the owner holds
+--            among them; a re-entry re-enters the owner's hold on the first slot only.
+--            Reply {1, count, position} granted; {0, ms} refused: ms until the first
+--            of the tried slots' holds ends, -2 for a re-entry whose hold is gone
+--   release  KEYS[1] the owner's slot; ARGV[2] owner, ARGV[3] hold count left (0
+--            frees the slot), ARGV[4] the wake channel, ARGV[5] release id, ARGV[6]
+--            home channel prefix, ARGV[7] '1' for a final release (it ends the owner's
+--            registration too, and a freed slot wakes a waiter) or '0' for an undo
+--            (nobody is woken). The count is absolute: a repeated call changes nothing.
+--            Reply {1, ''} still held; {0, woken, 0, 0} freed here; {-1, ''} the owner
+--            held nothing on that slot
+--   drop     ARGV[2] owner, ARGV[3] the position of a slot to keep (0: none): lets go
+--            of the owner's holds on every other slot named (the undo of a try),
+--            waking nobody. Reply how many holds it let go of
+--   abandon  ARGV[2] owner, ARGV[3] wake channel, ARGV[4] release id, ARGV[5] home
+--            prefix: a waiter gives up. Ends its registration, lets go of any hold a
+--            try left it on the slots named, and where one of them is free wakes
+--            another waiter. Reply {0, woken}
+--   renew    KEYS pairs (a slot, its semaphore's index); ARGV[2] lease ms, ARGV[2+i]
+--            the owner of the i-th pair. Reply array: 1 renewed, 0 not held there
+--   extend   KEYS[1] the owner's slot; ARGV[2] owner, ARGV[3] ms, ARGV[4] 'add' (the
+--            slot's PTTL grows by ms) or 'set' (it becomes ms). Reply the PTTL after
+--            (> 0); 0 when the owner holds nothing there
+--   probe    the slots named, or with none, those the index names. Reply
+--            {{slot number, owner, count, pttl, ...}, {waiter, ...}}: every hold, and
+--            the registered waiters whose registration has not ended, in their order
+--   force    deletes the slots named (with none: those the index names) and the index,
+--            and wakes as many waiters as slots were held. Reply {1, woken} a slot was
+--            held, {0, ''} none was
+-- A slot key that is not a hash is refused with a WRONGTYPE error (nothing changes).
+local KEEP_MS = 1000
+local op = ARGV[1]
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function check_types(first, last)
+  for i = first, last do
+    local kind = redis.call('type', KEYS[i])['ok']
+    if kind ~= 'none' and kind ~= 'hash' then
+      return redis.error_reply('WRONGTYPE lock key holds a ' .. kind)
+    end
+  end
+end
+
+-- The slot number of a slot key, and the slot key of a number (next to the index).
+local function number_of(key)
+  return tonumber(string.match(key, ':(%d+)$'))
+end
+local function slot_key(index, number)
+  return string.sub(index, 1, -#'holders' - 1) .. number
+end
+
+-- Drop index entries whose hold is gone; let the index live as its longest hold.
+local function tidy_index(index)
+  local entries = redis.call('hgetall', index)
+  local longest = 0
+  for i = 1, #entries, 2 do
+    local key = slot_key(index, entries[i + 1])
+    if redis.pcall('hexists', key, entries[i]) == 1 then
+      longest = math.max(longest, redis.call('pttl', key))
+    else
+      redis.call('hdel', index, entries[i])
+    end
+  end
+  if longest > 0 then
+    redis.call('pexpire', index, longest)
+  else
+    redis.call('del', index)
+  end
+end
+
+local function let_go(key, owner)
+  return redis.call('hdel', key, owner)
+end
+
+local function manager_of(owner)
+  return string.match(owner, '^(.*):[^:]*$') or owner
+end
+
+-- Wake up to n registered waiters (see the header); returns the first woken, or ''.
+local function wake(waiters, index, n, channel, id, prefix)
+  redis.call('zremrangebyscore', waiters, '-inf', now)
+  local first = ''
+  local woken = {}
+  for pass = 1, 2 do
+    local candidates = redis.call('zrange', waiters, 0, -1, 'withscores')
+    for i = 1, #candidates, 2 do
+      if n <= 0 then
+        return first
+      end
+      local owner = candidates[i]
+      local fresh = pass == 2 or tonumber(candidates[i + 1]) > now + KEEP_MS
+      if fresh and not woken[owner] and redis.call('hexists', index, owner) == 0 then
+        local message = id .. '\n' .. owner .. '\n' .. channel
+        if redis.call('publish', prefix .. manager_of(owner), message) > 0 then
+          -- LT: woken again, it keeps the end its first wake-up set
+          redis.call('zadd', waiters, 'XX', 'LT', now + KEEP_MS, owner)
+          woken[owner] = true
+          n = n - 1
+          if first == '' then
+            first = owner
+          end
+        else
+          redis.call('zrem', waiters, owner)
+        end
+      end
+    end
+    if first ~= '' then
+      return first
+    end
+  end
+  return first
+end
+
+if op == 'renew' then
+  local out = {}
+  for i = 1, #KEYS / 2 do
+    local key, index, owner = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 + i]
+    if redis.pcall('hexists', key, owner) == 1 then
+      redis.call('pexpire', key, ARGV[2])
+      tidy_index(index)
+      out[i] = 1
+    else
+      out[i] = 0
+    end
+  end
+  return out
+end
+
+local waiters, index = KEYS[#KEYS - 1], KEYS[#KEYS]
+local slots = #KEYS - 2
+local wrong = check_types(1, slots)
+if wrong then
+  return wrong
+end
+
+if op == 'probe' or op == 'force' then
+  local named = {}
+  for i = 1, slots do
+    named[#named + 1] = KEYS[i]
+  end
+  if slots == 0 then
+    local entries = redis.call('hgetall', index)
+    for i = 2, #entries, 2 do
+      named[#named + 1] = slot_key(index, entries[i])
+    end
+  end
+  if op == 'probe' then
+    local holds = {}
+    for _, key in ipairs(named) do
+      local fields = redis.call('hgetall', key)
+      local pttl = redis.call('pttl', key)
+      for i = 1, #fields, 2 do
+        holds[#holds + 1] = {number_of(key), fields[i], tonumber(fields[i + 1]), pttl}
+      end
+    end
+    return {holds, redis.call('zrangebyscore', waiters, '(' .. now, '+inf')}
+  end
+  local held = 0
+  for _, key in ipairs(named) do
+    held = held + redis.call('exists', key)
+    redis.call('del', key)
+  end
+  redis.call('del', index)
+  if held == 0 then
+    return {0, ''}
+  end
+  return {1, wake(waiters, index, held, ARGV[2], ARGV[3], ARGV[4])}
+end
+
+local owner = ARGV[2]
+
+if op == 'acquire' then
+  local lease, count = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local pick = nil
+  if count > 1 then
+    local position = tonumber(ARGV[6])
+    if redis.call('hexists', KEYS[position], owner) == 0 then
+      return {0, -2}
+    end
+    pick = position
+  else
+    for i = 6, #ARGV do
+      local position = tonumber(ARGV[i])
+      local key = KEYS[position]
+      if redis.call('exists', key) == 0 or redis.call('hexists', key, owner) == 1 then
+        pick = position
+        break
+      end
+    end
+  end
+  if pick then
+    if count == 1 then
+      for i = 6, #ARGV do
+        local position = tonumber(ARGV[i])
+        if position ~= pick then
+          let_go(KEYS[position], owner)
+        end
+      end
+    end
+    redis.call('hset', KEYS[pick], owner, count)
+    redis.call('pexpire', KEYS[pick], lease)
+    redis.call('hset', index, owner, number_of(KEYS[pick]))
+    tidy_index(index)
+    return {1, count, pick}
+  end
+  local wait = tonumber(ARGV[5])
+  if wait > 0 then
+    redis.call('zremrangebyscore', waiters, '-inf', now)
+    -- NX: a waiter that tries again keeps its place (and its registration's end).
+    redis.call('zadd', waiters, 'NX', now + wait, owner)
+    local last = redis.call('zrange', waiters, -1, -1, 'withscores')
+    redis.call('pexpire', waiters, math.max(1, tonumber(last[2]) - now))
+  end
+  local soonest = -1
+  for i = 6, #ARGV do
+    local pttl = redis.call('pttl', KEYS[tonumber(ARGV[i])])
+    if pttl > 0 and (soonest < 0 or pttl < soonest) then
+      soonest = pttl
+    end
+  end
+  return {0, soonest}
+end
+
+if op == 'release' then
+  if ARGV[7] == '1' then
+    redis.call('zrem', waiters, owner)
+  end
+  local key = KEYS[1]
+  if redis.call('hexists', key, owner) == 0 then
+    return {-1, ''}
+  end
+  local left = tonumber(ARGV[3])
+  if left > 0 then
+    redis.call('hset', key, owner, left)
+    return {1, ''}
+  end
+  let_go(key, owner)
+  tidy_index(index)
+  if ARGV[7] == '0' or redis.call('exists', key) == 1 then
+    return {0, '', 0, 0}
+  end
+  return {0, wake(waiters, index, 1, ARGV[4], ARGV[5], ARGV[6]), 0, 0}
+end
+
+if op == 'drop' then
+  local keep = tonumber(ARGV[3])
+  local dropped = 0
+  for i = 1, slots do
+    if i ~= keep then
+      dropped = dropped + let_go(KEYS[i], owner)
+    end
+  end
+  tidy_index(index)
+  return dropped
+end
+
+if op == 'abandon' then
+  redis.call('zrem', waiters, owner)
+  local free = false
+  for i = 1, slots do
+    let_go(KEYS[i], owner)
+    free = free or redis.call('exists', KEYS[i]) == 0
+  end
+  tidy_index(index)
+  if not free then
+    return {0, ''}
+  end
+  return {0, wake(waiters, index, 1, ARGV[3], ARGV[4], ARGV[5])}
+end
+
+if op == 'extend' then
+  local key = KEYS[1]
+  if redis.call('hexists', key, owner) ~= 1 then
+    return 0
+  end
+  local ttl = tonumber(ARGV[3])
+  if ARGV[4] == 'add' then
+    ttl = ttl + math.max(0, redis.call('pttl', key))
+  end
+  redis.call('pexpire', key, ttl)
+  tidy_index(index)
+  return ttl
+end
+
+return redis.error_reply('ERR semaphore: unknown operation ' .. tostring(op))

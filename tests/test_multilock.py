@@ -1,0 +1,242 @@
+"""The multi-lock against real masters: all names or none, reentrant as a whole, one
+hold, fencing per name, crossing orders that never deadlock, and nothing left taken
+when an acquire fails."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from helpers import lock_keys, run, wait_until
+
+import redreentrant.asyncio as ra
+from redreentrant import FencingError, LockLostError, LockManager, LockNotOwnedError, MultiLock
+from redreentrant._core.keys import lock_key
+from redreentrant.testing import LocalEnsemble
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=[1, 5], ids=["one-master", "five-masters"])
+def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> list[str]:
+    return ensemble.urls[: request.param]
+
+
+@pytest.fixture
+def mgr(masters: list[str]) -> Iterator[LockManager]:
+    with LockManager(masters, lease=5.0) as m:
+        yield m
+
+
+def holders(urls: list[str], name: str) -> list[set[bytes]]:
+    out = []
+    for url in urls:
+        with redis.Redis.from_url(url) as r:
+            out.append(set(r.hkeys(lock_key(name))))
+    return out
+
+
+def test_every_name_is_taken_together_and_excludes_its_plain_lock(
+    mgr: LockManager, masters: list[str]
+) -> None:
+    both = mgr.multi_lock(["from", "to"])
+    assert set(both.names) == {"from", "to"}
+    with both:
+        owner = mgr.owner_id().encode()
+        quorum = len(masters) // 2 + 1
+        wait_until(lambda: holders(masters, "to").count({owner}) >= quorum, "held on a quorum")
+        assert holders(masters, "from") == holders(masters, "to")  # every name, or none
+        # A plain lock of one of the names is the same lock: held, by another owner here.
+        refused: list[bool] = []
+        t = threading.Thread(target=lambda: refused.append(mgr.lock("to").acquire(blocking=False)))
+        t.start()
+        t.join()
+        assert refused == [False]
+    wait_until(lambda: holders(masters, "to") == [set()] * len(masters), "released everywhere")
+    assert holders(masters, "from") == [set()] * len(masters)
+
+
+def test_a_grant_is_kept_on_every_master_that_granted_it(
+    mgr: LockManager, masters: list[str]
+) -> None:
+    # As a lock's: the masters the acquire did not wait for keep their grant (a hold on
+    # a bare quorum would be lost with one more master).
+    with mgr.multi_lock(["x", "y", "z"]):
+        owner = {mgr.owner_id().encode()}
+        every = [owner] * len(masters)
+        wait_until(lambda: all(holders(masters, n) == every for n in "xyz"), "held everywhere")
+        time.sleep(0.2)
+        assert all(holders(masters, n) == every for n in "xyz")
+
+
+def test_an_acquire_that_cannot_take_every_name_takes_none(
+    mgr: LockManager, masters: list[str], ensemble: LocalEnsemble
+) -> None:
+    with LockManager(masters, lease=5.0) as other, other.lock("b"):
+        many = mgr.multi_lock(["a", "b", "c"])
+        assert not many.acquire(blocking=False)
+        assert not many.acquire(timeout=0.3)
+        assert holders(masters, "a") == holders(masters, "c") == [set()] * len(masters)
+    assert many.acquire(blocking=False)
+    many.release()
+
+
+def test_a_multi_lock_is_one_reentrant_owned_hold(mgr: LockManager) -> None:
+    many = mgr.multi_lock(["x", "y"])
+    with many, many:
+        assert many.hold_count == 2 and many.is_owned()
+        assert len(mgr._engine.holds._table) == 1  # one hold: one watchdog entry
+        signal = many.lost
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                many.release()
+            except BaseException as error:  # reported below
+                errors.append(error)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert len(errors) == 1 and isinstance(errors[0], LockNotOwnedError)
+        assert not signal.is_set()
+    assert not many.is_owned()
+    with pytest.raises(ValueError, match="at least one name"):
+        mgr.multi_lock([])
+    with pytest.raises(TypeError):
+        mgr.multi_lock("ab")  # a str is one name, not a list of names
+
+
+def test_crossing_orders_never_deadlock_and_exclude_each_other(masters: list[str]) -> None:
+    # Four threads take overlapping sets named in crossing orders; each checks that no
+    # one else holds any of its names (a non-atomic counter per name).
+    counters = {n: 0 for n in "abcd"}
+    inside: dict[str, int] = {n: 0 for n in "abcd"}
+    guard = threading.Lock()
+    sets = [["a", "b"], ["b", "a"], ["b", "c", "d"], ["d", "c", "a"]]
+    managers = [LockManager(masters, lease=5.0) for _ in sets]
+    overlaps: list[str] = []
+    try:
+
+        def work(m: LockManager, names: list[str]) -> None:
+            lock = m.multi_lock(names)
+            for _ in range(8):
+                assert lock.acquire(timeout=30), f"{names}: not in 30 s (deadlocked?)"
+                try:
+                    with guard:
+                        for n in names:
+                            inside[n] += 1
+                            if inside[n] > 1:
+                                overlaps.append(n)
+                    for n in names:
+                        value = counters[n]
+                        time.sleep(0.002)
+                        counters[n] = value + 1
+                finally:
+                    with guard:
+                        for n in names:
+                            inside[n] -= 1
+                    lock.release()
+
+        threads = [
+            threading.Thread(target=work, args=(m, s)) for m, s in zip(managers, sets, strict=True)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+    finally:
+        for m in managers:
+            m.close()
+    assert overlaps == []
+    assert counters == {"a": 24, "b": 24, "c": 16, "d": 16}
+
+
+def test_a_waiter_is_woken_by_a_plain_release_of_any_of_its_names(
+    ensemble: LocalEnsemble,
+) -> None:
+    urls = ensemble.urls[:3]
+    with LockManager(urls, lease=30.0) as a, LockManager(urls, lease=30.0) as b:
+        held = a.lock("q")
+        held.acquire()
+        got: list[float] = []
+
+        def wait() -> None:
+            started = time.monotonic()
+            with b.multi_lock(["p", "q"]):
+                got.append(time.monotonic() - started)
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.3)  # it registered as a waiter of both names
+        held.release()
+        t.join(30)
+    assert got and got[0] < 10  # woken by the release, not by the 30 s lease
+
+
+def test_fencing_gives_each_name_a_token_that_grows(
+    mgr: LockManager, ensemble: LocalEnsemble
+) -> None:
+    many = mgr.multi_lock(["f1", "f2"], fencing=True)
+    with many:
+        first = many.tokens
+        assert set(first) == {"f1", "f2"}
+    with mgr.lock("f2", fencing=True) as single:
+        alone = single.token
+    assert alone > first["f2"]  # the name's own counter: shared with its plain lock
+    with many:
+        assert many.tokens["f1"] > first["f1"] and many.tokens["f2"] > alone
+        with pytest.raises(FencingError, match="a token per name"):
+            _ = many.token
+    ensemble.flushall()  # the counters outlive their locks on purpose
+
+
+def test_the_watchdog_renews_a_multi_lock_and_reports_its_loss(ensemble: LocalEnsemble) -> None:
+    urls = ensemble.urls[:3]
+    lost: list[object] = []
+    with LockManager(urls, lease=1.0, on_lost=lost.append) as m:
+        many = m.multi_lock(["r1", "r2"])
+        many.acquire()
+        time.sleep(2.5)  # more than two leases
+        many.ensure_held()
+        signal = many.lost
+        for url in urls[:2]:  # one of its names vanishes from a quorum
+            with redis.Redis.from_url(url) as r:
+                r.delete(lock_key("r2"))
+        assert signal.wait(5)
+        wait_until(lambda: lost, "on_lost called")
+        assert isinstance(lost[0], MultiLock) and set(lost[0].names) == {"r1", "r2"}
+        with pytest.raises(LockLostError):
+            many.release()
+    ensemble.flushall()
+
+
+def test_asyncio_multi_lock(masters: list[str]) -> None:
+    async def main() -> int:
+        most = inside = 0
+        async with ra.LockManager(masters, lease=5.0) as m:
+
+            async def work(names: list[str]) -> None:
+                nonlocal inside, most
+                for _ in range(3):
+                    async with m.multi_lock(names):
+                        inside += 1
+                        most = max(most, inside)
+                        await asyncio.sleep(0.01)
+                        inside -= 1
+
+            await asyncio.gather(work(["a", "b"]), work(["b", "a"]), work(["b", "c"]))
+        return most
+
+    assert run(main()) == 1
+
+
+def test_keys_are_gone_after_use(mgr: LockManager, ensemble: LocalEnsemble) -> None:
+    with mgr.multi_lock(["k1", "k2", "k3"]):
+        pass
+    wait_until(lambda: not any(lock_keys(ensemble).values()), "nothing left")
