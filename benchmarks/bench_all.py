@@ -17,11 +17,23 @@ Workloads (``--only`` takes their names):
 - ``held``: acquire+release latency of one lock while the same manager holds 10,000
   watchdog-managed locks (renewed every lease / 3), against none held; script calls and
   CPU time per renewal tick.
+- ``semaphore``: permits acquired+released/s of ``mgr.semaphore(name, permits=P)``,
+  P = 1 and 4, against ``mgr.lock(name)`` (same manager settings), on 1 and 5 masters:
+  from one thread (and one asyncio task, P = 1), and from 16 threads on one manager,
+  each holder doing the contended workload's GET and SET +1: whether the counter is
+  exact (P = 1) and the most holds in force at once in the process (<= P).
+- ``multilock``: acquire+release cycles/s of ``mgr.multi_lock([a, b, c])`` against
+  three nested plain locks (and one plain lock), one thread, on 1 and 5 masters.
+- ``upgrade``: cycles/s of ``with rw.upgradeable:`` + ``upgrade()`` + ``downgrade()``
+  against ``with rw.upgradeable:`` alone, ``with rw.write:`` and a plain lock, one
+  thread, on 1 and 5 masters.
 
+The last three also count script calls (EVALSHA) per cycle on each master.
 Libraries are interleaved (A, B, C, then A, B, C again) and every measurement is
 repeated ``--rounds`` times; tables show the median and [min-max] over the rounds. In
-``uncontended``, each measurement is also cut into 10 slices that take turns with the
-other libraries' (on the same masters), so that a noisy spell slows them alike. The
+``uncontended`` (and the one-thread cases of the last three), each measurement is
+also cut into 10 slices that take turns with the other libraries' (on the same
+masters), so that a noisy spell slows them alike. The
 TARGETS table at the end compares ratios from this run (of the libraries' medians; the
 ratio of each round, the libraries interleaved within it, is shown beside it where the
 target compares two libraries' rates). Prints figures and exits 0: it
@@ -80,7 +92,16 @@ from benchlibs import (
 )
 from benchworkers import LoopParams, ProcessPool, WorkerResult, handoffs, run_threads
 
-WORKLOADS = ("uncontended", "contended", "handoff", "badmaster", "held")
+WORKLOADS = (
+    "uncontended",
+    "contended",
+    "handoff",
+    "badmaster",
+    "held",
+    "semaphore",
+    "multilock",
+    "upgrade",
+)
 STARVED_SHARE = 0.25
 HANDOFF_WORKERS = 4
 HANDOFF_HOLD_S = 0.001
@@ -361,15 +382,21 @@ def _noop_listener() -> Any:
 MeterFactory = Callable[[Sequence[str], str, asyncio.AbstractEventLoop], Meter]
 
 
-def uncontended_plan(urls: Sequence[str]) -> list[tuple[int, str, MeterFactory]]:
+def lib(spec: LibSpec) -> MeterFactory:
+    return lambda m, nm, loop: sync_lib_meter(spec, m, nm)
+
+
+def alib(spec: LibSpec) -> MeterFactory:
+    return lambda m, nm, loop: async_lib_meter(spec, m, nm, loop)
+
+
+#: (masters, library label, meter factory), in interleaving order
+MeterPlan = list[tuple[int, str, MeterFactory]]
+
+
+def uncontended_plan(urls: Sequence[str]) -> MeterPlan:
     """(masters, library label, meter factory) in interleaving order."""
-    plan: list[tuple[int, str, MeterFactory]] = []
-
-    def lib(spec: LibSpec) -> MeterFactory:
-        return lambda m, nm, loop: sync_lib_meter(spec, m, nm)
-
-    def alib(spec: LibSpec) -> MeterFactory:
-        return lambda m, nm, loop: async_lib_meter(spec, m, nm, loop)
+    plan: MeterPlan = []
 
     for n in (1, 3, 5):
         if n > len(urls):
@@ -399,17 +426,33 @@ def uncontended_plan(urls: Sequence[str]) -> list[tuple[int, str, MeterFactory]]
 
 
 def run_uncontended(ctx: Context) -> None:
-    """Per round and number of masters: every library's meter is opened, then their
-    slices take turns (see :data:`SLICES`); a library's figure is its cycles over its
-    slices' time."""
-    plan = uncontended_plan(ctx.urls)
+    run_interleaved(ctx, "uncontended", uncontended_plan(ctx.urls))
+
+
+def run_interleaved(
+    ctx: Context,
+    workload: str,
+    plan: MeterPlan,
+    cases: Sequence[ContendedCase] = (),
+    case_prefix: str = "",
+    scripts: bool = False,
+) -> None:
+    """Per round: for each number of masters, every library's meter is opened, then
+    their slices take turns (see :data:`SLICES`), a library's figure being its cycles
+    over its slices' time; then the contended ``cases`` (see :func:`contended_once`).
+    ``scripts``: also the EVALSHA calls per cycle on each master (INFO commandstats
+    around each slice)."""
     sizes = sorted({n for n, _, _ in plan})
     loop = asyncio.new_event_loop()
     try:
-        for rnd in range(ctx.args.rounds):
-            log(f"uncontended: round {rnd + 1}/{ctx.args.rounds}")
-            for n in sizes:
-                _uncontended_round(ctx, loop, n, [(lib, f) for m, lib, f in plan if m == n])
+        with redis.Redis.from_url(ctx.urls[0]) as counter:
+            for rnd in range(ctx.args.rounds):
+                log(f"{workload}: round {rnd + 1}/{ctx.args.rounds}")
+                for n in sizes:
+                    libs = [(lib, f) for m, lib, f in plan if m == n]
+                    _uncontended_round(ctx, loop, n, libs, workload, case_prefix, scripts)
+                for c in cases:
+                    contended_once(ctx, counter, workload, c, "cycles/s")
     finally:
         loop.close()
 
@@ -419,40 +462,51 @@ def _uncontended_round(
     loop: asyncio.AbstractEventLoop,
     n: int,
     libs: Sequence[tuple[str, MeterFactory]],
+    workload: str = "uncontended",
+    case_prefix: str = "",
+    scripts: bool = False,
 ) -> None:
     meters: list[tuple[Row, str, Meter]] = []
+    clients = [redis.Redis.from_url(u) for u in ctx.urls[:n]] if scripts else []
+    tag = "u" if workload == "uncontended" else workload
     try:
         for i, (lib, factory) in enumerate(libs):
-            row = ctx.results.row("uncontended", masters_label(n), lib)
+            row = ctx.results.row(workload, case_prefix + masters_label(n), lib)
             if row.error:
                 continue
             try:
-                meter = factory(ctx.urls[:n], f"{ctx.run_id}:u{n}:{i}", loop)
+                meter = factory(ctx.urls[:n], f"{ctx.run_id}:{tag}{n}:{i}", loop)
                 meter.start()
             except Exception as exc:
                 row.fail(exc)
                 continue
             meters.append((row, lib, meter))
-        totals: dict[str, list[float]] = {lib: [0, 0.0] for _, lib, _ in meters}
+        totals: dict[str, list[float]] = {lib: [0, 0.0, 0] for _, lib, _ in meters}
         for _ in range(SLICES):
             for row, lib, meter in meters:
                 if row.error:
                     continue
                 try:
+                    calls0 = sum(evalsha_calls(clients))
                     cycles, seconds = meter.run(ctx.args.duration / SLICES)
+                    totals[lib][2] += sum(evalsha_calls(clients)) - calls0
                 except Exception as exc:
                     row.fail(exc)
                     continue
                 totals[lib][0] += cycles
                 totals[lib][1] += seconds
         for row, lib, _ in meters:
-            done, took = totals[lib]
+            done, took, calls = totals[lib]
             if row.error or not took:
                 continue
             rate = done / took
             row.add("cycles/s", rate)
+            if clients and done:
+                row.add("scripts/cycle", calls / done / n)
             log(f"  {masters_label(n):10} {lib:24} {rate:9.0f}/s")
     finally:
+        for c in clients:
+            c.close()
         for row, _, meter in meters:
             try:
                 meter.stop()
@@ -471,6 +525,7 @@ class ContendedCase:
     masters: int
     spec: LibSpec
     per_worker_backend: bool = False
+    permits: int = 1  # holders at once: above 1, the counter is not checked
 
     @property
     def case(self) -> str:
@@ -522,48 +577,66 @@ def run_contended(ctx: Context) -> None:
         for rnd in range(ctx.args.rounds):
             log(f"contended: round {rnd + 1}/{ctx.args.rounds}")
             for c in plan:
-                row = ctx.results.row("contended", c.case, c.spec.label)
-                if row.error:
-                    continue
-                tag = f"{c.mode[0]}{c.masters}:{c.spec.label.replace(' ', '_')}"
-                name = f"{ctx.run_id}:c:{tag}"
-                key = f"{ctx.run_id}:counter:{tag}"
-                counter.delete(key)
-                params = LoopParams(name, ctx.urls[0], key)
-                try:
-                    results, _, _ = run_workers(
-                        ctx,
-                        c.mode,
-                        c.workers,
-                        c.spec,
-                        ctx.urls[: c.masters],
-                        params,
-                        ctx.args.duration,
-                        c.per_worker_backend,
-                    )
-                    final = int(counter.get(key) or 0)
-                except Exception as exc:
-                    row.fail(exc)
-                    continue
-                record_contended(row, results, final, ctx.args.duration)
+                contended_once(ctx, counter, "contended", c)
+
+
+def contended_once(
+    ctx: Context, counter: redis.Redis, workload: str, c: ContendedCase, metric: str = "incr/s"
+) -> None:
+    """One window of ``c``: its workers loop acquire, GET and SET +1 of a counter,
+    release. The counter is checked when one holder at a time is promised (permits 1)."""
+    row = ctx.results.row(workload, c.case, c.spec.label)
+    if row.error:
+        return
+    tag = ("" if workload == "contended" else f"{workload}:") + (
+        f"{c.mode[0]}{c.masters}:{c.spec.label.replace(' ', '_')}"
+    )
+    name = f"{ctx.run_id}:c:{tag}"
+    key = f"{ctx.run_id}:counter:{tag}"
+    counter.delete(key)
+    params = LoopParams(name, ctx.urls[0], key)
+    try:
+        results, _, _ = run_workers(
+            ctx,
+            c.mode,
+            c.workers,
+            c.spec,
+            ctx.urls[: c.masters],
+            params,
+            ctx.args.duration,
+            c.per_worker_backend,
+        )
+        final = int(counter.get(key) or 0) if c.permits == 1 else None
+    except Exception as exc:
+        row.fail(exc)
+        return
+    row.flags["permits"] = c.permits
+    record_contended(row, results, final, ctx.args.duration, metric)
 
 
 def record_contended(
-    row: Row, results: Sequence[WorkerResult], final: int, duration: float
+    row: Row,
+    results: Sequence[WorkerResult],
+    final: int | None,
+    duration: float,
+    metric: str = "incr/s",
 ) -> None:
+    """``final``: the counter's value, None for a counter left unchecked."""
     errors = sorted({e for r in results for e in r.errors})
     done = sum(r.total for r in results)
     in_window = [r.in_window for r in results]
     if errors:
         row.note("errors: " + "; ".join(errors)[:200])
-    if final != done:
+    if final is not None and final != done:
         row.flags["lost_updates"] = row.flags.get("lost_updates", 0) + (done - final)
         row.note(f"LOST UPDATES: counter {final}, increments {done}")
     row.flags.setdefault("per_worker", []).append(in_window)
     mean = statistics.mean(in_window) if in_window else 0.0
     share = (min(in_window) / mean) if mean else 0.0
-    row.add("incr/s", sum(in_window) / duration)
+    row.add(metric, sum(in_window) / duration)
     row.add("share", share)
+    if any("max_holders" in r.info for r in results):
+        row.add("max holders", max(int(r.info.get("max_holders", 0)) for r in results))
     if share < STARVED_SHARE:
         row.flags["starved_rounds"] = row.flags.get("starved_rounds", 0) + 1
     failed = sum(int(r.info.get("lock_calls_failed", 0)) for r in results)
@@ -573,7 +646,8 @@ def record_contended(
         row.error = "; ".join(errors)[:300]
     log(
         f"  {row.case:24} {row.library:34} {sum(in_window) / duration:8.0f}/s "
-        f"share {share:.2f} exact {final == done}" + (f" errors {errors}" if errors else "")
+        f"share {share:.2f} exact {'-' if final is None else final == done}"
+        + (f" errors {errors}" if errors else "")
     )
 
 
@@ -939,6 +1013,79 @@ def run_held(ctx: Context) -> None:
             row.fail(exc)
 
 
+# --------------------------------------------------------------------------- workloads 6-8
+
+RR_LOCK = f"{RR} lock"
+RR_ASYNC_LOCK = f"{RR_ASYNC} lock"
+NESTED3 = f"{RR} 3 nested locks"
+UPGRADEABLE = f"{RR} rw.upgradeable"
+UPGRADE = f"{RR} upgradeable+upgrade+downgrade"
+SEM_PERMITS = (1, 4)
+
+
+def sem_label(lib: str, permits: int) -> str:
+    return f"{lib} semaphore P={permits}"
+
+
+def rr_factory(label: str, kind: str, flavour: str = RR) -> tuple[str, MeterFactory]:
+    spec = LibSpec(flavour, label, {"kind": kind})
+    return label, alib(spec) if flavour == RR_ASYNC else lib(spec)
+
+
+def kinds_plan(urls: Sequence[str], kinds: Sequence[tuple[str, MeterFactory]]) -> MeterPlan:
+    return [(n, label, f) for n in (1, 5) if n <= len(urls) for label, f in kinds]
+
+
+def run_semaphore(ctx: Context) -> None:
+    kinds = [
+        rr_factory(RR_LOCK, "lock"),
+        *(rr_factory(sem_label(RR, p), f"semaphore:{p}") for p in SEM_PERMITS),
+        rr_factory(RR_ASYNC_LOCK, "lock", RR_ASYNC),
+        rr_factory(sem_label(RR_ASYNC, 1), "semaphore:1", RR_ASYNC),
+    ]
+    # Every contending row counts its holds in force (the lock's too: the same cost).
+    specs = [(RR_LOCK, "lock", 1), *((sem_label(RR, p), f"semaphore:{p}", p) for p in SEM_PERMITS)]
+    cases = [
+        ContendedCase(
+            "threads",
+            ctx.args.threads,
+            n,
+            LibSpec(RR, label, {"kind": kind, "count_holders": True}),
+            permits=p,
+        )
+        for n in (1, 5)
+        if n <= len(ctx.urls)
+        for label, kind, p in specs
+    ]
+    run_interleaved(ctx, "semaphore", kinds_plan(ctx.urls, kinds), cases, "1 thread, ", True)
+
+
+def run_multilock(ctx: Context) -> None:
+    kinds = [
+        rr_factory(RR_LOCK, "lock"),
+        rr_factory(f"{RR} multi_lock of 3", "multi:3"),
+        rr_factory(NESTED3, "nested:3"),
+    ]
+    run_interleaved(ctx, "multilock", kinds_plan(ctx.urls, kinds), scripts=True)
+
+
+def run_upgrade(ctx: Context) -> None:
+    kinds = [
+        rr_factory(UPGRADEABLE, "rw:upgradeable"),
+        rr_factory(UPGRADE, "upgrade"),
+        rr_factory(f"{RR} rw.write", "rw:write"),
+        rr_factory(RR_LOCK, "lock"),
+    ]
+    run_interleaved(ctx, "upgrade", kinds_plan(ctx.urls, kinds), scripts=True)
+
+
+def reference(workload: str, library: str) -> str:
+    """The row a row of workloads 6-8 is compared with (÷ ref), in the same case."""
+    if workload == "semaphore":
+        return RR_ASYNC_LOCK if library.startswith(RR_ASYNC) else RR_LOCK
+    return NESTED3 if workload == "multilock" else UPGRADEABLE
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -969,6 +1116,9 @@ RUNNERS: dict[str, Callable[[Context], None]] = {
     "handoff": run_handoff,
     "badmaster": run_badmaster,
     "held": run_held,
+    "semaphore": run_semaphore,
+    "multilock": run_multilock,
+    "upgrade": run_upgrade,
 }
 
 
@@ -1103,6 +1253,67 @@ def print_held(results: Results) -> None:
             f"{fmt_value(r.median('cpu ms/tick'), 1):>11}  {r.flags.get('on_lost_calls', '-'):>7}  "
             f"{note}"
         )
+
+
+KIND_TITLES = {
+    "semaphore": "SEMAPHORE: permits acquired+released per second, against a plain lock",
+    "multilock": "MULTI-LOCK: acquire+release cycles/s of 3 names, one thread",
+    "upgrade": "UPGRADE: cycles/s of the upgradeable side, with and without an upgrade",
+}
+
+
+def print_kinds(results: Results, workload: str) -> None:
+    rows = results.of(workload)
+    if not rows:
+        return
+    print(f"\n{KIND_TITLES[workload]}")
+    print(
+        "(median [min-max] over the rounds; ÷ ref = cycles/s over those of "
+        + ("the lock of the same flavour" if workload == "semaphore" else reference(workload, ""))
+        + ", same case; scripts/cycle = EVALSHA calls per cycle on each master)"
+    )
+    if workload == "semaphore":
+        print(
+            "(contended: each holder does GET, SET +1 of a counter; exact = the counter "
+            "equals the holds (P=1 and lock only); max held = most holds in force at once "
+            "in the process, over the rounds)"
+        )
+    header = (
+        f"{'case':21}  {'library':45}  {'cycles/s':>22}  {'÷ ref':>6}  {'µs/cycle':>8}  "
+        f"{'scripts/cycle':>13}"
+        + (f"  {'share':>17}  {'exact':5}  {'max held':>8}" if workload == "semaphore" else "")
+        + "  note"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ref = results.get(workload, r.case, reference(workload, r.library))
+        base = ref.median("cycles/s") if ref else None
+        med = r.median("cycles/s")
+        ratio = f"{med / base:.2f}" if med and base else "-"
+        line = (
+            f"{r.case:21}  {r.library:45}  {cell(r, 'cycles/s'):>22}  {ratio:>6}  "
+            f"{fmt_value(1e6 / med if med and 'share' not in r.metrics else None, 1):>8}  "
+            f"{fmt_value(r.median('scripts/cycle'), 2):>13}"
+        )
+        if workload == "semaphore":
+            exact = "-"
+            if "share" in r.metrics and r.flags.get("permits") == 1:
+                exact = "NO" if r.flags.get("lost_updates") else "yes"
+            most = r.metrics.get("max holders")
+            line += (
+                f"  {cell(r, 'share', 2):>17}  {exact:5}  "
+                f"{fmt_value(max(most) if most else None):>8}"
+            )
+        print(f"{line}  {r.error or '; '.join(r.notes)}")
+    if workload == "upgrade":
+        for case in dict.fromkeys(r.case for r in rows):
+            up = results.get(workload, case, UPGRADE)
+            base_row = results.get(workload, case, UPGRADEABLE)
+            a = up.median("cycles/s") if up else None
+            b = base_row.median("cycles/s") if base_row else None
+            if a and b:
+                print(f"  {case}: upgrade() + downgrade() add {1e6 / a - 1e6 / b:.1f} µs a cycle")
 
 
 # --------------------------------------------------------------------------- targets
@@ -1267,6 +1478,41 @@ def evaluate(results: Results, args: argparse.Namespace) -> list[Target]:
             1.0,
             text,
         )
+    # Semaphore, multi-lock.
+    for workload, prefix, label, ref_label, need in (
+        ("semaphore", "1 thread, ", sem_label(RR, 1), RR_LOCK, 0.5),
+        ("multilock", "", f"{RR} multi_lock of 3", NESTED3, 1.0),
+    ):
+        for n in (1, 5):
+            case = prefix + masters_label(n)
+            row, ref = results.get(workload, case, label), results.get(workload, case, ref_label)
+            if row is None:
+                continue
+            v = row.median("cycles/s") if _ok(row) else None
+            r_v = ref.median("cycles/s") if ref and _ok(ref) else None
+            add(
+                f"{workload} {case}",
+                f"{label.replace(RR + ' ', 'rr ')} >= {need:g}x {ref_label.replace(RR + ' ', '')}",
+                v / r_v if v and r_v else None,
+                need,
+                rounds=per_round(row, ref, "cycles/s"),
+            )
+    for r in results.of("semaphore"):
+        if "share" not in r.metrics or not r.library.startswith(f"{RR} semaphore"):
+            continue
+        permits = r.flags.get("permits", 1)
+        most = max(r.metrics.get("max holders", [math.nan]))
+        lost = r.flags.get("lost_updates", 0)
+        ok = most <= permits and not (permits == 1 and lost)
+        out.append(
+            Target(
+                f"semaphore {r.case}: P={permits}",
+                f"at most {permits} held at once"
+                + (" and the counter exact" if permits == 1 else ""),
+                f"max held {fmt_value(most)}" + (f", {lost} lost updates" if lost else ""),
+                "n/a" if math.isnan(most) else "PASS" if ok else "MISS",
+            )
+        )
     return out
 
 
@@ -1301,6 +1547,9 @@ def write_plot(path: Path, results: Results) -> None:
             "Held locks: p99 (ms, log scale)",
             True,
         ),
+        ("semaphore", ["cycles/s"], "Semaphore: permits acquired+released/s", False),
+        ("multilock", ["cycles/s"], "Multi-lock of 3: acquire+release cycles/s", False),
+        ("upgrade", ["cycles/s"], "Upgradeable read lock: cycles/s", False),
     ]
     panels = [(w, metrics, title, results.of(w), log_) for w, metrics, title, log_ in specs]
     panels = [p for p in panels if p[3]]
@@ -1434,6 +1683,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_handoff(results)
     print_badmaster(results)
     print_held(results)
+    for workload in KIND_TITLES:
+        print_kinds(results, workload)
     targets = evaluate(results, args)
     print_targets(targets)
     print(

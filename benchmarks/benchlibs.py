@@ -11,6 +11,7 @@ that cannot be imported raises :class:`NotRunnable` from its opener; the caller 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -77,16 +78,99 @@ class Backend:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def open_redreentrant(urls: Sequence[str], wait: float = WAIT_S, **options: Any) -> Backend:
+def rr_lock(mgr: Any, kind: str, name: str) -> Any:
+    """The redreentrant lock of ``kind`` (see :func:`open_redreentrant`) that has one
+    acquire and one release, sync or asyncio alike."""
+    what, _, arg = kind.partition(":")
+    if what == "semaphore":
+        return mgr.semaphore(name, permits=int(arg))
+    if what == "multi":
+        return mgr.multi_lock([f"{name}:{c}" for c in "abcdefgh"[: int(arg)]])
+    if what == "rw":
+        return getattr(mgr.rw_lock(name), arg)  # read, write, upgradeable
+    raise ValueError(f"unknown redreentrant lock kind {kind!r}")
+
+
+def open_redreentrant(
+    urls: Sequence[str],
+    wait: float = WAIT_S,
+    kind: str = "lock",
+    count_holders: bool = False,
+    **options: Any,
+) -> Backend:
+    """``kind``: ``lock``; ``semaphore:P`` (P permits); ``multi:K`` (a multi-lock of K
+    names); ``nested:K`` (K plain locks, taken in turn, released in reverse); ``rw:SIDE``
+    (``read``, ``write``, ``upgradeable``); ``upgrade`` (the upgradeable side, then
+    ``upgrade()``; released by ``downgrade()``, then ``release()``). ``count_holders``
+    counts the holds in force in this process: ``info["max_holders"]`` is the most seen
+    at once (a hold counts from its acquire's return to its release's call)."""
     from redreentrant import LockManager
 
     mgr = LockManager(list(urls), **{"lease": LEASE_S, **options})
+    in_force, most = [0], [0]
+    guard = threading.Lock()
+
+    def counted(ops: LockOps) -> LockOps:
+        def acquire() -> bool:
+            if not ops.acquire():
+                return False
+            with guard:
+                in_force[0] += 1
+                most[0] = max(most[0], in_force[0])
+            return True
+
+        def release() -> None:
+            with guard:
+                in_force[0] -= 1
+            ops.release()
+
+        return LockOps(acquire, release)
 
     def new_lock(name: str) -> LockOps:
-        lock = mgr.lock(name)
-        return LockOps(lambda: bool(lock.acquire(blocking=True, timeout=wait)), lock.release)
+        if kind == "lock":
+            lock = mgr.lock(name)
+            ops = LockOps(lambda: bool(lock.acquire(blocking=True, timeout=wait)), lock.release)
+        elif kind.startswith("nested:"):
+            locks = [mgr.lock(f"{name}:{c}") for c in "abcdefgh"[: int(kind[7:])]]
 
-    return Backend(new_lock, mgr.close, {"master_timeout": mgr.master_timeout, "lease": mgr.lease})
+            def acquire() -> bool:
+                for i, lk in enumerate(locks):
+                    if not lk.acquire(timeout=wait):
+                        for taken in reversed(locks[:i]):
+                            taken.release()
+                        return False
+                return True
+
+            def release() -> None:
+                for lk in reversed(locks):
+                    lk.release()
+
+            ops = LockOps(acquire, release)
+        elif kind == "upgrade":
+            up = mgr.rw_lock(name).upgradeable
+
+            def acquire() -> bool:
+                if not up.acquire(timeout=wait):
+                    return False
+                if up.upgrade(timeout=wait):
+                    return True
+                up.release()
+                return False
+
+            def release() -> None:
+                up.downgrade()
+                up.release()
+
+            ops = LockOps(acquire, release)
+        else:
+            one = rr_lock(mgr, kind, name)
+            ops = LockOps(lambda: bool(one.acquire(timeout=wait)), one.release)
+        return counted(ops) if count_holders else ops
+
+    info: dict[str, Any] = {"master_timeout": mgr.master_timeout, "lease": mgr.lease}
+    if count_holders:
+        info["max_holders"] = most
+    return Backend(new_lock, mgr.close, info)
 
 
 def open_redis_py(urls: Sequence[str], sleep: float = 0.1) -> Backend:
@@ -196,13 +280,14 @@ class AsyncBackend:
     close: Callable[[], Awaitable[None]]
 
 
-def open_rr_async(urls: Sequence[str], **options: Any) -> AsyncBackend:
+def open_rr_async(urls: Sequence[str], kind: str = "lock", **options: Any) -> AsyncBackend:
+    """``kind``: ``lock``, or one of :func:`rr_lock`'s."""
     from redreentrant.asyncio import LockManager
 
     mgr = LockManager(list(urls), **{"lease": LEASE_S, **options})
 
     def new_lock(name: str) -> AsyncLockOps:
-        lock = mgr.lock(name)
+        lock = mgr.lock(name) if kind == "lock" else rr_lock(mgr, kind, name)
         return AsyncLockOps(lambda: lock.acquire(timeout=WAIT_S), lock.release)
 
     return AsyncBackend(new_lock, mgr.close)
