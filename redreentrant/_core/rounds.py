@@ -119,6 +119,7 @@ def acquire_steps(
     early = Early(q.needed, kept_counter) if fenced else kind.early(q)
     # The counters a fenced grant steps (one per name: a multi-lock has several).
     fences = kind.fence_calls(name, owner, FENCE_TTL_MS) if fenced else []
+    fence_calls = [call for _, call in fences] if fenced else fences
 
     channel = kind.wake_channel(name, owner)
     generation: int | None = None
@@ -161,12 +162,11 @@ def acquire_steps(
                 wall_ms = int(q.wall() * 1000)
                 if place <= wall_ms:  # the first try, or the place ended: a new one
                     place = wall_ms + wait_ms
-            calls = [
-                kind.attempt(q, name, owner, ms, count, wait_ms, polite, place if propose else 0)
-            ]
+            attempt = kind.attempt(
+                q, name, owner, ms, count, wait_ms, polite, place if propose else 0
+            )
             polite = 0
-            calls += [call for _, call in fences]
-            acquire = q.everywhere(*calls, early=early)
+            acquire = q.everywhere(attempt, *fence_calls, early=early)
             try:
                 replies = yield acquire
             except BaseException:
