@@ -602,6 +602,65 @@ def test_an_upgradeable_reader_upgrades_through_cluster_members(three: list[Loca
         assert sum(not v.locks for v in a.inspect(name)) >= 2
 
 
+@pytest.mark.integration
+def test_asyncio_synchronizers_on_cluster_members(three: list[LocalCluster]) -> None:
+    urls = [c.url for c in three]
+    names = [three[0].names_on(k, 1, "sync")[0] for k in range(3)]  # one per node
+
+    async def main() -> None:
+        async with aio.LockManager(urls, lease=LEASE) as a, aio.LockManager(urls) as b:
+            # A semaphore of 2: two tasks hold, a third is refused, then gets one.
+            held = asyncio.Event()
+
+            async def hold() -> bool:
+                async with a.semaphore("aio-pool", permits=2):
+                    await held.wait()
+                return True
+
+            holders = [asyncio.create_task(hold()) for _ in range(2)]
+            third = b.semaphore("aio-pool", permits=2)
+            while await third.available():
+                await asyncio.sleep(0.01)
+            assert not await third.acquire(blocking=False)
+            held.set()
+            assert await asyncio.gather(*holders) == [True, True]
+            assert await third.acquire(timeout=5)
+            await third.release()
+            # A multi-lock over names on every node: all of them, or none.
+            async with a.multi_lock(names):
+                assert not await b.lock(names[2]).acquire(blocking=False)
+            async with b.lock(names[1]):
+                assert not await a.multi_lock(names).acquire(blocking=False)
+                assert await b.lock(names[0]).acquire(blocking=False)  # left free
+                await b.lock(names[0]).release()
+            # The upgradeable reader upgrades once the other reader is gone.
+            rw = a.rw_lock("aio-config")
+            reading, leave = asyncio.Event(), asyncio.Event()
+
+            async def read() -> None:
+                async with b.rw_lock("aio-config").read:
+                    reading.set()
+                    await leave.wait()
+
+            async def leave_soon() -> None:
+                await asyncio.sleep(0.2)
+                leave.set()
+
+            async with rw.upgradeable:
+                reader = asyncio.create_task(read())
+                await reading.wait()
+                leaving = asyncio.create_task(leave_soon())
+                assert await rw.upgradeable.upgrade(timeout=10)
+                assert leave.is_set()  # not before the reader was gone
+                await asyncio.gather(reader, leaving)
+                assert not await b.rw_lock("aio-config").read.acquire(blocking=False)
+                await rw.upgradeable.downgrade()
+
+    asyncio.run(main())
+    for cl in three:
+        assert not node_keys(cl)
+
+
 # -- the URL form and the routing, without a server ------------------------------------------
 
 

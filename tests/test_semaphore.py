@@ -233,9 +233,15 @@ def test_inspect_shows_a_semaphores_holders_and_waiters(ensemble: LocalEnsemble)
     with LockManager(urls, lease=30.0) as a, LockManager(urls, lease=30.0) as b:
         held = a.semaphore("seen", permits=1)
         held.acquire()
-        waiting = threading.Thread(
-            target=lambda: b.semaphore("seen", permits=1).acquire(timeout=5) and None
-        )
+        got: list[bool] = []
+
+        def wait_then_release() -> None:
+            sem = b.semaphore("seen", permits=1)
+            got.append(sem.acquire(timeout=5))
+            if got[0]:
+                sem.release()
+
+        waiting = threading.Thread(target=wait_then_release)
         waiting.start()
         wait_until(lambda: _registered(urls, "seen") == 1, "a waiter registered")
         views = a.inspect("seen")
@@ -245,6 +251,7 @@ def test_inspect_shows_a_semaphores_holders_and_waiters(ensemble: LocalEnsemble)
             assert lock.slots == {a.owner_id(): 0} and len(lock.queue) == 1
         held.release()
         waiting.join()
+        assert got == [True]
     wait_until(lambda: not any(lock_keys(ensemble).values()), "freed everywhere")
 
 
