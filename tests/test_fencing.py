@@ -317,6 +317,27 @@ def test_asyncio_tokens_and_store(fenced_urls: list[str]) -> None:
 MAX = 2**63 - 1
 #: starts around 2**53 (where doubles stop being exact) and below 2**63 - 1
 STARTS = [2**53 - 2, 10**18, MAX - 3]
+#: a FencedStore's writes, in order, as (token, value, accepted): past 2**53, where a
+#: double can no longer tell 2**53 from 2**53 + 1, and at the maximum; both flavours'
+#: store tests replay them
+STORE_WRITES = [
+    (2**53 - 1, "a", True),
+    (2**53 + 1, "b", True),
+    (2**53, "late", False),  # a double would call it equal
+    (2**53 + 1, "again", True),  # one hold may write many times
+    (MAX, "last", True),
+    (MAX - 1, "late", False),
+]
+#: tokens a FencedStore refuses with ValueError (naming the argument), sending nothing
+STORE_OUT_OF_RANGE = (2**63, -(2**63) - 1, -1, True, 1.5)
+#: what the store holds after STORE_WRITES: the last accepted value and the largest token
+STORE_LAST = (b"last", MAX)
+STORE_REFUSED = r"FencedStore\.write\(token=\.\.\.\)"
+
+
+def largest_accepted(step: int) -> int:
+    """The largest token among STORE_WRITES[: step + 1] that the store accepted."""
+    return max(token for token, _, ok in STORE_WRITES[: step + 1] if ok)
 
 
 def counters(ensemble: LocalEnsemble, name: str) -> list[bytes | None]:
@@ -425,14 +446,13 @@ def test_a_fenced_store_compares_tokens_exactly_and_refuses_out_of_range_ones(
     resource = redis.Redis.from_url(fenced_urls[0])
     store = FencedStore(resource, "{big}:value")
     try:
-        assert store.write(2**53 - 1, "a") and store.write(2**53 + 1, "b")
-        assert not store.write(2**53, "late")  # a double would call it equal
-        assert store.write(2**53 + 1, "again") and store.largest_token() == 2**53 + 1
-        assert store.write(MAX, "last") and not store.write(MAX - 1, "late")
-        for value in (2**63, -(2**63) - 1, True, 1.5):
-            with pytest.raises(ValueError, match=r"FencedStore\.write\(token=\.\.\.\)"):
-                store.write(value, "x")  # type: ignore[arg-type]
-        assert store.read() == b"last" and store.largest_token() == MAX
+        for step, (token, value, ok) in enumerate(STORE_WRITES):
+            assert store.write(token, value) is ok, (token, value)
+            assert store.largest_token() == largest_accepted(step)
+        for bad in STORE_OUT_OF_RANGE:
+            with pytest.raises(ValueError, match=STORE_REFUSED):
+                store.write(bad, "x")  # type: ignore[arg-type]
+        assert (store.read(), store.largest_token()) == STORE_LAST
     finally:
         resource.delete("{big}:value", "{big}:value:fencing-token")
         resource.close()
@@ -508,12 +528,13 @@ def test_asyncio_fenced_store_compares_tokens_exactly(fenced_urls: list[str]) ->
         client = aredis.Redis.from_url(fenced_urls[0])
         store = aio.FencedStore(client, "{abig}:v")
         try:
-            assert await store.write(2**53 + 1, "b")
-            assert not await store.write(2**53, "late")  # a double would call it equal
-            assert await store.largest_token() == 2**53 + 1
-            with pytest.raises(ValueError, match=r"FencedStore\.write\(token=\.\.\.\)"):
-                await store.write(2**63, "x")
-            assert await store.read() == b"b"
+            for step, (token, value, ok) in enumerate(STORE_WRITES):
+                assert await store.write(token, value) is ok, (token, value)
+                assert await store.largest_token() == largest_accepted(step)
+            for bad in STORE_OUT_OF_RANGE:
+                with pytest.raises(ValueError, match=STORE_REFUSED):
+                    await store.write(bad, "x")  # type: ignore[arg-type]
+            assert (await store.read(), await store.largest_token()) == STORE_LAST
         finally:
             await client.delete("{abig}:v", "{abig}:v:fencing-token")
             await client.aclose()
