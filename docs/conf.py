@@ -65,6 +65,7 @@ PUBLIC_MODULES = (
     "redreentrant.testing",
     "redreentrant.testing.faults",
     "redreentrant.testing.plugin",
+    "redreentrant.testing.proxy",
 )
 
 
