@@ -201,6 +201,66 @@ def test_a_multi_lock_takes_names_on_several_nodes_together(
 
 
 @pytest.mark.integration
+def test_multi_locks_in_crossing_orders_never_deadlock_on_cluster_members(
+    three: list[LocalCluster],
+) -> None:
+    # Half the threads take [x, y, z], half [z, y, x], with one name on each node of
+    # every member (a call per slot): no deadlock, and no two holders ever overlap.
+    urls = [c.url for c in three]
+    x, y, z = (three[0].names_on(k, 1, "cross")[0] for k in range(3))  # one per node
+    orders = [[x, y, z], [z, y, x]] * 3
+    rounds = 10
+    counters = dict.fromkeys((x, y, z), 0)
+    inside = dict.fromkeys((x, y, z), 0)
+    guard = threading.Lock()
+    overlaps: list[str] = []
+    errors: list[BaseException] = []
+    managers = [LockManager(urls, lease=LEASE) for _ in orders]
+
+    def work(mgr: LockManager, names: list[str]) -> None:
+        try:
+            many = mgr.multi_lock(names)
+            for _ in range(rounds):
+                assert many.acquire(timeout=30), f"{names}: not in 30 s (deadlocked?)"
+                try:
+                    with guard:
+                        for n in names:
+                            inside[n] += 1
+                            if inside[n] > 1:
+                                overlaps.append(n)
+                    for n in names:  # read, sleep, write: any overlap loses an update
+                        seen = counters[n]
+                        time.sleep(0.001)
+                        counters[n] = seen + 1
+                finally:
+                    with guard:
+                        for n in names:
+                            inside[n] -= 1
+                    many.release()
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=work, args=(m, names))
+        for m, names in zip(managers, orders, strict=True)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 90
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in threads), "still taking after 90 s (deadlocked?)"
+    finally:
+        for m in managers:
+            m.close()
+    assert errors == [] and overlaps == []
+    assert counters == dict.fromkeys((x, y, z), len(orders) * rounds)
+    for c in three:
+        assert not node_keys(c)
+
+
+@pytest.mark.integration
 def test_fencing_tokens_grow_through_cluster_members(three: list[LocalCluster]) -> None:
     with LockManager([c.url for c in three], lease=LEASE, fencing=True) as mgr:
         tokens = []
