@@ -141,7 +141,8 @@ class FanoutRound:
     """
 
     __slots__ = (
-        "_early", "_packed", "_voters", "_wire", "_yes", "calls", "noscript", "results", "targets",
+        "_early", "_last", "_voters", "_wire", "_yes", "calls", "decided", "noscript", "results",
+        "targets",
     )  # fmt: skip
 
     def __init__(
@@ -162,32 +163,32 @@ class FanoutRound:
         self._early = early
         self._voters = voters
         self._yes = 0
-        self._packed: dict[tuple[int, object], Any] = {}
+        #: whether the outcome is known: the replies not read yet need no waiting for
+        self.decided = early is not None and early.needed <= 0
+        # The calls packed last, how, and the bytes (see :meth:`packed`).
+        self._last: tuple[object, object, Any] | None = None
         self._wire = wire
         #: whether a master answered NOSCRIPT to a call: only then has :meth:`reload`
         #: anything to redo (the usual round skips it)
         self.noscript = False
 
-    @property
-    def decided(self) -> bool:
-        """Whether the outcome is known: the replies not read yet need no waiting for."""
-        return self._early is not None and self._yes >= self._early.needed
-
     def unread(self, i: int) -> None:
         """Master ``i`` was not read: the round was decided without it."""
         self.results[i] = [UNREAD] * len(self.calls[i])
 
-    def packed(self, i: int, how: object, pack: Callable[[list[tuple[object, ...]]], T]) -> T:
-        """Master ``i``'s commands packed by ``pack``, packed once for all the masters
-        that are sent the same calls (the usual round) and packed the same way
-        (``how``: what the packing depends on, such as the connection's encoding)."""
+    def packed(self, i: int, packing: tuple[object, Callable[[list[tuple[object, ...]]], T]]) -> T:
+        """Master ``i``'s commands packed by ``packing`` (what the bytes depend on, and
+        the packer: see :func:`~.transport.packing`), packed once for the masters after
+        one that was sent the same calls (the usual round: the same list) packed the
+        same way (the same object)."""
         calls = self.calls[i]
-        key = (id(calls), how)
-        out = self._packed.get(key)
-        if out is None:
-            out = self._packed[key] = pack_calls(calls, how, pack, self._wire)
-        result: T = out  # stored by this method, from ``pack``
-        return result
+        last = self._last
+        if last is not None and last[0] is calls and last[1] is packing:
+            out: T = last[2]  # stored below, from ``packing``
+            return out
+        out = pack_calls(calls, packing[0], packing[1], self._wire)
+        self._last = (calls, packing, out)
+        return out
 
     def failed(self, i: int, error: BaseException) -> None:
         """Master ``i`` could not be sent to (or its connection broke): every call
@@ -199,13 +200,15 @@ class FanoutRound:
         for reply in replies:
             if isinstance(reply, Exception) and is_noscript(reply):
                 self.noscript = True
+        early = self._early
         if (
-            self._early is not None
+            early is not None
             and replies
             and (self._voters is None or i in self._voters)
-            and self._early.vote(replies)
+            and early.vote(replies)
         ):
             self._yes += 1
+            self.decided = self._yes >= early.needed
 
     def reload(self, i: int) -> list[tuple[object, ...]] | None:
         """The pipelined commands that load the scripts master ``i`` did not know and
@@ -272,6 +275,7 @@ class FanoutProtocol:
         self._packing = packing
         self._timeout_error = timeout_error
         self._wire = WireCache()
+        self._packings: dict[object, tuple[object, Any]] = {}
         self._guard = guard()
 
     def lone(self, fanout: Fanout, clock: Callable[[], float]) -> tuple[Any, Any, float] | None:
@@ -290,8 +294,10 @@ class FanoutProtocol:
             conn = m.idle.pop()  # list.pop is atomic: safe across threads
         except IndexError:
             return None
-        how, pack = self._packing(conn)
-        packed = pack_calls(calls[0], how, pack, None if fanout.cleanup else self._wire)
+        packing = m.packing or self._packing_of(0, conn)
+        packed = pack_calls(
+            calls[0], packing[0], packing[1], None if fanout.cleanup else self._wire
+        )
         return conn, packed, clock()
 
     def lone_answer(
@@ -310,7 +316,13 @@ class FanoutProtocol:
                 raise error  # type: ignore[misc]  # an interruption
             return [[error]]
         assert got is not None
-        replies = self._settle(0, lone[0], None, 1, lone[2], got, clock)
+        replies, failed = got
+        if failed is None:  # the usual case, settled here
+            m = self.masters[0]
+            m.suspect_since = None  # it answered
+            m.idle.append(lone[0])
+        else:
+            replies = self._settle(0, lone[0], None, 1, lone[2], got, clock)
         return None if is_noscript(replies[0]) else [replies]
 
     def steps(self, fanout: Fanout, clock: Callable[[], float]) -> Steps[list[list[Reply]]]:
@@ -447,6 +459,16 @@ class FanoutProtocol:
     ) -> None:
         """``sends`` went out ``at``, but for ``failures`` (see :data:`SEND`): what went
         out is to be read (``reads``, ``late``) or is queued on a suspect."""
+        if failures is None:  # the usual case: every send went out
+            for i, conn, _, prior, how in sends:
+                if how == _FIRST:
+                    reads.append((i, conn, prior, at))
+                elif how == _LAST:
+                    late.append((i, conn, prior, at))
+                else:
+                    assert prior is not None
+                    self.masters[i].queued(prior, len(fan.calls[i]), at)
+            return
         stop: object = None
         for k, (i, conn, _, prior, how) in enumerate(sends):
             failure = None if failures is None else failures[k]
@@ -487,8 +509,7 @@ class FanoutProtocol:
         replies, failed = got
         if prior is not None and prior.owed:
             owed = prior.owed
-            for _ in range(min(owed, len(replies))):
-                prior.read()  # an owed reply: dropped
+            prior.read(min(owed, len(replies)))  # owed replies: dropped
             replies = replies[owed:]
         m = self.masters[i]
         if failed is None:
@@ -511,8 +532,7 @@ class FanoutProtocol:
         m = self.masters[i]
         while True:
             replies, failed = yield (READ, i, behind.conn, behind.owed, None)
-            for _ in replies:
-                behind.read()
+            behind.read(len(replies))
             if failed is not None and failed.kind == STOPPED:
                 m.behind.append(behind)
                 raise failed.error
@@ -627,9 +647,17 @@ class FanoutProtocol:
 
     def _packed(self, fan: FanoutRound, i: int, conn: Any) -> Any:
         """Endpoint ``i``'s calls, packed once per round for every endpoint with the
-        same calls and the same packing."""
-        how, pack = self._packing(conn)
-        return fan.packed(i, how, pack)
+        same calls and the same packing. An endpoint's connections all come from one
+        pool, so they pack alike: its packing is found on the first."""
+        return fan.packed(i, self.masters[i].packing or self._packing_of(i, conn))
+
+    def _packing_of(self, i: int, conn: Any) -> tuple[object, Any]:
+        """How endpoint ``i``'s connections pack, found on ``conn``: they all come from
+        one pool, so they pack alike. One object per way of packing, shared by the
+        endpoints that pack alike (see :meth:`FanoutRound.packed`)."""
+        found = self._packing(conn)
+        packing = self.masters[i].packing = self._packings.setdefault(found[0], found)
+        return packing
 
     def _preload(self, conn: Any) -> Any:
         return self._packing(conn)[1](preload_commands())

@@ -58,13 +58,17 @@ class Behind:
         self.owed += count
         self._batches.append([count, at])
 
-    def read(self) -> None:
-        """The oldest owed reply was read."""
-        self.owed -= 1
-        first = self._batches[0]
-        first[0] -= 1
-        if first[0] <= 0 and len(self._batches) > 1:
-            self._batches.popleft()  # the last batch stays: since keeps a value
+    def read(self, n: int = 1) -> None:
+        """The ``n`` oldest owed replies were read."""
+        self.owed -= n
+        batches = self._batches
+        first = batches[0]
+        first[0] -= n
+        while first[0] <= 0 and len(batches) > 1:  # the last batch stays: since keeps a value
+            batches.popleft()
+            left = first[0]  # what that batch had fewer than was read: the next one's
+            first = batches[0]
+            first[0] += left
 
 
 @dataclass(eq=False)
@@ -85,6 +89,9 @@ class MasterHealth:
     #: the next time a probe may start, and whether one is under way
     probe_at: float = 0.0
     probing: bool = False
+    #: how its connections pack commands (they all come from one pool): found on the
+    #: first one a round packs for (see :func:`~.transport.packing`)
+    packing: Any = None
 
     @property
     def suspect(self) -> bool:
