@@ -14,7 +14,14 @@ import redis
 from helpers import lock_keys, run, wait_until
 
 import redreentrant.asyncio as ra
-from redreentrant import FencingError, LockLostError, LockManager, LockNotOwnedError, MultiLock
+from redreentrant import (
+    FencingError,
+    LockLostError,
+    LockManager,
+    LockNotOwnedError,
+    LockUpgradeError,
+    MultiLock,
+)
 from redreentrant._core.keys import lock_key
 from redreentrant.testing import LocalEnsemble
 
@@ -234,6 +241,49 @@ def test_asyncio_multi_lock(masters: list[str]) -> None:
         return most
 
     assert run(main()) == 1
+
+
+def test_an_owner_cannot_hold_a_name_alone_and_in_a_multi_lock(
+    mgr: LockManager, masters: list[str]
+) -> None:
+    # The masters keep one hold count per name and owner: held both ways, the release
+    # of one would free the other's name while its holder believes it holds it.
+    owner = {mgr.owner_id().encode()}
+    plain = mgr.lock("a")
+    with plain, plain:
+        with pytest.raises(LockUpgradeError, match="'a' is held by this owner already"):
+            mgr.multi_lock(["a", "b"]).acquire(blocking=False)
+        assert holders(masters, "b") == [set()] * len(masters)  # nothing taken
+        assert plain.hold_count == 2
+    with mgr.multi_lock(["a", "b"]) as both:
+        with pytest.raises(LockUpgradeError, match="'a' is held by this owner in a multi"):
+            plain.acquire(timeout=1)
+        with pytest.raises(LockUpgradeError):
+            mgr.multi_lock(["b", "c"]).acquire(timeout=1)
+        assert both.hold_count == 1 and plain.hold_count == 0
+        assert holders(masters, "a") == [owner] * len(masters)
+    # Each way on its own still works, and another owner is unaffected meanwhile.
+    with plain:
+        pass
+    with mgr.multi_lock(["b", "c"]):
+        pass
+    wait_until(lambda: holders(masters, "a") == [set()] * len(masters), "freed")
+
+
+def test_asyncio_an_owner_cannot_hold_a_name_alone_and_in_a_multi_lock(
+    masters: list[str],
+) -> None:
+    async def main() -> None:
+        async with ra.LockManager(masters, lease=5.0) as m:
+            async with m.multi_lock(["a", "b"]):
+                with pytest.raises(LockUpgradeError):
+                    await m.lock("b").acquire(blocking=False)
+            async with m.lock("b"):
+                with pytest.raises(LockUpgradeError):
+                    await m.multi_lock(["a", "b"]).acquire(blocking=False)
+
+    run(main())
+    assert holders(masters, "a") == holders(masters, "b") == [set()] * len(masters)
 
 
 def test_keys_are_gone_after_use(mgr: LockManager, ensemble: LocalEnsemble) -> None:

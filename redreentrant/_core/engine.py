@@ -34,7 +34,16 @@ from .errors import (
 from .fencing import FENCE_TTL_MS, check_token, integer_of
 from .holds import Hold, Holds, Signal
 from .keys import home_channel
-from .kinds import READ, UPGRADE, UPGRADEABLE, WRITE, LockKind, MultiKind, SemaphoreKind
+from .kinds import (
+    EXCLUSIVE,
+    READ,
+    UPGRADE,
+    UPGRADEABLE,
+    WRITE,
+    LockKind,
+    MultiKind,
+    SemaphoreKind,
+)
 from .listeners import LockInfo, LockListener, tell
 from .masters import connect, master_name
 from .owner import new_manager_id
@@ -254,6 +263,8 @@ class Engine:
         )
         if kind.upgrade_from is not None:
             kind = self._side(kind, name, owner)
+        elif kind.names or self.holds.in_multi:
+            self._refuse_overlap(kind, name, owner)
         site = call_site(caller)
         deadline = None if timeout == -1 or not blocking else self.clock() + timeout
         # After its turn on several masters, an owner lets the waiter woken go first.
@@ -291,6 +302,26 @@ class Engine:
                     f" lock (release the {have} lock first)"
                 )
         return kind
+
+    def _refuse_overlap(self, kind: LockKind, name: str, owner: str) -> None:
+        """A multi-lock takes the plain locks of its names, and a master keeps one hold
+        count per name and owner: an owner cannot hold a name both alone and in a
+        multi-lock (or in two), which would share that count. Such a first hold raises
+        :class:`LockUpgradeError` at once."""
+        in_multi = self.holds.in_multi
+        if kind is EXCLUSIVE:
+            if (name, owner) in in_multi:
+                raise LockUpgradeError(
+                    f"lock {name!r} is held by this owner in a multi-lock: it cannot take"
+                    " that lock by itself too (release the multi-lock first)"
+                )
+            return
+        for n in kind.names:
+            if (n, owner) in in_multi or self.holds.get(EXCLUSIVE, n, owner) is not None:
+                raise LockUpgradeError(
+                    f"lock {n!r} is held by this owner already: a multi-lock of it cannot"
+                    " be taken besides (release that lock first)"
+                )
 
     def _acquire_told(
         self,

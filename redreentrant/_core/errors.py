@@ -25,9 +25,11 @@ class LockLostError(LockError):
 
 
 class LockUpgradeError(LockError):
-    """An owner asked for a side of a read/write lock that its own hold would keep from
-    ever being granted: the write lock while it holds the read lock, or the upgradeable
-    lock while it holds the read or the write lock."""
+    """An owner asked for a lock that one of its own holds rules out: a side of a
+    read/write lock its hold would keep from ever being granted (the write lock while
+    it holds the read lock, the upgradeable lock while it holds the read or the write
+    lock), or a name it holds alone and in a multi-lock at once. Raised at once;
+    nothing changes."""
 
 
 class LockKeyTypeError(LockError):

@@ -95,6 +95,8 @@ class Holds:
         self._order = itertools.count()
         # The managed holds by owner token: liveness is checked per owner, not per hold.
         self._by_token: dict[str, set[Hold]] = {}
+        #: (name, owner) -> how many of the owner's multi-lock holds take that name
+        self.in_multi: dict[tuple[str, str], int] = {}
 
     def get(self, kind: LockKind, name: str, owner: str) -> Hold | None:
         return self._table.get((kind.label, name, owner))
@@ -106,6 +108,8 @@ class Holds:
             if old is not None:
                 self._forget(old)
             self._table[ident] = hold
+            if hold.kind.names:
+                self._count_names(hold, 1)
             if hold.managed:
                 heap = self._deadlines
                 if len(heap) > 2 * len(self._table) + 64:
@@ -120,6 +124,8 @@ class Holds:
     def _forget(self, hold: Hold) -> None:
         """Take ``hold`` off the table (under the lock)."""
         del self._table[hold.ident]
+        if hold.kind.names:
+            self._count_names(hold, -1)
         entry = hold.entry
         if entry is not None:
             entry[3] -= 1
@@ -129,6 +135,17 @@ class Holds:
             owned.discard(hold)
             if not owned:
                 del self._by_token[hold.token]
+
+    def _count_names(self, hold: Hold, step: int) -> None:
+        """Count ``hold``'s names in :attr:`in_multi` (``step`` 1) or no more (-1)."""
+        counts = self.in_multi
+        for name in hold.kind.names:
+            key = (name, hold.owner)
+            n = counts.get(key, 0) + step
+            if n > 0:
+                counts[key] = n
+            else:
+                counts.pop(key, None)
 
     def _queue(self, holds: tuple[Hold, ...], valid_until: float) -> None:
         """Queue ``holds`` for the deadline clock at ``valid_until`` (under the lock)."""
@@ -282,3 +299,4 @@ class Holds:
             self._table.clear()
             self._deadlines.clear()
             self._by_token.clear()
+            self.in_multi.clear()

@@ -48,6 +48,9 @@ class LockKind:
     #: :func:`~redreentrant._core.rounds.release_steps`)
     hands_over = True
 
+    #: the plain locks a hold of this kind takes (a multi-lock's names)
+    names: tuple[str, ...] = ()
+
     @property
     def upgrade_from(self) -> LockKind | None:
         """A kind whose holder may not take this one (it would wait for itself)."""
