@@ -106,20 +106,13 @@ def find_redis_server(explicit: str | None = None) -> str:
 
     :raises RedisServerNotFound: nothing usable was found; the message says how to get one.
     """
-    if explicit:
-        found = _executable(explicit)
-        if found is None:
-            raise RedisServerNotFound(f"{explicit!r} is not an executable redis-server")
-        return found
-
     from_env = os.environ.get("REDIS_SERVER")
-    if from_env:
-        found = _executable(from_env)
-        if found is None:
-            raise RedisServerNotFound(
-                f"REDIS_SERVER={from_env!r} is not an executable redis-server"
-            )
-        return found
+    for asked, said in ((explicit, repr(explicit)), (from_env, f"REDIS_SERVER={from_env!r}")):
+        if asked:
+            found = _executable(asked)
+            if found is None:
+                raise RedisServerNotFound(f"{said} is not an executable redis-server")
+            return found
 
     for name in ON_PATH:
         found = _executable(name)

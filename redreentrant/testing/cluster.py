@@ -18,21 +18,16 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Sequence
-from types import TracebackType
 
 import redis
 
 from .._core.keys import key_slot, lock_key
-from . import cleanup, reaper
-from .binary import find_redis_server
-from .detached import DIRECTORY_PREFIX
+from .ensemble import make_directory, remove_directory
 from .loopback import HOST, client
-from .server import START_TIMEOUT, STOP_TIMEOUT, LocalServer
+from .server import START_TIMEOUT, STOP_TIMEOUT, LocalServer, answering, start_all, stop_all
 
 __all__ = ["LocalCluster", "cluster_ports"]
 
@@ -84,11 +79,8 @@ class LocalCluster:
     ) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
-        resolved = find_redis_server(binary)
-        self.directory = os.path.abspath(tempfile.mkdtemp(prefix=DIRECTORY_PREFIX, dir=base_dir))
         self._stopped = False
-        cleanup.track(self, self.stop)
-        reaper.watch_dir(self.directory, resolved)
+        resolved, self.directory = make_directory(self, self.stop, binary, base_dir)
         args = [
             "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf",
@@ -139,9 +131,7 @@ class LocalCluster:
 
     def owner(self, slot: int) -> int:
         """The index of the node that owns ``slot`` now (as the nodes that run see it)."""
-        for server in self.servers:
-            if not server.running or server.paused:
-                continue
+        for server in answering(self.servers):
             with self._client(server) as r:
                 for start, end, primary, *_ in r.execute_command("CLUSTER", "SLOTS"):
                     if int(start) <= slot <= int(end):
@@ -181,25 +171,22 @@ class LocalCluster:
             raise RuntimeError("this LocalCluster was stopped; create a new one")
         for attempt in range(_PORT_ATTEMPTS):
             try:
-                for server in self.servers:
-                    server.spawn()
-                for server in self.servers:
-                    server.wait_ready(timeout)
+                start_all(self.servers, timeout)
                 break
             except RuntimeError as error:
-                self._stop_servers()
+                stop_all(self.servers)
                 if "already in use" not in str(error) or attempt + 1 == _PORT_ATTEMPTS:
                     raise
                 # Another process took a port or a bus port: all of them anew.
                 for server, port in zip(self.servers, cluster_ports(self.size), strict=True):
                     server.port = port
             except BaseException:
-                self._stop_servers()
+                stop_all(self.servers)
                 raise
         try:
             self._form(timeout)
         except BaseException:
-            self._stop_servers()
+            stop_all(self.servers)
             raise
         return self
 
@@ -223,7 +210,7 @@ class LocalCluster:
         """Wait until every running node says ``cluster_state:ok``, knows every node,
         and agrees with the others on who owns every slot."""
         deadline = time.monotonic() + timeout
-        running = [s for s in self.servers if s.running and not s.paused]
+        running = answering(self.servers)
         while True:
             views = []
             ok = True
@@ -246,30 +233,16 @@ class LocalCluster:
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop every node and remove the temp dir. Idempotent."""
-        self._stop_servers(timeout)
+        stop_all(self.servers, timeout)
         for server in self.servers:
             server.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
-        reaper.forget_dir(self.directory)
         self._stopped = True
-        cleanup.untrack(self)
-
-    def _stop_servers(self, timeout: float = STOP_TIMEOUT) -> None:
-        for server in self.servers:
-            server.terminate()
-        deadline = time.monotonic() + timeout
-        for server in self.servers:
-            server.wait_stopped(deadline - time.monotonic())
+        remove_directory(self, self.directory)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- data and resharding ------------------------------------------------------------
@@ -279,18 +252,16 @@ class LocalCluster:
 
     def flushall(self) -> None:
         """``FLUSHALL`` on every running, unpaused node."""
-        for server in self.servers:
-            if server.running and not server.paused:
-                with self._client(server) as r:
-                    r.flushall()
+        for server in answering(self.servers):
+            with self._client(server) as r:
+                r.flushall()
 
     def keys(self, pattern: str = "*") -> dict[int, list[str]]:
         """Each running, unpaused node's keys matching ``pattern`` (sorted), by index."""
         out: dict[int, list[str]] = {}
-        for index, server in enumerate(self.servers):
-            if server.running and not server.paused:
-                with self._client(server) as r:
-                    out[index] = sorted(r.keys(pattern))
+        for server in answering(self.servers):
+            with self._client(server) as r:
+                out[self.servers.index(server)] = sorted(r.keys(pattern))
         return out
 
     def begin_migration(self, slot: int, target: int) -> int:
@@ -325,11 +296,9 @@ class LocalCluster:
         """Give ``slot`` to node ``target`` for good (``SETSLOT NODE`` on every running
         node, the target first), and wait until the nodes agree."""
         order = [target] + [i for i in range(self.size) if i != target]
-        for index in order:
-            server = self.servers[index]
-            if server.running and not server.paused:
-                with self._client(server) as r:
-                    r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", self._ids[target])
+        for server in answering(self.servers[i] for i in order):
+            with self._client(server) as r:
+                r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", self._ids[target])
         self.wait_stable()
 
     def migrate_slot(self, slot: int, target: int) -> None:

@@ -1,32 +1,44 @@
-"""``N`` independent local masters for Redlock tests: :class:`LocalEnsemble`.
-
-A Redlock quorum needs several *independent* Redis masters. :class:`LocalEnsemble`
-starts ``N`` of them on this machine, each bound to ``127.0.0.1`` only, on a free port,
-with its own directory and no persistence, and lets a test crash
-(:meth:`~redreentrant.testing.LocalServer.kill`), freeze
-(:meth:`~redreentrant.testing.LocalServer.pause`) or wipe
-(:meth:`~redreentrant.testing.LocalServer.restart`) any one of them.
-"""
+"""``N`` independent local masters for Redlock tests: :class:`LocalEnsemble` (see
+:mod:`redreentrant.testing`), and the directory of a group of servers (an ensemble, a
+cluster), which the safety nets remove until the group does."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-import time
-from collections.abc import Sequence
-from types import TracebackType
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import cleanup, reaper
 from .binary import find_redis_server
 from .detached import DIRECTORY_PREFIX, describe
 from .loopback import client, free_ports
-from .server import START_TIMEOUT, STOP_TIMEOUT, LocalServer
+from .server import START_TIMEOUT, STOP_TIMEOUT, LocalServer, answering, start_all, stop_all
 
-__all__ = ["LocalEnsemble"]
+__all__ = ["LocalEnsemble", "make_directory", "remove_directory"]
 
 _COMMAND_TIMEOUT = 5.0  # seconds for flushall() and keys() on one server
+
+
+def make_directory(
+    owner: object, stop: Callable[[], None], binary: str | None, base_dir: str | None
+) -> tuple[str, str]:
+    """(the server binary, a fresh directory) for a group of servers: ``stop`` runs at
+    exit, and the reaper removes the directory after a hard kill, until
+    :func:`remove_directory`."""
+    resolved = find_redis_server(binary)
+    directory = os.path.abspath(tempfile.mkdtemp(prefix=DIRECTORY_PREFIX, dir=base_dir))
+    cleanup.track(owner, stop)
+    reaper.watch_dir(directory, resolved)
+    return resolved, directory
+
+
+def remove_directory(owner: object, directory: str) -> None:
+    """Remove a group's directory, and take it and ``owner`` off the safety nets."""
+    shutil.rmtree(directory, ignore_errors=True)
+    reaper.forget_dir(directory)
+    cleanup.untrack(owner)
 
 
 class LocalEnsemble:
@@ -54,11 +66,8 @@ class LocalEnsemble:
     ) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
-        resolved = find_redis_server(binary)
-        self.directory = os.path.abspath(tempfile.mkdtemp(prefix=DIRECTORY_PREFIX, dir=base_dir))
         self._stopped = False
-        cleanup.track(self, self.stop)
-        reaper.watch_dir(self.directory, resolved)
+        resolved, self.directory = make_directory(self, self.stop, binary, base_dir)
         self.servers: list[LocalServer] = [
             LocalServer(
                 binary=resolved,
@@ -103,13 +112,9 @@ class LocalEnsemble:
         if self._stopped:
             raise RuntimeError("this LocalEnsemble was stopped; create a new one")
         try:
-            pending = [server for server in self.servers if not server.running]
-            for server in pending:
-                server.spawn()
-            for server in pending:
-                server.wait_ready(timeout)  # a lost port race: that one moves and retries
+            start_all([server for server in self.servers if not server.running], timeout)
         except BaseException:
-            self._stop_servers()
+            stop_all(self.servers)
             raise
         return self
 
@@ -118,29 +123,14 @@ class LocalEnsemble:
 
         Idempotent, and also run at interpreter exit for ensembles not stopped by then.
         """
-        self._stop_servers(timeout)
-        shutil.rmtree(self.directory, ignore_errors=True)
-        reaper.forget_dir(self.directory)
+        stop_all(self.servers, timeout)
         self._stopped = True
-        cleanup.untrack(self)
-
-    def _stop_servers(self, timeout: float = STOP_TIMEOUT) -> None:
-        # Signal all first, then wait for all: shutdowns overlap instead of queueing.
-        for server in self.servers:
-            server.terminate()
-        deadline = time.monotonic() + timeout
-        for server in self.servers:
-            server.wait_stopped(deadline - time.monotonic())
+        remove_directory(self, self.directory)
 
     def __enter__(self) -> LocalEnsemble:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def detach(self) -> dict[str, Any]:
@@ -158,18 +148,11 @@ class LocalEnsemble:
         self._stopped = True
         return describe(self.directory, self.servers[0].binary, servers)
 
-    def _reachable(self) -> list[LocalServer]:
-        # Paused servers would block every command until the socket timeout.
-        return [server for server in self.servers if server.running and not server.paused]
-
     def flushall(self) -> None:
         """``FLUSHALL`` on every running, unpaused server (e.g. between tests)."""
-        for server in self._reachable():
-            connection = client(server.port, timeout=_COMMAND_TIMEOUT)
-            try:
+        for server in answering(self.servers):
+            with client(server.port, timeout=_COMMAND_TIMEOUT) as connection:
                 connection.flushall()
-            finally:
-                connection.close()
 
     def keys(self, pattern: str = "*") -> dict[str, list[str]]:
         """Map each running, unpaused server's URL to its keys matching ``pattern``.
@@ -178,14 +161,7 @@ class LocalEnsemble:
         Keys are sorted; stopped and paused servers are left out.
         """
         result: dict[str, list[str]] = {}
-        for server in self._reachable():
-            connection = client(server.port, timeout=_COMMAND_TIMEOUT)
-            try:
-                found = connection.keys(pattern)
-            finally:
-                connection.close()
-            # decode_responses=True yields str; the bytes branch only satisfies the types.
-            result[server.url] = sorted(
-                key if isinstance(key, str) else key.decode("utf-8", "replace") for key in found
-            )
+        for server in answering(self.servers):
+            with client(server.port, timeout=_COMMAND_TIMEOUT) as connection:
+                result[server.url] = sorted(connection.keys(pattern))
         return result

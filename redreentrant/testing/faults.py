@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 from .ensemble import LocalEnsemble
 from .loopback import client
-from .server import LocalServer
+from .server import LocalServer, answering, start_all, stop_all
 
 __all__ = ["Faults", "heal", "lock_keys", "remove_keys"]
 
@@ -42,16 +42,7 @@ def heal(ensemble: LocalEnsemble) -> None:
     for server in ensemble.servers:
         if server.paused:
             server.resume()
-    down = [server for server in ensemble.servers if not server.running]
-    for server in down:
-        server.spawn()
-    for server in down:
-        server.wait_ready()
-
-
-def _answering(ensemble: LocalEnsemble) -> list[LocalServer]:
-    # A frozen server would hold every command until the time-out.
-    return [server for server in ensemble.servers if server.running and not server.paused]
+    start_all([server for server in ensemble.servers if not server.running])
 
 
 def lock_keys(ensemble: LocalEnsemble, prefix: str) -> dict[int, set[str]]:
@@ -59,33 +50,25 @@ def lock_keys(ensemble: LocalEnsemble, prefix: str) -> dict[int, set[str]]:
 
     Uses ``SCAN``, so a server with many other keys is not blocked."""
     found: dict[int, set[str]] = {}
-    for index, server in enumerate(ensemble.servers):
-        if server not in _answering(ensemble):
-            continue
-        connection = client(server.port, timeout=_COMMAND_TIMEOUT)
-        try:
+    for server in answering(ensemble.servers):
+        with client(server.port, timeout=_COMMAND_TIMEOUT) as connection:
             keys = connection.scan_iter(match=_glob_escape(prefix) + "*", count=_SCAN_COUNT)
-            found[index] = {key if isinstance(key, str) else key.decode() for key in keys}
-        finally:
-            connection.close()
+            found[ensemble.servers.index(server)] = set(keys)
     return found
 
 
 def remove_keys(ensemble: LocalEnsemble, keys: dict[int, set[str]]) -> None:
     """``UNLINK`` the given keys (by master index, as :func:`lock_keys` returns them) on
     the running, unfrozen masters; a master that is down has nothing to remove."""
-    answering = _answering(ensemble)
+    up = answering(ensemble.servers)
     for index, names in keys.items():
         server = ensemble.servers[index]
-        if not names or server not in answering:
+        if not names or server not in up:
             continue
-        connection = client(server.port, timeout=_COMMAND_TIMEOUT)
-        try:
+        with client(server.port, timeout=_COMMAND_TIMEOUT) as connection:
             batch = sorted(names)
             for start in range(0, len(batch), _SCAN_COUNT):
                 connection.unlink(*batch[start : start + _SCAN_COUNT])
-        finally:
-            connection.close()
 
 
 def _glob_escape(text: str) -> str:
@@ -137,11 +120,7 @@ class Faults:
     def stop(self, *indices: int) -> None:
         """Shut the masters down gracefully (SIGTERM): clients get their connections
         closed and then ``connection refused``."""
-        servers = self._servers(indices)
-        for server in servers:
-            server.terminate()
-        for server in servers:
-            server.wait_stopped()
+        stop_all(self._servers(indices))
 
     def kill(self, *indices: int) -> None:
         """Crash the masters (SIGKILL): as :meth:`stop`, without a shutdown."""
@@ -150,11 +129,7 @@ class Faults:
 
     def start(self, *indices: int) -> None:
         """Start masters that are down (empty); a running one is left as it is."""
-        servers = [server for server in self._servers(indices) if not server.running]
-        for server in servers:
-            server.spawn()
-        for server in servers:
-            server.wait_ready()
+        start_all([server for server in self._servers(indices) if not server.running])
 
     def freeze(self, *indices: int) -> None:
         """Freeze the masters (SIGSTOP): connections are accepted but nothing is

@@ -1,10 +1,9 @@
 """The loopback address servers listen on: free ports, and clients that probe fast.
 
 Free ports come from the kernel's own allocator (bind to port 0), with every socket of a
-batch held open until all are picked, so a batch never repeats a port. A port-picking
-library such as ``port-for`` serves the opposite need (a port kept for a service across
-runs, chosen so that port 0 binds would *not* pick it; its own documentation points to
-``bind((host, 0))`` for a temporary port), so it would add a dependency for nothing here.
+batch held open until all are picked, so a batch never repeats a port (``port-for``
+serves the opposite need: a port kept for a service across runs, which port 0 binds
+would *not* pick).
 Another process may still take a port before ``redis-server`` binds it: a server's first
 start moves to a fresh port then (:meth:`redreentrant.testing.LocalServer.start`).
 """

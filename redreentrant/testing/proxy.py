@@ -54,7 +54,6 @@ import socket
 import struct
 import threading
 import time
-from types import TracebackType
 
 from .loopback import HOST
 
@@ -74,6 +73,14 @@ def _hard_close(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def _nonblocking(sock: socket.socket) -> socket.socket:
+    """``sock``, made non-blocking and without Nagle's delay."""
+    sock.setblocking(False)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class _Side:
@@ -217,12 +224,7 @@ class TcpProxy:
     def __enter__(self) -> TcpProxy:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -300,9 +302,7 @@ class TcpProxy:
         while True:
             try:
                 client, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # none left to accept (BlockingIOError), or a failure
                 return
             self.accepted += 1
             if self._mode == "reset":
@@ -314,23 +314,16 @@ class TcpProxy:
                 if upstream is None:
                     _hard_close(client)
                     continue
-            client.setblocking(False)
-            with contextlib.suppress(OSError):
-                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            pipe = _Pipe(client, upstream)
+            pipe = _Pipe(_nonblocking(client), upstream)
             self._add(pipe, pipe.client)
             if upstream is not None:
                 self._add(pipe, pipe.upstream)
 
     def _connect_upstream(self) -> socket.socket | None:
         try:
-            upstream = socket.create_connection(self.target, timeout=_CONNECT_TIMEOUT)
+            return _nonblocking(socket.create_connection(self.target, timeout=_CONNECT_TIMEOUT))
         except OSError:
             return None
-        upstream.setblocking(False)
-        with contextlib.suppress(OSError):
-            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return upstream
 
     def _add(self, pipe: _Pipe, side: _Side) -> None:
         assert side.sock is not None and self._selector is not None

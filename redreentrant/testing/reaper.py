@@ -17,24 +17,14 @@ started or stopped starts a new one with the whole list; until then, a parent ki
 hard leaves its servers behind. A forked child closes its copy of the pipe and forgets
 its parent's servers, so its exit neither stops them nor delays their reaper.
 
-Why hand-written (some seventy lines of standard library run with ``python -I -S -c``)
-rather than a library: nothing ready-made fits.
-
-- It must outlive its parent, so it cannot be a thread, an ``atexit`` hook or a
-  ``multiprocessing`` child (whose resource tracker knows semaphores and shared memory,
-  not processes and directories).
-- ``mirakuru``, the well-kept process executor for tests, reaps at interpreter exit
-  only (an ``atexit`` hook, which a SIGKILL skips), and finds its processes by an
-  environment variable it sets on them: ``redis-server`` overwrites its environment
-  block when it sets its process title, so that search never finds one (checked with
-  mirakuru 3.1.0 and psutil: ``/proc/PID/environ`` of a running redis-server no longer
-  holds the variable). It would reap nothing here, and it would remove no directory.
-- It must not import this package, which a fresh interpreter may not find (a checkout on
-  ``sys.path`` only).
-- Linux's ``PR_SET_PDEATHSIG`` alone (which the CLI's children use) would not do: it
-  fires when the *thread* that started a server ends (a server started from a
-  short-lived thread would die with that thread), exists on Linux only, and removes no
-  directory.
+Hand-written (standard library only, run with ``python -I -S -c``, so that it needs
+not find this package) because nothing ready-made fits: it must outlive its parent, so
+it cannot be a thread, an ``atexit`` hook or a ``multiprocessing`` child (whose resource
+tracker knows no processes or directories); ``mirakuru`` reaps at exit only, and finds
+its processes by an environment variable that ``redis-server`` overwrites when it sets
+its process title; and Linux's ``PR_SET_PDEATHSIG`` (which the CLI's children use) fires
+when the *thread* that started a server ends, exists on Linux only, and removes no
+directory.
 """
 
 from __future__ import annotations

@@ -4,24 +4,15 @@ Started, waited for, frozen (SIGSTOP), crashed (SIGKILL), restarted on the same 
 stopped; tracked by the exit-time clean-up (:mod:`redreentrant.testing.cleanup`) and
 by the reaper (:mod:`redreentrant.testing.reaper`) while it runs.
 
-Why not ``mirakuru``'s executors (``TCPExecutor``), the well-kept library for starting a
-process and waiting until it is ready, which would replace about forty of these lines
-(the spawn, the readiness loop, SIGTERM-then-SIGKILL)? Each would need rewriting around
-it, and the rest would stay:
-
-- readiness here is "the server on our port has *our* pid", not "the port accepts
-  connections", which a port squatter also passes; a server that exits during its
-  start is reported with its log's tail, and on its first start a lost port race moves
-  it to a fresh port: a subclass overriding the checks and the error path;
-- an ensemble starts all its servers, then waits for all, and signals all, then waits
-  for all (startup and shutdown cost about one server's time, not N): mirakuru's
-  ``start()`` and ``stop()`` each block on one process;
-- ``pause``/``resume`` (SIGSTOP/SIGCONT) have no counterpart, and its ``stop()`` of a
-  paused process does not resume it first, so it always waits out its whole timeout;
-- its exit-time clean-up finds processes by an environment variable, which
-  ``redis-server`` overwrites (see :mod:`redreentrant.testing.reaper`), and it covers
-  no SIGKILL'd parent: the reaper and the clean-up here stay in any case;
-- mirakuru 3 needs Python >= 3.11 (this package supports 3.10) and brings ``psutil``.
+Not built on ``mirakuru``'s executors, which would replace only the spawn, a readiness
+loop and SIGTERM-then-SIGKILL: readiness here is "the server on our port has *our* pid"
+(a port squatter accepts connections too), with the log's tail on failure and a move to
+a fresh port after a lost port race; servers start and stop together (:func:`start_all`,
+:func:`stop_all`), where mirakuru's ``start()`` and ``stop()`` block on one process;
+mirakuru has no ``pause``/``resume`` (its ``stop()`` of a paused process waits out its
+time-out), its exit-time clean-up finds processes by an environment variable that
+``redis-server`` overwrites and covers no SIGKILL'd parent, and mirakuru 3 needs
+Python >= 3.11 and ``psutil``.
 """
 
 from __future__ import annotations
@@ -34,15 +25,14 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
-from types import TracebackType
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import cleanup, reaper
 from .binary import find_redis_server
 from .loopback import HOST, free_ports, pid_on
 
-__all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "LocalServer"]
+__all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "LocalServer", "answering", "start_all", "stop_all"]
 
 START_TIMEOUT = 10.0
 """Seconds for a fresh server to answer PING."""
@@ -243,13 +233,7 @@ class LocalServer:
 
     def kill(self) -> None:
         """SIGKILL the server (simulates a crash) and reap it. Idempotent."""
-        process = self._process
-        if process is not None:
-            # Works on a SIGSTOPped process too: SIGKILL cannot be blocked or deferred.
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            process.wait()
-        self._forget_process()
+        self.wait_stopped(0)  # SIGKILL works on a paused process too: it cannot be deferred
 
     def pause(self) -> None:
         """Freeze the server with SIGSTOP: it accepts TCP connections but answers nothing.
@@ -303,12 +287,7 @@ class LocalServer:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- internals -------------------------------------------------------------------
@@ -383,3 +362,28 @@ class LocalServer:
         except OSError:
             return f"(no log at {self.logfile})"
         return f"last lines of {self.logfile}:\n" + "".join(lines)
+
+
+def start_all(servers: Sequence[LocalServer], timeout: float = START_TIMEOUT) -> None:
+    """Start ``servers`` together: spawn them all, then wait for each, so that it costs
+    about one server's start, not one per server."""
+    for server in servers:
+        server.spawn()
+    for server in servers:
+        server.wait_ready(timeout)  # a lost port race: that one moves and retries
+
+
+def stop_all(servers: Sequence[LocalServer], timeout: float = STOP_TIMEOUT) -> None:
+    """Stop ``servers`` together: SIGTERM to all, then wait for all (SIGKILL for those
+    still up ``timeout`` seconds later), so that shutdowns overlap instead of queueing."""
+    for server in servers:
+        server.terminate()
+    deadline = time.monotonic() + timeout
+    for server in servers:
+        server.wait_stopped(deadline - time.monotonic())
+
+
+def answering(servers: Iterable[LocalServer]) -> list[LocalServer]:
+    """The servers that run and are not paused (a paused one would hold every command
+    until its time-out)."""
+    return [server for server in servers if server.running and not server.paused]
