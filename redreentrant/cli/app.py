@@ -1,11 +1,5 @@
 """The ``redreentrant`` command: its parser, the dispatch to one module per command,
-exit statuses, and how the library's log lines are shown.
-
-Exit status: 0 on success; 1 when a lock is not obtained, the masters are unavailable,
-or a demo check failed (``run --conflict-exit-code N`` makes the first two N); 2 for
-usage errors (bad arguments, no masters, a malformed master, an empty name); ``run``
-passes its command's status through. Errors are one line on stderr, starting with
-``redreentrant:``.
+exit statuses (see :mod:`redreentrant.cli`), and how the library's log lines are shown.
 """
 
 from __future__ import annotations
@@ -32,6 +26,7 @@ from .common import (
     Parser,
     first_line,
     quorum_message,
+    warn,
 )
 
 __all__ = ["build_parser", "main", "setup_logging"]
@@ -123,4 +118,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _complain(message: str) -> None:
-    print(f"{PROG}: {first_line(message)}", file=sys.stderr)
+    warn(first_line(message))

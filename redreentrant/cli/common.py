@@ -1,18 +1,20 @@
 """What every command of the ``redreentrant`` CLI shares: exit statuses, user-facing
-errors, the masters (``--masters`` or ``$REDREENTRANT_MASTERS``) and a manager on them,
-lock names, and terminating signals."""
+errors, argument types, the masters (``--masters`` or ``$REDREENTRANT_MASTERS``) and a
+manager on them, lock names and their holders, tables, and terminating signals."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import re
 import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from redreentrant import LockManager, QuorumUnavailableError
+from redreentrant import LockManager, OwnerInfo, QuorumUnavailableError
 from redreentrant._core.keys import validate_name
 from redreentrant._core.settings import master_urls
 
@@ -22,18 +24,25 @@ __all__ = [
     "EXIT_USAGE",
     "MASTERS_ENV",
     "PROG",
+    "SIDE",
+    "Add",
     "CliError",
     "Interrupted",
+    "Parents",
     "Parser",
     "UsageError",
     "first_line",
     "lock_name",
     "masters",
     "open_manager",
+    "owner_json",
+    "positive_int",
     "quorum_message",
     "raise_interrupted",
     "require_masters",
     "signals",
+    "table",
+    "warn",
 ]
 
 PROG = "redreentrant"
@@ -71,10 +80,32 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+#: what a command's ``register(add, parents)`` takes: a subparsers action's
+#: ``add_parser``, and the parsers of the options every command has
+Add = Callable[..., argparse.ArgumentParser]
+Parents = Sequence[argparse.ArgumentParser]
+
+
+def positive_int(text: str) -> int:
+    """An argument type: a whole number, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def first_line(text: str) -> str:
     """The first non-blank line of ``text`` (error messages shown on one line)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0] if lines else text.strip()
+
+
+def warn(message: str) -> None:
+    """``message`` on stderr, as ``redreentrant: message``."""
+    print(f"{PROG}: {message}", file=sys.stderr)
 
 
 # -- masters, managers and names --------------------------------------------------------
@@ -137,6 +168,34 @@ def quorum_message(error: QuorumUnavailableError) -> str:
     return (
         f"masters unavailable: {len(error.errors)} failed to answer, a quorum of "
         f"{error.needed} is out of reach{detail}"
+    )
+
+
+# -- holders and tables -----------------------------------------------------------------
+
+#: how a read/write lock's view names each side of a hold: ``"<owner id> (read)"``
+SIDE = re.compile(r" \((read|write|upgradeable)\)$")
+
+
+def owner_json(info: OwnerInfo | None) -> dict[str, object] | None:
+    """What an owner id says of its owner, for JSON (None: an id that says nothing)."""
+    if info is None:
+        return None
+    return {
+        "host": info.host,
+        "pid": info.pid,
+        "kind": info.kind,
+        "token": info.token,
+        "name": info.name,
+    }
+
+
+def table(rows: list[list[str]]) -> str:
+    """``rows`` (the header first) as plain text: left-aligned columns, two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
     )
 
 

@@ -13,6 +13,7 @@ starts it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import select
 import signal
@@ -33,13 +34,15 @@ from .common import (
     EXIT_FAILED,
     EXIT_OK,
     MASTERS_ENV,
-    PROG,
+    Add,
     CliError,
     Interrupted,
+    Parents,
     first_line,
     masters,
     raise_interrupted,
     signals,
+    warn,
 )
 
 __all__ = ["Demo", "Out", "cmd_demo", "register"]
@@ -456,9 +459,7 @@ class Demo:
                 self.check(False, f"stage {number} raised {type(error).__name__}: {error}")
 
 
-def register(
-    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
-) -> None:
+def register(add: Add, parents: Parents) -> None:
     """Add the ``demo`` command with ``add`` (a subparsers action's ``add_parser``)."""
     demo = add(
         "demo",
@@ -493,11 +494,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     raise CliError(f"cannot start the local masters: {error}") from None
                 urls = ensemble.urls
                 binary = ensemble.servers[0].binary
-                try:
-                    server = f"{os.path.basename(binary)} masters (v"
-                    server += ".".join(map(str, redis_server_version(binary))) + ")"
-                except RuntimeError:  # it runs, but says no version
-                    server = f"{os.path.basename(binary)} masters"
+                server = f"{os.path.basename(binary)} masters"
+                with contextlib.suppress(RuntimeError):  # it runs, but says no version
+                    server += " (v" + ".".join(map(str, redis_server_version(binary))) + ")"
                 out.say("demo", f"started 5 local {server}: {', '.join(urls)}")
             else:
                 out.say("demo", f"using your {len(urls)} masters: {', '.join(urls)}")
@@ -506,7 +505,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         except (KeyboardInterrupt, Interrupted) as interrupted:
             signum = getattr(interrupted, "signum", signal.SIGINT)
             out.muted = True
-            print(f"{PROG}: demo interrupted; cleaning up", file=sys.stderr)
+            warn("demo interrupted; cleaning up")
             return 128 + int(signum)
         finally:
             holder = demo.holder if demo is not None else None

@@ -21,14 +21,25 @@ import contextlib
 import json
 import os
 import stat
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from redreentrant.testing import LocalEnsemble, detached_servers, detached_status, stop_detached
 
-from .common import EXIT_FAILED, EXIT_OK, MASTERS_ENV, PROG, CliError, Parser, first_line
+from .common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    MASTERS_ENV,
+    PROG,
+    Add,
+    CliError,
+    Parents,
+    Parser,
+    first_line,
+    positive_int,
+    warn,
+)
 
 __all__ = [
     "STATE_ENV",
@@ -48,16 +59,6 @@ HOST = "127.0.0.1"
 _STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL for ``ensemble down``
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 _ENSEMBLE_HELP = """\
 Local redis-server masters for development, bound to 127.0.0.1 only, without
 persistence. 'up' starts them detached (they keep running after the command exits) and
@@ -72,9 +73,7 @@ refused). 'redreentrant top' reads it to find the masters when given none.
 """
 
 
-def register(
-    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
-) -> None:
+def register(add: Add, parents: Parents) -> None:
     """Add the ``ensemble`` command with ``add`` (a subparsers action's ``add_parser``)."""
     ensemble = add(
         "ensemble",
@@ -94,7 +93,7 @@ def register(
         "REDREENTRANT_MASTERS=... line (stdout). Refused if the state file names "
         "servers that are still up.",
     )
-    up.add_argument("--size", type=_positive_int, default=5, metavar="N", help="default 5")
+    up.add_argument("--size", type=positive_int, default=5, metavar="N", help="default 5")
     up.add_argument("--port-file", metavar="F", help="also write the ports to F, one a line")
     up.set_defaults(func=cmd_ensemble_up)
     down = actions.add_parser(
@@ -121,7 +120,7 @@ def state_dir() -> str:
     ``$XDG_RUNTIME_DIR/redreentrant`` when ``$XDG_RUNTIME_DIR`` is a directory owned by
     the user, else ``redreentrant-<uid>`` in the temp directory."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime) and _owned_dir(runtime):
+    if runtime and os.path.isabs(runtime) and _owned(runtime, stat.S_ISDIR):
         return os.path.join(runtime, "redreentrant")
     return os.path.join(tempfile.gettempdir(), f"redreentrant-{os.getuid()}")
 
@@ -131,12 +130,14 @@ def default_state_path() -> str:
     return os.path.join(state_dir(), STATE_FILE)
 
 
-def _owned_dir(path: str) -> bool:
+def _owned(path: str, kind: Callable[[int], bool]) -> bool:
+    """Whether ``path`` is, itself (not a link), of ``kind`` (``stat.S_ISDIR``,
+    ``stat.S_ISREG``) and owned by the user."""
     try:
         info = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+    return kind(info.st_mode) and info.st_uid == os.getuid()
 
 
 def _check_private_dir(path: str, create: bool) -> None:
@@ -161,15 +162,6 @@ def _check_private_dir(path: str, create: bool) -> None:
         )
     if stat.S_IMODE(info.st_mode) & 0o077:
         os.chmod(path, 0o700)
-
-
-def _own_file(path: str) -> bool:
-    """Whether ``path`` is a regular file (not a link) owned by the user."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
 
 
 def _state_path(args: argparse.Namespace, create: bool = False) -> tuple[str, bool]:
@@ -197,7 +189,7 @@ def _load_state(path: str, default: bool = False) -> dict[str, Any] | None:
     """The state file at ``path``, or None if there is none. At a default place it must
     be a regular file of the user's: pids and a directory from it get signalled and
     removed."""
-    if default and os.path.lexists(path) and not _own_file(path):
+    if default and os.path.lexists(path) and not _owned(path, stat.S_ISREG):
         raise CliError(f"the state file {path} is not a regular file of yours: refusing to use it")
     try:
         with open(path, encoding="utf-8") as f:
@@ -245,7 +237,7 @@ def cmd_ensemble_up(args: argparse.Namespace) -> int:
             )
         stop_detached(old)  # nothing is up: this only removes its directory
         os.unlink(path)
-        print(f"{PROG}: removed the stale state file {path} (no server was up)", file=sys.stderr)
+        warn(f"removed the stale state file {path} (no server was up)")
     ensemble = LocalEnsemble(args.size)
     try:
         ensemble.start()
@@ -261,10 +253,9 @@ def cmd_ensemble_up(args: argparse.Namespace) -> int:
     if args.port_file:
         with open(args.port_file, "w", encoding="utf-8") as f:
             f.writelines(f"{port}\n" for port in ports)
-    print(
-        f"{PROG}: started {len(ports)} redis-server masters on {HOST} (state file "
-        f"{path}); stop them with '{PROG} ensemble down'",
-        file=sys.stderr,
+    warn(
+        f"started {len(ports)} redis-server masters on {HOST} (state file {path}); stop "
+        f"them with '{PROG} ensemble down'"
     )
     print(_masters_line(ports))
     return EXIT_OK

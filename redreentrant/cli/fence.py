@@ -7,20 +7,17 @@ were lost on too many masters): the next tokens of NAME are then larger than TOK
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
 
 from redreentrant._core.fencing import check_token
 
-from .common import EXIT_OK, UsageError, lock_name, open_manager, require_masters
+from .common import EXIT_OK, Add, Parents, UsageError, lock_name, open_manager, require_masters
 
 __all__ = ["cmd_fence", "register"]
 
 _KINDS = ("lock", "rw", "fair")
 
 
-def register(
-    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
-) -> None:
+def register(add: Add, parents: Parents) -> None:
     """Add the ``fence`` command with ``add`` (a subparsers action's ``add_parser``)."""
     fence = add(
         "fence",

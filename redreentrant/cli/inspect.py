@@ -10,28 +10,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from redreentrant import MasterView, OwnerInfo, parse_owner
 
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
-    PROG,
+    SIDE,
+    Add,
+    Parents,
     first_line,
     lock_name,
     open_manager,
+    owner_json,
     require_masters,
+    table,
+    warn,
 )
 
 __all__ = ["cmd_inspect", "register"]
 
 
-def register(
-    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
-) -> None:
+def register(add: Add, parents: Parents) -> None:
     """Add the ``inspect`` command with ``add`` (a subparsers action's ``add_parser``)."""
     inspect = add(
         "inspect",
@@ -80,31 +81,15 @@ def _summary(views: Sequence[MasterView], quorum: int) -> tuple[str, str]:
     return "free", "free"
 
 
-# A read/write lock's view names each holder once per side: "<owner id> (read)".
-_SIDE = re.compile(r" \((?:read|write|upgradeable)\)$")
-
-
 def _parse(holder: str) -> OwnerInfo | None:
     """What a holder or waiter entry of a view says about its owner."""
-    return parse_owner(_SIDE.sub("", holder))
+    return parse_owner(SIDE.sub("", holder))
 
 
 def _who(owner: str) -> str:
     """``host H pid P thread T`` for an owner id, or the id itself if it says nothing."""
     info = _parse(owner)
     return owner if info is None else info.describe()
-
-
-def _owner_json(info: OwnerInfo | None) -> dict[str, object] | None:
-    if info is None:
-        return None
-    return {
-        "host": info.host,
-        "pid": info.pid,
-        "kind": info.kind,
-        "token": info.token,
-        "name": info.name,
-    }
 
 
 def _owners(views: Sequence[MasterView]) -> dict[str, tuple[int, int]]:
@@ -114,9 +99,9 @@ def _owners(views: Sequence[MasterView]) -> dict[str, tuple[int, int]]:
     for index, view in enumerate(views):
         for lv in [] if view.error is not None else view.locks:
             for owner in lv.holders:
-                seen.setdefault(_SIDE.sub("", owner), (set(), set()))[0].add(index)
+                seen.setdefault(SIDE.sub("", owner), (set(), set()))[0].add(index)
             for owner in lv.queue:
-                seen.setdefault(_SIDE.sub("", owner), (set(), set()))[1].add(index)
+                seen.setdefault(SIDE.sub("", owner), (set(), set()))[1].add(index)
     return {owner: (len(holds), len(waits)) for owner, (holds, waits) in seen.items()}
 
 
@@ -149,14 +134,6 @@ def _ttl(ttl: float | None) -> str:
     return "-" if ttl is None else f"{ttl:.1f}s"
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``inspect``: each master's view of a name (table or JSON)."""
     name = lock_name(args.name)
@@ -185,7 +162,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                             **({"slots": dict(lv.slots)} if lv.kind == "semaphore" else {}),
                             # Who each holder and waiter is (null: an id that says not).
                             "owners": {
-                                owner: _owner_json(_parse(owner))
+                                owner: owner_json(_parse(owner))
                                 for owner in [*lv.holders, *lv.queue]
                             },
                         }
@@ -222,12 +199,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                         ", ".join(lv.queue) or "-",
                     ]
                 )
-        print(_table(rows))
+        print(table(rows))
         owners = _owner_rows(views)
         if len(owners) > 1:
             print()
-            print(_table(owners))
+            print(table(owners))
     if state == "unknown":
-        print(f"{PROG}: {sentence}", file=sys.stderr)
+        warn(sentence)
         return EXIT_FAILED
     return EXIT_OK

@@ -15,10 +15,9 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import FrameType
 from typing import Protocol
 
@@ -29,13 +28,16 @@ from ._process import die_with_parent
 from .common import (
     EXIT_FAILED,
     PROG,
+    Add,
     Interrupted,
+    Parents,
     UsageError,
     lock_name,
     open_manager,
     quorum_message,
     require_masters,
     signals,
+    warn,
 )
 
 __all__ = ["RUN_LEASE", "cmd_run", "register", "split_command"]
@@ -115,9 +117,7 @@ answer for a quorum), nothing is run: one line on stderr, exit 1, or N with
 """
 
 
-def register(
-    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
-) -> None:
+def register(add: Add, parents: Parents) -> None:
     """Add the ``run`` command with ``add`` (a subparsers action's ``add_parser``)."""
     run = add(
         "run",
@@ -294,17 +294,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                     got = _acquire(lock, name, args.timeout, args.lease, args.wait_masters)
                 except QuorumUnavailableError as error:
                     within = "" if args.timeout is None else f" within {args.timeout:g} s"
-                    print(
-                        f"{PROG}: lock {name!r} not obtained{within}: {quorum_message(error)}",
-                        file=sys.stderr,
-                    )
+                    warn(f"lock {name!r} not obtained{within}: {quorum_message(error)}")
                     return int(args.conflict_exit_code)
                 if not got:
-                    print(
-                        f"{PROG}: lock {name!r} is held elsewhere: not obtained within "
-                        f"{args.timeout:g} s",
-                        file=sys.stderr,
-                    )
+                    warn(f"lock {name!r} is held elsewhere: not obtained within {args.timeout:g} s")
                     return int(args.conflict_exit_code)
                 return _run_holding(lock, name, command, child, fixed=args.lease is not None)
             except Interrupted as interrupted:
@@ -312,10 +305,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 with contextlib.suppress(Exception):
                     while lock.hold_count:
                         lock.release()
-                print(
-                    f"{PROG}: interrupted ({signal.Signals(interrupted.signum).name}) before "
-                    f"the command started; lock {name!r} not held",
-                    file=sys.stderr,
+                warn(
+                    f"interrupted ({signal.Signals(interrupted.signum).name}) before the "
+                    f"command started; lock {name!r} not held"
                 )
                 return 128 + interrupted.signum
 
@@ -338,10 +330,9 @@ def _acquire(
                 raise
             if not told:
                 told = True
-                print(
-                    f"{PROG}: {quorum_message(error)}: waiting for the masters to "
-                    f"get lock {name!r} (--wait-masters)",
-                    file=sys.stderr,
+                warn(
+                    f"{quorum_message(error)}: waiting for the masters to get lock {name!r} "
+                    "(--wait-masters)"
                 )
         rest = None if deadline is None else deadline - time.monotonic()
         time.sleep(max(0.0, pause if rest is None else min(pause, rest)))
@@ -381,10 +372,10 @@ def _run_child(
         # without the lock while another run gets it.
         child.process = subprocess.Popen(command, preexec_fn=die_with_parent())
     except FileNotFoundError:
-        print(f"{PROG}: {command[0]}: command not found", file=sys.stderr)
+        warn(f"{command[0]}: command not found")
         return EXIT_NOT_FOUND, False
     except OSError as error:
-        print(f"{PROG}: cannot run {command[0]}: {error.strerror}", file=sys.stderr)
+        warn(f"cannot run {command[0]}: {error.strerror}")
         return EXIT_NOT_RUNNABLE, False
     finally:
         child.spawning = False
@@ -412,10 +403,9 @@ def _wait_for(
             expired = fixed and lock.remaining() <= 0
             if child.lost.is_set() or expired:
                 why = "its fixed lease ran out" if expired else "its lease was lost"
-                print(
-                    f"{PROG}: lock {name!r} lost while the command ran ({why}): stopping "
-                    f"it (pid {process.pid}) with SIGTERM; exit status will be 1",
-                    file=sys.stderr,
+                warn(
+                    f"lock {name!r} lost while the command ran ({why}): stopping it (pid "
+                    f"{process.pid}) with SIGTERM; exit status will be 1"
                 )
                 with contextlib.suppress(ProcessLookupError):
                     process.terminate()
@@ -431,16 +421,12 @@ def _release(lock: _Lockish, name: str, status: int, lost: bool) -> int:
         lock.release()
     except LockLostError as error:
         if not lost:  # lost after the last check: CMD's end ran unprotected
-            print(
-                f"{PROG}: lock {name!r} was lost before the command ended: {error}",
-                file=sys.stderr,
-            )
+            warn(f"lock {name!r} was lost before the command ended: {error}")
         return EXIT_FAILED
     except QuorumUnavailableError as error:
         # CMD ran under the lock; only the clean-up failed, and the lease ends it.
-        print(
-            f"{PROG}: could not release lock {name!r} ({quorum_message(error)}); it frees "
-            "itself when its lease runs out",
-            file=sys.stderr,
+        warn(
+            f"could not release lock {name!r} ({quorum_message(error)}); it frees itself "
+            "when its lease runs out"
         )
     return status

@@ -21,9 +21,9 @@ does the plain snapshot printed every interval when stdout is not a terminal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
-import re
 import signal
 import sys
 import time
@@ -47,13 +47,20 @@ from .common import (
     EXIT_FAILED,
     EXIT_OK,
     PROG,
+    SIDE,
+    Add,
     CliError,
+    Parents,
     first_line,
     masters,
     open_manager,
+    owner_json,
+    positive_int,
     raise_interrupted,
     require_masters,
     signals,
+    table,
+    warn,
 )
 from .ensemble import local_masters
 
@@ -74,13 +81,8 @@ SCAN_COUNT = 1000
 #: the most names taken from one master's SCAN in one refresh (the rest: not counted)
 SCAN_CAP = 10_000
 
-# A read/write lock's view names each holder once per side: "<owner id> (read)".
-_SIDE = re.compile(r"^(.*) \((read|write|upgradeable)\)$")
 
-
-def register(
-    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
-) -> None:
+def register(add: Add, parents: Parents) -> None:
     """Add the ``top`` command with ``add`` (a subparsers action's ``add_parser``)."""
     top = add(
         "top",
@@ -107,7 +109,7 @@ def register(
     )
     top.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_LIMIT,
         metavar="N",
         help=f"read at most N names per refresh, the first in sorted order (default "
@@ -125,16 +127,6 @@ def _interval(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value >= MIN_INTERVAL:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL:g}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
     return value
 
 
@@ -316,15 +308,14 @@ class Watcher:
     def snapshot(self) -> Snapshot:
         """Look once: health, names, every master's views of the first ``limit``."""
         scans = list(self._pool.map(self._scan, self.manager.masters, self.clients))
-        found: set[str] = set()
-        for scan in scans:
-            found |= scan.names
+        found: set[str] = set().union(*(scan.names for scan in scans))
         matching = sorted(n for n in found if fnmatch.fnmatchcase(n, self.pattern))
-        shown = matching[: self.limit]
         quorum = self.manager.quorum
-        locks: list[LockRow] = []
-        for name in shown:
-            locks.extend(_rows(name, self.manager.inspect(name), quorum))
+        locks = [
+            row
+            for name in matching[: self.limit]
+            for row in _rows(name, self.manager.inspect(name), quorum)
+        ]
         return Snapshot(
             pattern=self.pattern,
             quorum=quorum,
@@ -393,8 +384,8 @@ def _row(name: str, kind: str, per_master: list[PerMaster], answered: int, quoru
     for pm in per_master:
         if pm.view is not None:
             for key, count in pm.view.holders.items():
-                side_match = _SIDE.match(key) if kind == "rw" else None
-                owner, side = (side_match[1], side_match[2]) if side_match else (key, None)
+                found = SIDE.search(key) if kind == "rw" else None
+                owner, side = (key[: found.start()], found[1]) if found else (key, None)
                 holder = holders.setdefault((owner, side), Owner(owner, 0, side))
                 holder.on += 1
                 holder.count = max(holder.count, count)
@@ -481,8 +472,6 @@ def lock_rows(snapshot: Snapshot) -> list[list[list[str]]]:
             count = str(owner.count) if position is None else "-"
             lines.append([_role(row, owner, position), host, pid, who, count,
                           f"{owner.on}/{total}"])  # fmt: skip
-        if not lines:  # a view with neither holders nor waiters (none is made so)
-            lines.append(["-", "", "", "", "", ""])
         out.append([first + lines[0], *(["", "", "", "", "", *line] for line in lines[1:])])
     return out
 
@@ -515,21 +504,13 @@ def footer(snapshot: Snapshot) -> str | None:
     return "; ".join(notes) or None
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
 def plain(snapshot: Snapshot) -> str:
     """The snapshot as plain text (``--once``; also when stdout is not a terminal)."""
-    parts = [title(snapshot), _table([MASTER_COLUMNS, *master_rows(snapshot)])]
+    parts = [title(snapshot), table([MASTER_COLUMNS, *master_rows(snapshot)])]
     grouped = lock_rows(snapshot)
     if grouped:
         parts.append("")
-        parts.append(_table([LOCK_COLUMNS, *(line for lines in grouped for line in lines)]))
+        parts.append(table([LOCK_COLUMNS, *(line for lines in grouped for line in lines)]))
     note = footer(snapshot)
     if note:
         parts.append(note)
@@ -537,25 +518,12 @@ def plain(snapshot: Snapshot) -> str:
 
 
 def _owner_json(owner: Owner, hold: bool, position: int | None) -> dict[str, Any]:
-    info = owner.info
     out: dict[str, Any] = {"owner": owner.owner}
     if hold:
         out.update(side=owner.side, hold_count=owner.count)
     else:
         out["position"] = position
-    out["on"] = owner.on
-    out["who"] = (
-        None
-        if info is None
-        else {
-            "host": info.host,
-            "pid": info.pid,
-            "kind": info.kind,
-            "token": info.token,
-            "name": info.name,
-        }
-    )
-    return out
+    return {**out, "on": owner.on, "who": owner_json(owner.info)}
 
 
 def to_json(snapshot: Snapshot) -> dict[str, Any]:
@@ -615,11 +583,11 @@ def render(snapshot: Snapshot, interval: float) -> RenderableType:
     from rich.table import Table
     from rich.text import Text
 
-    def table() -> Table:
+    def new_table() -> Table:
         # Two spaces between columns, as in the plain text.
         return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
 
-    health = table()
+    health = new_table()
     for column in MASTER_COLUMNS:
         health.add_column(column, no_wrap=column != "ERROR", overflow="fold")
     for row in master_rows(snapshot):
@@ -628,7 +596,7 @@ def render(snapshot: Snapshot, interval: float) -> RenderableType:
 
     grouped = lock_rows(snapshot)
     lines = [line for group in grouped for line in group]
-    locks = table()
+    locks = new_table()
     for i, column in enumerate(LOCK_COLUMNS):
         # On a narrow terminal the thread or task wraps first, then the name folds: a
         # pid, a host or a count is never cut (they are what an operator acts on).
@@ -676,10 +644,9 @@ def _verdict(snapshot: Snapshot) -> int:
         return EXIT_OK
     down = next((m for m in snapshot.masters if not m.up), None)
     first = f" ({down.master}: {down.error})" if down else ""
-    print(
-        f"{PROG}: masters unavailable: only {snapshot.answered} of {len(snapshot.masters)} "
-        f"answered, a quorum of {snapshot.quorum} is out of reach{first}",
-        file=sys.stderr,
+    warn(
+        f"masters unavailable: only {snapshot.answered} of {len(snapshot.masters)} "
+        f"answered, a quorum of {snapshot.quorum} is out of reach{first}"
     )
     return EXIT_FAILED
 
@@ -687,7 +654,8 @@ def _verdict(snapshot: Snapshot) -> int:
 def cmd_top(args: argparse.Namespace) -> int:
     """``top``: the live view, or one snapshot (``--once``, ``--json``)."""
     urls, source = _masters(args)
-    live = not (args.once or args.json) and sys.stdout.isatty()
+    once = args.once or args.json
+    live = not once and sys.stdout.isatty()
     if live:
         try:
             import rich.live  # noqa: F401 - only checks that it is there
@@ -697,47 +665,40 @@ def cmd_top(args: argparse.Namespace) -> int:
                 f"'redreentrant[{EXTRA}]' (or use --once or --json, which do not)"
             ) from None
     with Watcher(urls, args.pattern, args.limit) as watcher:
-        if args.once or args.json:
-            snapshot = watcher.snapshot()
-            snapshot.source = source
-            if args.json:
-                print(json.dumps(to_json(snapshot), indent=2))
-            else:
-                print(plain(snapshot))
-            return _verdict(snapshot)
+
+        def snapshot() -> Snapshot:
+            taken = watcher.snapshot()
+            taken.source = source
+            return taken
+
+        if once:
+            taken = snapshot()
+            print(json.dumps(to_json(taken), indent=2) if args.json else plain(taken))
+            return _verdict(taken)
         # SIGTERM and SIGHUP unwind like Ctrl-C, so the terminal is left tidy; only
         # Ctrl-C is the way to quit (exit 0).
-        with signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP):
-            try:
-                if live:
-                    _live(watcher, source, args.interval)
-                else:
-                    _batch(watcher, source, args.interval)
-            except KeyboardInterrupt:
-                return EXIT_OK
-    return EXIT_OK  # pragma: no cover - the loops end only by a signal
+        with (
+            signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP),
+            contextlib.suppress(KeyboardInterrupt),
+        ):
+            (_live if live else _batch)(snapshot, args.interval)
+    return EXIT_OK
 
 
-def _batch(watcher: Watcher, source: str | None, interval: float) -> None:
+def _batch(snapshot: Callable[[], Snapshot], interval: float) -> None:
     """Not a terminal: a plain snapshot every ``interval``, a blank line between."""
-    first = True
+    print(plain(snapshot()), flush=True)
     while True:
-        snapshot = watcher.snapshot()
-        snapshot.source = source
-        print(("" if first else "\n") + plain(snapshot), flush=True)
-        first = False
         time.sleep(interval)
+        print("\n" + plain(snapshot()), flush=True)
 
 
-def _live(watcher: Watcher, source: str | None, interval: float) -> None:
+def _live(snapshot: Callable[[], Snapshot], interval: float) -> None:
     """Redraw the view in place every ``interval`` until interrupted."""
     from rich.console import Console
     from rich.live import Live
 
-    console = Console()
-    with Live(console=console, auto_refresh=False, redirect_stderr=False) as live:
+    with Live(console=Console(), auto_refresh=False, redirect_stderr=False) as live:
         while True:
-            snapshot = watcher.snapshot()
-            snapshot.source = source
-            live.update(render(snapshot, interval), refresh=True)
+            live.update(render(snapshot(), interval), refresh=True)
             time.sleep(interval)
