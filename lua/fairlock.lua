@@ -1,15 +1,20 @@
 -- name: fairlock
--- version: 3
+-- version: 4
 -- The fair lock: reentrant like the plain lock, but granted in order of arrival.
 -- Waiters queue in KEYS[2] with a deadline each in KEYS[3] (server time, ms): a waiter
 -- stays queued while it keeps its deadline fresh. A head of the queue past its deadline
 -- (it died or gave up) is purged by every call, so a dead waiter holds up the queue by
 -- at most its deadline. A release wakes only the head, on its own channel. The holder
 -- stays at the head of the queue until it releases.
+-- An election is a fair lock with a leader record, KEYS[4]: a hash of one field, the
+-- leader's owner id -> "<term>\n<thread or task name>\n<value>", living as long as
+-- the lock's hold; a change of it is published on the channel of the record's own
+-- name (the message: an id, the same from every master).
 --
 -- KEYS[1]  hash: owner -> hold count (PTTL = the holder's lease)
 -- KEYS[2]  list: waiting owners, first come first
 -- KEYS[3]  zset: waiting owner -> its deadline (server ms)
+-- KEYS[4]  (an election only) hash: the leader record
 -- ARGV[1]  the operation; the rest depends on it:
 --   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] count to record (1 takes, >1
 --            re-enters), ARGV[5] ms the waiter stays queued (0: do not queue)
@@ -20,7 +25,8 @@
 --            waiters' channels (the head's owner id is appended), ARGV[5] release id,
 --            ARGV[6] '1' to leave the queue too when the hold ends (a try that reached
 --            this master too late to count may have queued the owner), '0' to keep the
---            place (undoing a try that failed elsewhere, while still waiting)
+--            place (undoing a try that failed elsewhere, while still waiting). A hold
+--            that ends ends its leader record too.
 --            Reply 1 still held; 0 the hold is gone; -1 the owner held nothing here
 --   abandon  ARGV[2] owner, ARGV[3] channel prefix, ARGV[4] release id: leave the queue
 --            (and wake the next head if the lock is free). Reply 0
@@ -31,11 +37,35 @@
 --            head (a split vote, again and again); yielding to the smaller owner id
 --            settles one order. Reply 1 moved, 0 not
 --   force    ARGV[2] channel prefix, ARGV[3] release id. Reply 1 deleted, 0 none
---   probe    (after purging dead heads) Reply {pttl, {owner, count, ...}, {waiter, ...}}
+--   probe    (after purging dead heads) Reply {pttl, {owner, count, ...}, {waiter, ...},
+--            {leader, record}} (the last: an election's, empty when none)
+--   proclaim ARGV[2] owner, ARGV[3] its record, ARGV[4] id: where the owner holds the
+--            lock, its record replaces the leader record. Reply 1 written, 0 not held
+--   renew    KEYS pairs (a lock, its leader record), ARGV[2] lease ms, ARGV[2+i] the
+--            owner of the i-th pair: the lock's and the record's PTTL are reset where
+--            the owner holds the lock. Reply array: 1 renewed, 0 not held there
 -- A KEYS[1] that is not a hash is refused with a WRONGTYPE error (nothing changes).
 
 local op = ARGV[1]
-local hash, queue, deadlines = KEYS[1], KEYS[2], KEYS[3]
+
+if op == 'renew' then
+  local out = {}
+  for i = 1, #KEYS / 2 do
+    local lock, record, owner = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 + i]
+    if redis.pcall('hexists', lock, owner) == 1 then
+      redis.call('pexpire', lock, ARGV[2])
+      if redis.call('hexists', record, owner) == 1 then
+        redis.call('pexpire', record, ARGV[2])
+      end
+      out[i] = 1
+    else
+      out[i] = 0
+    end
+  end
+  return out
+end
+
+local hash, queue, deadlines, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -71,6 +101,14 @@ local function leave(owner)
   end
 end
 
+-- An election's leader record ends with the leader's hold: deleted and announced.
+local function unrecord(owner, id)
+  if record and (owner == nil or redis.call('hexists', record, owner) == 1)
+      and redis.call('del', record) == 1 then
+    redis.call('publish', record, id)
+  end
+end
+
 local function wake_head(prefix, id)
   local head = purge()
   if head and redis.call('exists', hash) == 0 then
@@ -80,13 +118,18 @@ end
 
 if op == 'probe' then
   purge()
+  local leader = {}
+  if record then
+    leader = redis.call('hgetall', record)
+  end
   return {redis.call('pttl', hash), redis.call('hgetall', hash),
-          redis.call('lrange', queue, 0, -1)}
+          redis.call('lrange', queue, 0, -1), leader}
 end
 
 if op == 'force' then
   local existed = redis.call('exists', hash)
   redis.call('del', hash)
+  unrecord(nil, ARGV[3])
   wake_head(ARGV[2], ARGV[3])
   return existed
 end
@@ -98,6 +141,17 @@ if op == 'abandon' then
 end
 
 local owner = ARGV[2]
+
+if op == 'proclaim' then
+  if redis.call('hexists', hash, owner) == 0 then
+    return 0
+  end
+  redis.call('del', record)
+  redis.call('hset', record, owner, ARGV[3])
+  redis.call('pexpire', record, math.max(1, redis.call('pttl', hash)))
+  redis.call('publish', record, ARGV[4])
+  return 1
+end
 
 if op == 'yield' then
   local other = ARGV[3]
@@ -129,6 +183,7 @@ if op == 'release' then
     return 1
   end
   redis.call('hdel', hash, owner)
+  unrecord(owner, ARGV[5])
   wake_head(ARGV[4], ARGV[5])
   return 0
 end

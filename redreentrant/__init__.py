@@ -11,6 +11,7 @@ in :mod:`redreentrant.asyncio`.
 
 import logging
 
+from ._core.election import LeaderView
 from ._core.errors import (
     FencingError,
     LockError,
@@ -27,6 +28,7 @@ from ._core.listeners import LockInfo, LockListener
 from ._core.locking import ReadWriteLock
 from ._core.owner import OwnerInfo, parse_owner
 from ._core.views import LockView, MasterView
+from ._sync.election import Election
 from ._sync.fenced import FencedStore
 from ._sync.lock import FairLock, Lock, ReadLock, UpgradeableReadLock, WriteLock
 from ._sync.manager import LockManager
@@ -41,9 +43,11 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __version__ = "0.1.0"
 
 __all__ = [
+    "Election",
     "FairLock",
     "FencedStore",
     "FencingError",
+    "LeaderView",
     "Lock",
     "LockError",
     "LockInfo",

@@ -19,6 +19,7 @@ from .._core.holds import Hold
 from .._core.keys import validate_name
 from .._core.kinds import (
     FAMILIES,
+    ElectionKind,
     LockKind,
     MultiKind,
     SemaphoreKind,
@@ -34,6 +35,7 @@ from .._core.views import MasterView
 from .cluster import NodeClients, cluster_types
 from .decorators import synchronize
 from .driver import AsyncDriver
+from .election import Election
 from .lock import LOCK_CLASSES, Lock, UpgradeableReadLock
 from .multilock import MultiLock
 from .owner import task_token
@@ -151,6 +153,12 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         """A fair lock named ``name``; ``cancel_on_loss`` as for :meth:`lock`."""
         return self._cancelling(super().fair_lock(name, fencing=fencing), cancel_on_loss)
 
+    def election(self, name: str, *, cancel_on_loss: bool = False) -> Election:
+        """Leader election on ``name`` (see :meth:`redreentrant.LockManager.election`);
+        ``cancel_on_loss`` cancels the leading task when its leadership is lost."""
+        self._engine.check_open()
+        return self._cancelling(Election(self._engine, self._driver, name), cancel_on_loss)
+
     def semaphore(self, name: str, permits: int, *, cancel_on_loss: bool = False) -> Semaphore:
         """A semaphore of ``permits`` permits named ``name`` (see
         :meth:`redreentrant.LockManager.semaphore`); ``cancel_on_loss`` as for
@@ -182,6 +190,8 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         )
 
     def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
+        if isinstance(kind, ElectionKind):
+            return Election(self._engine, self._driver, name)
         if isinstance(kind, MultiKind):
             return MultiLock(self._engine, self._driver, kind, fencing)
         if isinstance(kind, SemaphoreKind):

@@ -438,7 +438,7 @@ class FairKind(LockKind):
     targeted = False
     hands_over = False
 
-    def _keys(self, name: str) -> tuple[str, str, str]:
+    def _keys(self, name: str) -> tuple[str, ...]:
         return (
             keys.aux_key(name, "fair"),
             keys.aux_key(name, "fair:queue"),
@@ -533,6 +533,50 @@ class FairKind(LockKind):
         if not holders and not queue:
             return None
         return LockView(self.family, None, ttl_of(reply[0]), holders, queue)
+
+
+class ElectionKind(FairKind):
+    """Leader election: a fair lock of keys of its own, always fenced (the term is the
+    grant's fencing token), with a leader record beside it (``lua/fairlock.lua``): the
+    leader's term, value and thread or task name, living as long as its hold; a
+    change of it is published on the record's own name (:meth:`changes`)."""
+
+    label = "election"
+    family = "election"
+
+    def _keys(self, name: str) -> tuple[str, ...]:
+        return (
+            keys.aux_key(name, "election"),
+            keys.aux_key(name, "election:queue"),
+            keys.aux_key(name, "election:deadlines"),
+            keys.aux_key(name, "election:leader"),
+        )
+
+    def _prefix(self, name: str) -> str:
+        return keys.aux_key(name, "election:wake:")
+
+    def key(self, name: str) -> str:
+        return keys.aux_key(name, "election")
+
+    def fence_key(self, name: str) -> str:
+        return keys.aux_key(name, "election:fence")
+
+    def changes(self, name: str) -> str:
+        """The channel a change of the leader record is published on."""
+        return keys.aux_key(name, "election:leader")
+
+    def proclaim(self, name: str, owner: str, record: str, release_id: str) -> Call:
+        """Where ``owner`` holds the lock, make ``record`` the leader record; replies 1
+        (written) or 0 (not held there)."""
+        return Call(scripts.FAIRLOCK, self._keys(name), ("proclaim", owner, record, release_id))
+
+    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
+        # The lock and its leader record, renewed together.
+        return Call(
+            scripts.FAIRLOCK,
+            tuple(k for name, _ in entries for k in (self.key(name), self.changes(name))),
+            ("renew", lease_ms, *(owner for _, owner in entries)),
+        )
 
 
 class SemaphoreKind(LockKind):
@@ -926,9 +970,10 @@ WRITE = WriteKind()
 UPGRADEABLE = UpgradeableKind()
 UPGRADE = UpgradeKind()
 FAIR = FairKind()
+ELECTION = ElectionKind()
 
 #: one kind per family: what ``inspect`` and ``force_unlock`` of a name go through
-FAMILIES: tuple[LockKind, ...] = (EXCLUSIVE, READ, FAIR, SEMAPHORES)
+FAMILIES: tuple[LockKind, ...] = (EXCLUSIVE, READ, FAIR, SEMAPHORES, ELECTION)
 
 
 def lock_name_of(key: str) -> str | None:
@@ -938,6 +983,6 @@ def lock_name_of(key: str) -> str | None:
         name = keys.name_of(key)
     except ValueError:
         return None
-    if any(key == kind.fence_key(name) for kind in (EXCLUSIVE, READ, WRITE, FAIR)):
+    if any(key == kind.fence_key(name) for kind in (EXCLUSIVE, READ, WRITE, FAIR, ELECTION)):
         return None
     return name

@@ -17,6 +17,7 @@ from .._core.engine import Engine
 from .._core.keys import validate_name
 from .._core.kinds import (
     FAMILIES,
+    ElectionKind,
     LockKind,
     MultiKind,
     SemaphoreKind,
@@ -31,6 +32,7 @@ from .._core.views import MasterView
 from .cluster import NodeClients, cluster_types
 from .decorators import synchronize
 from .driver import SyncDriver
+from .election import Election
 from .lock import LOCK_CLASSES, Lock, UpgradeableReadLock
 from .multilock import MultiLock
 from .owner import thread_token
@@ -154,7 +156,15 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
             raise TypeError("multi_lock takes several names (a list), not one str")
         return MultiLock(self._engine, self._driver, multi_kind(multi_names(names)), fencing)
 
+    def election(self, name: str) -> Election:
+        """Leader election on ``name`` (see :class:`Election`): ``campaign()`` to lead,
+        ``leader()`` and ``observe()`` to see who does."""
+        self._engine.check_open()
+        return Election(self._engine, self._driver, name)
+
     def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
+        if isinstance(kind, ElectionKind):
+            return Election(self._engine, self._driver, name)
         if isinstance(kind, MultiKind):
             return MultiLock(self._engine, self._driver, kind, fencing)
         if isinstance(kind, SemaphoreKind):

@@ -7,12 +7,14 @@
 ...             ...
 """
 
+from .._async.election import Campaign, Election
 from .._async.fenced import FencedStore
 from .._async.lock import FairLock, Lock, ReadLock, UpgradeableReadLock, WriteLock
 from .._async.manager import LockManager
 from .._async.multilock import MultiLock
 from .._async.semaphore import Semaphore
 from .._async.signals import LostSignal
+from .._core.election import LeaderView
 from .._core.errors import (
     FencingError,
     LockError,
@@ -31,9 +33,12 @@ from .._core.owner import OwnerInfo, parse_owner
 from .._core.views import LockView, MasterView
 
 __all__ = [
+    "Campaign",
+    "Election",
     "FairLock",
     "FencedStore",
     "FencingError",
+    "LeaderView",
     "Lock",
     "LockError",
     "LockInfo",
