@@ -7,9 +7,11 @@
 -- at most its deadline. A release wakes only the head, on its own channel. The holder
 -- stays at the head of the queue until it releases.
 -- An election is a fair lock with a leader record, KEYS[4]: a hash of one field, the
--- leader's owner id -> "<term>\n<thread or task name>\n<value>", living as long as
--- the lock's hold; a change of it is published on the channel of the record's own
--- name (the message: an id, the same from every master).
+-- leader's owner id -> "<term>\n<seq>\n<the leader's own part>", living as long as
+-- the lock's hold (seq counts the leader's proclaims within its term, from 1). Each
+-- change is published on the channel of the record's own name: "<owner>\n<pttl>\n
+-- <record>" when the record is written (pttl: what the hold has left), "<owner>\n-1\n
+-- <record>" when it ends.
 --
 -- KEYS[1]  hash: owner -> hold count (PTTL = the holder's lease)
 -- KEYS[2]  list: waiting owners, first come first
@@ -39,8 +41,9 @@
 --   force    ARGV[2] channel prefix, ARGV[3] release id. Reply 1 deleted, 0 none
 --   probe    (after purging dead heads) Reply {pttl, {owner, count, ...}, {waiter, ...},
 --            {leader, record}} (the last: an election's, empty when none)
---   proclaim ARGV[2] owner, ARGV[3] its record, ARGV[4] id: where the owner holds the
---            lock, its record replaces the leader record. Reply 1 written, 0 not held
+--   proclaim ARGV[2] owner, ARGV[3] its term, ARGV[4] its own part of the record:
+--            where the owner holds the lock, its record replaces the leader record.
+--            Reply 1 written, 0 not held
 --   renew    KEYS pairs (a lock, its leader record), ARGV[2] lease ms, ARGV[2+i] the
 --            owner of the i-th pair: the lock's and the record's PTTL are reset where
 --            the owner holds the lock. Reply array: 1 renewed, 0 not held there
@@ -101,11 +104,16 @@ local function leave(owner)
   end
 end
 
--- An election's leader record ends with the leader's hold: deleted and announced.
-local function unrecord(owner, id)
-  if record and (owner == nil or redis.call('hexists', record, owner) == 1)
-      and redis.call('del', record) == 1 then
-    redis.call('publish', record, id)
+-- An election's leader record ends with the leader's hold (any leader's, for nil):
+-- deleted and announced.
+local function unrecord(owner)
+  if not record then
+    return
+  end
+  local fields = redis.call('hgetall', record)
+  if #fields > 0 and (owner == nil or fields[1] == owner) then
+    redis.call('del', record)
+    redis.call('publish', record, fields[1] .. '\n-1\n' .. fields[2])
   end
 end
 
@@ -129,7 +137,7 @@ end
 if op == 'force' then
   local existed = redis.call('exists', hash)
   redis.call('del', hash)
-  unrecord(nil, ARGV[3])
+  unrecord(nil)
   wake_head(ARGV[2], ARGV[3])
   return existed
 end
@@ -146,10 +154,20 @@ if op == 'proclaim' then
   if redis.call('hexists', hash, owner) == 0 then
     return 0
   end
+  local seq = 1
+  local old = redis.call('hget', record, owner)
+  if old then
+    local term, n = string.match(old, '^(%d+)\n(%d+)\n')
+    if term == ARGV[3] then
+      seq = tonumber(n) + 1
+    end
+  end
+  local value = ARGV[3] .. '\n' .. seq .. '\n' .. ARGV[4]
+  local pttl = math.max(1, redis.call('pttl', hash))
   redis.call('del', record)
-  redis.call('hset', record, owner, ARGV[3])
-  redis.call('pexpire', record, math.max(1, redis.call('pttl', hash)))
-  redis.call('publish', record, ARGV[4])
+  redis.call('hset', record, owner, value)
+  redis.call('pexpire', record, pttl)
+  redis.call('publish', record, owner .. '\n' .. pttl .. '\n' .. value)
   return 1
 end
 
@@ -183,7 +201,7 @@ if op == 'release' then
     return 1
   end
   redis.call('hdel', hash, owner)
-  unrecord(owner, ARGV[5])
+  unrecord(owner)
   wake_head(ARGV[4], ARGV[5])
   return 0
 end

@@ -6,7 +6,17 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from .._core.effects import Fanout, Handed, Notify, Pause, Relay, Steps, Wait, Watch
+from .._core.effects import (
+    Fanout,
+    Handed,
+    Messages,
+    Notify,
+    Pause,
+    Relay,
+    Steps,
+    Wait,
+    Watch,
+)
 from .._core.seams import AsyncHub, AsyncTransport
 
 T = TypeVar("T")
@@ -93,6 +103,8 @@ class AsyncDriver:
             return None
         if isinstance(effect, Handed):
             return self.hub.handed(effect.channel, effect.owner)
+        if isinstance(effect, Messages):
+            return self.hub.messages(effect.channel, effect.owner)
         if isinstance(effect, Relay):
             self.hub.relay(effect.channel, effect.owner)
             return None

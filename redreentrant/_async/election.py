@@ -100,14 +100,14 @@ class Election(Lock):
     async def observe(self) -> AsyncIterator[election.LeaderView | None]:
         """See :meth:`redreentrant.Election.observe`: an async iterator."""
         engine = self._engine
-        observer = f"{engine.id}:{new_token('o')}"
-        last: election.LeaderView | None = None
-        first = True
-        while True:
-            steps = election.next_leader(engine, ELECTION, self.name, observer, last, first)
-            last = await self._driver.run(steps)
-            first = False
-            yield last
+        seen = election.Observation(engine, ELECTION, self.name, f"{engine.id}:{new_token('o')}")
+        hub = self._driver.hub
+        seen.generation = await hub.watch(seen.channel, seen.observer, log=True)
+        try:
+            while True:
+                yield await self._driver.run(seen.next())
+        finally:
+            hub.unwatch(seen.channel, seen.observer)
 
     async def __aenter__(self) -> Election:
         refuse_a_task_of_its_own(inspect.currentframe(), "election.__aenter__()")

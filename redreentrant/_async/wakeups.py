@@ -49,14 +49,20 @@ class AsyncWakeupHub:
     # -- waiter side ------------------------------------------------------------------
 
     async def watch(
-        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+        self,
+        channel: str,
+        owner: str,
+        broadcast: bool = False,
+        targeted: bool = False,
+        log: bool = False,
     ) -> int:
         """``owner`` waits on ``channel`` from now on; have the masters subscribe what
         its wake-ups come through, and wait (bounded) for their confirmations. Returns
-        its generation. A ``targeted`` channel needs nothing but the home channel."""
+        its generation. A ``targeted`` channel needs nothing but the home channel; a
+        ``log`` channel keeps every message for its waiters (:meth:`messages`)."""
         if self._closed:
             raise ManagerClosedError("the lock manager is closed")
-        generation = self._subs.watch(channel, owner, broadcast, targeted)
+        generation = self._subs.watch(channel, owner, broadcast, targeted, log)
         chan = self._subs.channels[channel]
         if self._subs.settled(chan) and self._tasks:
             return generation
@@ -105,6 +111,10 @@ class AsyncWakeupHub:
         (on a targeted channel, the one the masters woke, if it waits here, with the
         lock if they handed it over to it)."""
         _wake(self._subs.notified(notice))
+
+    def messages(self, channel: str, owner: str) -> list[tuple[int, str]]:
+        """A log channel's messages for ``owner`` since it last took them."""
+        return self._subs.take_messages(channel, owner)
 
     def handed(self, channel: str, owner: str) -> Handover | None:
         """The lock, if it was handed over to ``owner`` with its last wake-up."""

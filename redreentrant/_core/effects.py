@@ -110,6 +110,16 @@ class Watch:
 
 
 @dataclass(frozen=True)
+class Messages:
+    """Effect: the messages of a log channel (one the hub keeps every message of for
+    its waiters: an election's changes) that came for ``owner`` since it last took
+    them. Result: ``list[tuple[int, str]]``, (master, data) in order of arrival."""
+
+    channel: str
+    owner: str
+
+
+@dataclass(frozen=True)
 class Wait:
     """Effect: ``owner`` waits until its wake-ups on ``channel`` move past
     ``generation``, or ``timeout`` seconds. Result: its generation when the wait ended.
@@ -179,5 +189,5 @@ class Relay:
     owner: str
 
 
-Effect = Fanout | Watch | Wait | Notify | Relay | Pause | Handed
+Effect = Fanout | Watch | Wait | Notify | Relay | Pause | Handed | Messages
 Steps = Generator[Effect, Any, T]

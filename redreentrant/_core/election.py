@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from .effects import Reply, Steps, Wait, Watch
+from .effects import Messages, Reply, Steps, Wait
 from .errors import LockLostError
 from .holds import Signal
 from .kinds import ElectionKind
 from .owner import OWNERS, OwnerInfo, parse_owner
 from .quorum import Quorum
-from .rounds import release_id
 from .views import pairs, text
 
 if TYPE_CHECKING:
@@ -63,44 +62,60 @@ def check_value(value: object) -> bytes:
     raise TypeError(f"an election's value is bytes or str, not {type(value).__name__}")
 
 
-def record_of(term: int, value: bytes, name: str) -> str:
-    """The leader record's value: the term, the value and the owner's name."""
-    return f"{term}\n{value.hex()}\n{name}"
+def own_part(value: bytes, name: str) -> str:
+    """The leader's own part of its record: its value and its thread's or task's name
+    (the masters put the term and the proclaim's number before it)."""
+    return f"{value.hex()}\n{name}"
 
 
-def leader_of(q: Quorum, replies: Sequence[Sequence[Reply]]) -> LeaderView | None:
+#: the order of the leader records an observer saw: (term, number of the proclaim in
+#: that term); the end of a term is after every proclaim of it
+Key = tuple[int, float]
+ENDED = float("inf")
+
+
+def parse_record(owner: str, record: str, pttl: int) -> tuple[LeaderView, Key] | None:
+    """A leader record (``"<term>\\n<seq>\\n<value hex>\\n<name>"``) as a view and
+    its key; None if malformed."""
+    parts = record.split("\n", 3)
+    if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    term, seq = int(parts[0]), int(parts[1])
+    info = parse_owner(owner)
+    if info is not None:
+        info = OwnerInfo(info.host, info.pid, info.manager, info.token, parts[3])
+    view = LeaderView(owner, info, bytes.fromhex(parts[2]), term, max(0, pttl) / 1000.0)
+    return view, (term, seq)
+
+
+def read_leader(
+    q: Quorum, replies: Sequence[Sequence[Reply]]
+) -> tuple[LeaderView | None, Key | None]:
     """The leader in the replies to a probe round of an election (one call per
     master: ``{pttl, holders, queue, record}``): an owner that holds the lock with its
-    record on a quorum, with the largest term among those records; None when nobody
-    does. Raises :class:`QuorumUnavailableError` when too many masters failed."""
+    record on a quorum (the newest of those records), and its key; (None, None) when
+    nobody does. Raises :class:`QuorumUnavailableError` when too many masters failed."""
     failed: dict[int, BaseException] = {}
-    seen: dict[str, list[tuple[int, int, bytes, str]]] = {}
+    seen: dict[str, list[tuple[Key, LeaderView]]] = {}
     for i, per_master in enumerate(replies):
         reply = per_master[0]
-        if isinstance(reply, BaseException):
-            failed[i] = reply
-            continue
         if not isinstance(reply, list) or len(reply) < 4:
-            failed[i] = ValueError(f"unexpected reply {reply!r}")
+            failed[i] = reply if isinstance(reply, BaseException) else ValueError(repr(reply))
             continue
         holders = pairs(reply[1])
         for owner, record in pairs(reply[3]).items():
-            parts = record.split("\n", 2)
-            if owner in holders and len(parts) == 3 and parts[0].isdigit():
-                pttl = int(text(reply[0]))
-                value = bytes.fromhex(parts[1])
-                seen.setdefault(owner, []).append((pttl, int(parts[0]), value, parts[2]))
+            parsed = parse_record(owner, record, int(text(reply[0])))
+            if owner in holders and parsed is not None:
+                seen.setdefault(owner, []).append((parsed[1], parsed[0]))
     if len(failed) > q.tolerated:
         raise q.unavailable("read the leader", failed)
-    for owner, records in seen.items():
+    for records in seen.values():
         if len(records) >= q.needed:
-            pttl = sorted((r[0] for r in records), reverse=True)[q.needed - 1]
-            _, term, value, name = max(records, key=lambda r: r[1])
-            info = parse_owner(owner)
-            if info is not None:
-                info = OwnerInfo(info.host, info.pid, info.manager, info.token, name)
-            return LeaderView(owner, info, value, term, max(0, pttl) / 1000.0)
-    return None
+            # The validity a quorum gives: the needed-th longest.
+            validity = sorted((v.validity for _, v in records), reverse=True)[q.needed - 1]
+            key, view = max(records, key=lambda r: r[0])
+            return replace(view, validity=validity), key
+    return None, None
 
 
 # -- the steps (the flavours' Election objects drive them) --------------------------------
@@ -108,7 +123,7 @@ def leader_of(q: Quorum, replies: Sequence[Sequence[Reply]]) -> LeaderView | Non
 
 def leader(q: Quorum, kind: ElectionKind, name: str) -> Steps[LeaderView | None]:
     """Who leads ``name`` as a quorum sees it (one read-only round)."""
-    return leader_of(q, (yield q.everywhere(kind.probe(name))))
+    return read_leader(q, (yield q.everywhere(kind.probe(name))))[0]
 
 
 def proclaim(
@@ -121,9 +136,9 @@ def proclaim(
     if hold.lost is not None:
         raise LockLostError(f"election {name!r}: leadership was lost: {hold.lost}")
     term = engine.token(kind, name, owner)
-    record = record_of(term, value, OWNERS.name(hold.token) or hold.token)
+    part = own_part(value, OWNERS.name(hold.token) or hold.token)
     q = engine.quorum
-    replies = yield q.everywhere(kind.proclaim(name, owner, record, release_id(owner)))
+    replies = yield q.everywhere(kind.proclaim(name, owner, term, part))
     written = sum(1 for (r,) in replies if r == 1)
     if written >= q.needed:
         return
@@ -166,25 +181,86 @@ def campaign(
     return True
 
 
-def next_leader(
-    engine: Engine,
-    kind: ElectionKind,
-    name: str,
-    observer: str,
-    last: LeaderView | None,
-    first: bool = False,
-) -> Steps[LeaderView | None]:
-    """The leader of ``name`` (``first``: at once), or else once it is not ``last``
-    (another leader, another value, or nobody). Woken by the masters' messages on the
-    record's channel; a leader that dies publishes nothing, so the record is read again
-    when the validity it was seen with runs out (and once a lease while nobody
-    leads)."""
-    q = engine.quorum
-    channel = kind.changes(name)
-    generation = yield Watch(channel, observer, broadcast=True)
-    while True:
-        now = yield from leader(q, kind, name)
-        if first or (now is None) != (last is None) or (now is not None and not now.same(last)):
-            return now
-        wait = now.validity if now is not None else engine.settings.lease
-        generation = yield Wait(channel, observer, generation, wait)
+class Observation:
+    """One observer of an election (``Election.observe``): the changes it reported,
+    and the steps to the next one.
+
+    The flavour watches :attr:`channel` for :attr:`observer` as a log channel (every
+    message kept) before the first :meth:`next`, and stops when done. A change is a
+    message that a quorum of masters published (the record written, or ended): taken
+    in order, each newer than the last reported (by term, then proclaim), so changes
+    are never reported backwards and none is missed while the masters' messages come.
+    A leader that dies publishes nothing: the record is read again when the validity
+    it was last seen with runs out (and once a lease while nobody leads)."""
+
+    def __init__(self, engine: Engine, kind: ElectionKind, name: str, observer: str) -> None:
+        self._engine = engine
+        self._kind = kind
+        self._name = name
+        self.channel = kind.changes(name)
+        self.observer = observer
+        #: the watch's generation (the flavour sets it when it watches)
+        self.generation = 0
+        self._started = False
+        self._last: LeaderView | None = None
+        self._key: Key = (0, 0)
+        self._until = 0.0  # when the last leader's validity ends, as last seen
+        self._votes: dict[tuple[str, Key], set[int]] = {}
+        self._ready: list[LeaderView | None] = []
+
+    def next(self) -> Steps[LeaderView | None]:
+        """The leader at first (None: nobody), then each change."""
+        engine = self._engine
+        clock = engine.clock
+        if not self._started:
+            self._started = True
+            yield from self._read()
+            return self._last
+        while not self._ready:
+            for i, data in (yield Messages(self.channel, self.observer)):
+                self._count(i, data)
+            if self._ready:
+                break
+            left = self._until - clock() if self._last is not None else engine.settings.lease
+            generation = yield Wait(self.channel, self.observer, self.generation, max(0.0, left))
+            if generation == self.generation:  # no message: the time passed
+                yield from self._read()
+            self.generation = generation
+        return self._ready.pop(0)
+
+    def _read(self) -> Steps[None]:
+        view, key = read_leader(
+            self._engine.quorum,
+            (yield self._engine.quorum.everywhere(self._kind.probe(self._name))),
+        )
+        if view is not None and key is not None:
+            self._until = self._engine.clock() + view.validity
+            if key > self._key:
+                self._report(view, key)
+        elif self._last is not None:
+            self._report(None, (self._key[0], ENDED))
+
+    def _count(self, i: int, data: str) -> None:
+        owner, _, rest = data.partition("\n")
+        pttl, _, record = rest.partition("\n")
+        parsed = parse_record(owner, record, int(pttl) if pttl.lstrip("-").isdigit() else 0)
+        if parsed is None:
+            return
+        view, key = parsed
+        ended = pttl == "-1"
+        if ended:
+            key = (key[0], ENDED)
+        if key <= self._key:
+            return
+        votes = self._votes.setdefault((owner, key), set())
+        votes.add(i)
+        if len(votes) >= self._engine.quorum.needed:
+            if not ended:
+                self._until = self._engine.clock() + view.validity
+            self._report(None if ended else view, key)
+
+    def _report(self, view: LeaderView | None, key: Key) -> None:
+        self._last = view
+        self._key = key
+        self._ready.append(view)
+        self._votes = {k: v for k, v in self._votes.items() if k[1] > key}

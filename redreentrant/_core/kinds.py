@@ -565,10 +565,11 @@ class ElectionKind(FairKind):
         """The channel a change of the leader record is published on."""
         return keys.aux_key(name, "election:leader")
 
-    def proclaim(self, name: str, owner: str, record: str, release_id: str) -> Call:
-        """Where ``owner`` holds the lock, make ``record`` the leader record; replies 1
-        (written) or 0 (not held there)."""
-        return Call(scripts.FAIRLOCK, self._keys(name), ("proclaim", owner, record, release_id))
+    def proclaim(self, name: str, owner: str, term: int, part: str) -> Call:
+        """Where ``owner`` holds the lock, make its record (``term``, and ``part``, its
+        own part: see :mod:`.election`) the leader record; replies 1 (written) or 0
+        (not held there)."""
+        return Call(scripts.FAIRLOCK, self._keys(name), ("proclaim", owner, term, part))
 
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
         # The lock and its leader record, renewed together.

@@ -33,7 +33,12 @@ class Hub(Protocol):
     """Wake-ups: waiters on release channels (see :mod:`.subscriptions`), and waiting."""
 
     def watch(
-        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+        self,
+        channel: str,
+        owner: str,
+        broadcast: bool = False,
+        targeted: bool = False,
+        log: bool = False,
     ) -> int: ...
 
     def unwatch(self, channel: str, owner: str) -> None: ...
@@ -46,6 +51,8 @@ class Hub(Protocol):
 
     def handed(self, channel: str, owner: str) -> Handover | None: ...
 
+    def messages(self, channel: str, owner: str) -> list[tuple[int, str]]: ...
+
     def relay(self, channel: str, owner: str) -> None: ...
 
     def close(self) -> None: ...
@@ -55,7 +62,12 @@ class AsyncHub(Protocol):
     """The asyncio twin of :class:`Hub`."""
 
     async def watch(
-        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+        self,
+        channel: str,
+        owner: str,
+        broadcast: bool = False,
+        targeted: bool = False,
+        log: bool = False,
     ) -> int: ...
 
     def unwatch(self, channel: str, owner: str) -> None: ...
@@ -67,6 +79,8 @@ class AsyncHub(Protocol):
     def notify(self, notice: Notify) -> None: ...
 
     def handed(self, channel: str, owner: str) -> Handover | None: ...
+
+    def messages(self, channel: str, owner: str) -> list[tuple[int, str]]: ...
 
     def relay(self, channel: str, owner: str) -> None: ...
 

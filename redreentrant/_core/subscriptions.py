@@ -75,6 +75,8 @@ class Waiter:
     signal: Any = None
     #: the lock, handed over to it with its last wake-up (taken by its acquire)
     handover: Handover | None = None
+    #: a log channel's messages since it last took them: (master, data)
+    messages: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -85,6 +87,9 @@ class Channel:
     broadcast: bool = False
     #: subscribed nowhere: the masters wake its waiters by name on the home channel
     targeted: bool = False
+    #: every message, from every master, is kept for each waiter (see
+    #: :meth:`Subscriptions.take_messages`) and wakes them all
+    log: bool = False
     #: the local waiters by owner, the next one to wake first
     waiters: dict[str, Waiter] = field(default_factory=dict)
     #: masters that confirmed the subscription (subscribed channels)
@@ -142,13 +147,19 @@ class Subscriptions:
     # -- the waiters' side --------------------------------------------------------------
 
     def watch(
-        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+        self,
+        channel: str,
+        owner: str,
+        broadcast: bool = False,
+        targeted: bool = False,
+        log: bool = False,
     ) -> int:
         """``owner`` begins to wait on ``channel``; returns its generation (0 for a
-        fresh watch, whose count of wake-ups may already be 1, see the module's rules)."""
+        fresh watch, whose count of wake-ups may already be 1, see the module's rules).
+        A ``log`` channel keeps its messages for its waiters (an election's changes)."""
         chan = self.channels.get(channel)
         if chan is None:
-            chan = self.channels[channel] = Channel(broadcast=broadcast, targeted=targeted)
+            chan = self.channels[channel] = Channel(broadcast or log, targeted, log=log)
         waiter = chan.waiters.get(owner)
         if waiter is None:
             waiter = chan.waiters[owner] = Waiter(owner)
@@ -258,6 +269,16 @@ class Subscriptions:
             return []
         return self._wake(chan, self._next(chan))
 
+    def take_messages(self, channel: str, owner: str) -> list[tuple[int, str]]:
+        """The messages of a log channel that came since ``owner`` last took them, in
+        order: (master, data)."""
+        chan = self.channels.get(channel)
+        waiter = chan.waiters.get(owner) if chan is not None else None
+        if waiter is None:
+            return []
+        messages, waiter.messages = waiter.messages, []
+        return messages
+
     def take_handover(self, channel: str, owner: str) -> Handover | None:
         """The lock, if it was handed over to ``owner`` with its last wake-up on
         ``channel`` (taken: None the next time)."""
@@ -347,6 +368,10 @@ class Subscriptions:
         if channel == self.home:
             return self._targeted(data), False
         chan = self.channels.get(channel)
+        if chan is not None and chan.log:
+            for waiter in chan.waiters.values():
+                waiter.messages.append((i, data))
+            return self._wake(chan, list(chan.waiters)), False
         if chan is None or chan.targeted or not chan.waiters or not self._accept(channel, data):
             return [], False
         return self._wake(chan, self._next(chan)), False

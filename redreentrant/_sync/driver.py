@@ -6,7 +6,17 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._core.effects import Fanout, Handed, Notify, Pause, Relay, Steps, Wait, Watch
+from .._core.effects import (
+    Fanout,
+    Handed,
+    Messages,
+    Notify,
+    Pause,
+    Relay,
+    Steps,
+    Wait,
+    Watch,
+)
 from .._core.seams import Hub, Transport
 
 T = TypeVar("T")
@@ -71,6 +81,8 @@ class SyncDriver:
             return None
         if isinstance(effect, Handed):
             return self.hub.handed(effect.channel, effect.owner)
+        if isinstance(effect, Messages):
+            return self.hub.messages(effect.channel, effect.owner)
         if isinstance(effect, Relay):
             self.hub.relay(effect.channel, effect.owner)
             return None

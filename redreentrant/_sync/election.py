@@ -99,19 +99,20 @@ class Election(Lock):
 
     def observe(self) -> Iterator[election.LeaderView | None]:
         """The leader now (None: nobody), then each change: a new leader, a new value,
-        or nobody. Woken by the masters' messages, not by polling; a leader that dies
-        is seen gone when the lease it was seen with runs out. A consumer that falls
-        behind sees the newest state, not every one in between (terms tell how many
-        leaderships passed)."""
+        or nobody. Woken by the masters' messages (a change counts once a quorum of
+        masters announced it), never reported backwards; a leader that dies publishes
+        nothing, and is seen gone when the validity it was last seen with runs out.
+        The changes are kept for a consumer that falls behind. Close the iterator (or
+        let it go) to stop observing."""
         engine = self._engine
-        observer = f"{engine.id}:{new_token('o')}"
-        last: election.LeaderView | None = None
-        first = True
-        while True:
-            steps = election.next_leader(engine, ELECTION, self.name, observer, last, first)
-            last = self._driver.run(steps)
-            first = False
-            yield last
+        seen = election.Observation(engine, ELECTION, self.name, f"{engine.id}:{new_token('o')}")
+        hub = self._driver.hub
+        seen.generation = hub.watch(seen.channel, seen.observer, log=True)
+        try:
+            while True:
+                yield self._driver.run(seen.next())
+        finally:
+            hub.unwatch(seen.channel, seen.observer)
 
     def __enter__(self) -> Election:
         self.acquire()

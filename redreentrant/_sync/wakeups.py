@@ -63,18 +63,24 @@ class WakeupHub:
     # -- waiter side ------------------------------------------------------------------
 
     def watch(
-        self, channel: str, owner: str, broadcast: bool = False, targeted: bool = False
+        self,
+        channel: str,
+        owner: str,
+        broadcast: bool = False,
+        targeted: bool = False,
+        log: bool = False,
     ) -> int:
         """``owner`` waits on ``channel`` from now on; wait (bounded) until the reachable
         masters confirmed what its wake-ups come through. Returns its generation.
 
         On a ``broadcast`` channel a release wakes every waiter, else one. A
         ``targeted`` channel is subscribed nowhere: its waiters are woken by name on the
-        home channel, so once that is confirmed a watch costs no round trip."""
+        home channel, so once that is confirmed a watch costs no round trip. A ``log``
+        channel keeps every message for its waiters (:meth:`messages`)."""
         with self._lock:
             if self._closed:
                 raise ManagerClosedError("the lock manager is closed")
-            generation = self._subs.watch(channel, owner, broadcast, targeted)
+            generation = self._subs.watch(channel, owner, broadcast, targeted, log)
             chan = self._subs.channels[channel]
             settled = self._subs.settled(chan)
             self._ensure_thread()
@@ -125,6 +131,11 @@ class WakeupHub:
             return  # nobody here waits: skip the lock on the release path
         with self._lock:
             self._wake(self._subs.notified(notice))
+
+    def messages(self, channel: str, owner: str) -> list[tuple[int, str]]:
+        """A log channel's messages for ``owner`` since it last took them."""
+        with self._lock:
+            return self._subs.take_messages(channel, owner)
 
     def handed(self, channel: str, owner: str) -> Handover | None:
         """The lock, if it was handed over to ``owner`` with its last wake-up."""
