@@ -171,6 +171,45 @@ def test_a_semaphore_works_through_a_cluster_member(
 
 
 @pytest.mark.integration
+def test_an_election_works_through_cluster_members(three: list[LocalCluster]) -> None:
+    urls = [c.url for c in three]
+    with LockManager(urls, lease=LEASE) as a, LockManager(urls, lease=LEASE) as b:
+        observer = b.election("cluster-leader").observe()
+        assert next(observer) is None
+        terms = []
+        for mgr, value in ((a, b"a"), (b, b"b")):
+            with mgr.election("cluster-leader").campaign(value=value) as e:
+                terms.append(e.term)
+                mgr._watchdog.tick()  # the lock and its record, renewed through the members
+                seen = b.election("cluster-leader").leader()
+                assert seen is not None and (seen.value, seen.term) == (value, e.term)
+        changes = [next(observer) for _ in range(4)]
+        observer.close()
+        assert [c and c.value for c in changes] == [b"a", None, b"b", None]
+        assert terms[0] < terms[1]
+    for cl in three:  # the terms' counters stay, as fencing counters do
+        assert all(k.endswith(":election:fence") for keys in node_keys(cl).values() for k in keys)
+
+
+@pytest.mark.integration
+def test_asyncio_election_through_cluster_members(three: list[LocalCluster]) -> None:
+    urls = [c.url for c in three]
+
+    async def main() -> tuple[int, int]:
+        async with aio.LockManager(urls, lease=LEASE) as a, aio.LockManager(urls) as b:
+            async with a.election("aio-leader").campaign(value=b"a") as e:
+                first = e.term
+                assert not await b.election("aio-leader").acquire(blocking=False)
+            second = await b.election("aio-leader").campaign(value=b"b")
+            term = second.term
+            await second.resign()
+            return first, term
+
+    first, second = asyncio.run(main())
+    assert first < second
+
+
+@pytest.mark.integration
 def test_a_multi_lock_takes_names_on_several_nodes_together(
     cluster: LocalCluster, plain: list[str], ensemble: LocalEnsemble
 ) -> None:
