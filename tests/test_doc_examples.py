@@ -105,3 +105,10 @@ def test_read_write_lock_page(urls: list[str], mgr: LockManager) -> None:
     assert ns["show"]().version == 2
     ns["migrate"]()  # current already: nothing to write
     assert len(saved) == 2
+
+
+def test_leader_election_page(urls: list[str], ensemble: LocalEnsemble) -> None:
+    terms: list[int] = []
+    ns = run_page("leader-election.md", urls=urls, run_scheduler=terms.append, resource_url=urls[0])
+    assert ns["written"] is True and len(terms) == 1
+    ensemble.flushall()  # the terms' counters and the store outlive the page
