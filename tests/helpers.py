@@ -88,6 +88,14 @@ def registered(urls: Iterable[str], name: str) -> list[list[str]]:
     return out
 
 
+def drop_counters(ensemble: Any) -> None:
+    """Check that nothing but fencing counters (which outlive their locks on purpose:
+    terms and tokens keep growing) is left on the masters, and remove them."""
+    for keys in ensemble.keys(PREFIX + "*").values():
+        assert all(k.endswith(":fence") for k in keys), keys
+    ensemble.flushall()
+
+
 def delete_everywhere(urls: Iterable[str], *keys: str) -> None:
     """Delete ``keys`` on every master (as if their leases had ended)."""
     for url in urls:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import PY, delete_everywhere, run, wait_until
+from helpers import PY, delete_everywhere, drop_counters, run, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import (
@@ -37,9 +37,7 @@ def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> Iterator
     """The masters; afterwards only the terms' counters may be left (they outlive
     leaderships on purpose, so that terms keep growing), and they are removed."""
     yield ensemble.urls[: request.param]
-    for keys in ensemble.keys("redreentrant:*").values():
-        assert all(k.endswith(":election:fence") for k in keys), keys
-    ensemble.flushall()
+    drop_counters(ensemble)
 
 
 def lead_in_thread(

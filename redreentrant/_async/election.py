@@ -13,7 +13,7 @@ from .._core.errors import LockTimeoutError
 from .._core.kinds import ELECTION, LockKind
 from .._core.owner import new_token
 from .driver import AsyncDriver
-from .lock import Lock, refuse_a_task_of_its_own
+from .lock import Lock
 from .owner import current_task
 from .signals import LostSignal
 
@@ -33,8 +33,9 @@ class Election(Lock):
         name: str,
         fencing: bool | None = None,
         cancel_on_loss: bool = False,
+        owner: str | None = None,
     ) -> None:
-        super().__init__(engine, driver, name, True, cancel_on_loss)
+        super().__init__(engine, driver, name, True, cancel_on_loss, owner)
 
     def campaign(self, value: bytes | str = b"", timeout: float = -1) -> Campaign:
         """Wait until the current task leads, then proclaim ``value`` (see
@@ -49,9 +50,9 @@ class Election(Lock):
         self, value: bytes, blocking: bool, timeout: float, caller: FrameType | None
     ) -> bool:
         engine = self._engine
-        owner = engine.owner_id()
+        owner = self._owner()
         signal = None
-        if self.cancel_on_loss and engine.hold(self.kind, self.name) is None:
+        if self.cancel_on_loss and self._hold() is None:
             signal = LostSignal(engine)
             signal.task = current_task()
         steps = election.campaign(
@@ -70,7 +71,7 @@ class Election(Lock):
         max_hold: float | None = None,
     ) -> bool:
         """See :meth:`redreentrant.Election.acquire`."""
-        refuse_a_task_of_its_own(inspect.currentframe(), "election.acquire()")
+        self._refuse_own_task(inspect.currentframe(), "election.acquire()")
         if lease is not None or max_hold is not None:
             raise ValueError("an election takes no lease= or max_hold=: the watchdog renews it")
         if self.is_owned():
@@ -90,7 +91,7 @@ class Election(Lock):
         """See :meth:`redreentrant.Election.proclaim`."""
         engine = self._engine
         value = election.check_value(value)
-        steps = election.proclaim(engine, ELECTION, self.name, engine.owner_id(), value)
+        steps = election.proclaim(engine, ELECTION, self.name, self._owner(), value)
         await self._driver.run(steps)
 
     async def leader(self) -> election.LeaderView | None:
@@ -110,7 +111,7 @@ class Election(Lock):
             hub.unwatch(seen.channel, seen.observer)
 
     async def __aenter__(self) -> Election:
-        refuse_a_task_of_its_own(inspect.currentframe(), "election.__aenter__()")
+        self._refuse_own_task(inspect.currentframe(), "election.__aenter__()")
         await self.acquire()
         return self
 

@@ -48,13 +48,19 @@ class Lock(LockCore):
         name: str,
         fencing: bool | None = None,
         cancel_on_loss: bool = False,
+        owner: str | None = None,
     ) -> None:
-        super().__init__(engine, name, fencing)
+        super().__init__(engine, name, fencing, owner)
         self._driver = driver
         if not isinstance(cancel_on_loss, bool):
             raise TypeError(f"cancel_on_loss must be True or False, not {cancel_on_loss!r}")
         #: cancel the owning task when its hold is lost (see the asyncio docs)
         self.cancel_on_loss = cancel_on_loss
+
+    def _refuse_own_task(self, frame: FrameType | None, what: str) -> None:
+        # An owner= object's holds are its own, whichever task takes them.
+        if self._owner_token is None:
+            refuse_a_task_of_its_own(frame, what)
 
     async def acquire(
         self,
@@ -72,11 +78,11 @@ class Lock(LockCore):
 
         With ``cancel_on_loss`` (``mgr.lock(name, cancel_on_loss=True)``), a first hold
         cancels the owning task once it is lost (also when a fixed lease runs out)."""
-        refuse_a_task_of_its_own(inspect.currentframe(), "lock.acquire()")
+        self._refuse_own_task(inspect.currentframe(), "lock.acquire()")
         engine = self._engine
-        owner = engine.owner_id()
+        owner = self._owner()
         signal = None
-        if self.cancel_on_loss and engine.hold(self.kind, self.name) is None:
+        if self.cancel_on_loss and self._hold() is None:
             signal = LostSignal(engine)
             signal.task = current_task()
         steps = engine.acquire(
@@ -91,7 +97,7 @@ class Lock(LockCore):
     async def extend(self, seconds: float, replace: bool = False) -> None:
         """See :meth:`redreentrant.Lock.extend`."""
         engine = self._engine
-        steps = engine.extend(self.kind, self.name, engine.owner_id(), seconds, replace)
+        steps = engine.extend(self.kind, self.name, self._owner(), seconds, replace)
         await self._driver.run(steps)
 
     @property
@@ -99,18 +105,16 @@ class Lock(LockCore):
         """The current task's hold's :class:`~redreentrant.asyncio.LostSignal` (see
         :attr:`redreentrant.Lock.lost`); :class:`LockNotOwnedError` if it holds nothing."""
         engine = self._engine
-        hold = engine.held(self.kind, self.name, engine.owner_id())
+        hold = engine.held(self.kind, self.name, self._owner())
         return engine.signal_of(hold, lambda h: LostSignal(engine, h))
 
     async def release(self) -> None:
         """Release one hold level; the last release frees the lock and wakes waiters."""
         engine = self._engine
-        await self._driver.run_shielded(
-            engine.release(self.kind, self.name, engine.owner_id(), False)
-        )
+        await self._driver.run_shielded(engine.release(self.kind, self.name, self._owner(), False))
 
     async def __aenter__(self) -> Lock:
-        refuse_a_task_of_its_own(inspect.currentframe(), "lock.__aenter__()")
+        self._refuse_own_task(inspect.currentframe(), "lock.__aenter__()")
         await self.acquire()
         return self
 
@@ -122,8 +126,8 @@ class Lock(LockCore):
     ) -> None:
         # An inner block already raised LockLostError for this lock: unwind quietly.
         engine = self._engine
-        owner = engine.owner_id()
-        hold = engine.hold(self.kind, self.name)
+        owner = self._owner()
+        hold = self._hold()
         signal = hold.signal if hold is not None else None
         by_loss = (
             isinstance(exc, asyncio.CancelledError)
@@ -177,11 +181,11 @@ class UpgradeableReadLock(Lock):
     async def upgrade(self, timeout: float = -1) -> bool:
         """See :meth:`redreentrant.UpgradeableReadLock.upgrade`. Cancelling it leaves
         the owner an upgradeable reader, as a timeout does."""
-        refuse_a_task_of_its_own(inspect.currentframe(), "lock.upgrade()")
+        self._refuse_own_task(inspect.currentframe(), "lock.upgrade()")
         engine = self._engine
-        owner = engine.owner_id()
+        owner = self._owner()
         signal = None
-        if self.cancel_on_loss and engine.hold(WRITE, self.name) is None:
+        if self.cancel_on_loss and engine.holds.get(WRITE, self.name, owner) is None:
             signal = LostSignal(engine)  # the write hold's, as rw.write.acquire() makes
             signal.task = current_task()
         steps = engine.upgrade(self.name, owner, timeout, self.fencing, entry_caller(), signal)
@@ -193,7 +197,7 @@ class UpgradeableReadLock(Lock):
     async def downgrade(self) -> None:
         """See :meth:`redreentrant.UpgradeableReadLock.downgrade`."""
         engine = self._engine
-        await self._driver.run_shielded(engine.downgrade(self.name, engine.owner_id()))
+        await self._driver.run_shielded(engine.downgrade(self.name, self._owner()))
 
 
 class FairLock(Lock):

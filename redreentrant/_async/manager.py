@@ -28,7 +28,7 @@ from .._core.kinds import (
 )
 from .._core.listeners import LockListener
 from .._core.locking import ReadWriteLock
-from .._core.manager import ManagerCore
+from .._core.manager import ManagerCore, owner_token
 from .._core.masters import no_handshake, with_valkey
 from .._core.settings import Settings, check_permits
 from .._core.views import MasterView
@@ -132,41 +132,66 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         engine.on_deferred_wake = self._waker.arm
         super().__init__(engine, self._make)
 
-    def lock(self, name: str, *, fencing: bool | None = None, cancel_on_loss: bool = False) -> Lock:
-        """A reentrant lock named ``name`` (see :meth:`redreentrant.LockManager.lock`);
-        ``cancel_on_loss`` cancels the owning task when its hold is lost."""
-        return self._cancelling(super().lock(name, fencing=fencing), cancel_on_loss)
+    def lock(
+        self,
+        name: str,
+        *,
+        fencing: bool | None = None,
+        cancel_on_loss: bool = False,
+        owner: object = None,
+    ) -> Lock:
+        """A reentrant lock named ``name`` (see :meth:`redreentrant.LockManager.lock`):
+        owned by the task that acquires it, or by the object ``owner``, whose holds any
+        task may take and release; ``cancel_on_loss`` cancels the owning task when its
+        hold is lost."""
+        return self._cancelling(super().lock(name, fencing=fencing, owner=owner), cancel_on_loss)
 
     def rw_lock(
-        self, name: str, *, fencing: bool | None = None, cancel_on_loss: bool = False
+        self,
+        name: str,
+        *,
+        fencing: bool | None = None,
+        cancel_on_loss: bool = False,
+        owner: object = None,
     ) -> ReadWriteLock[Lock, UpgradeableReadLock]:
         """A read/write lock named ``name``; ``cancel_on_loss`` applies to every side."""
-        rw = super().rw_lock(name, fencing=fencing)
+        rw = super().rw_lock(name, fencing=fencing, owner=owner)
         self._cancelling(rw.read, cancel_on_loss)
         self._cancelling(rw.write, cancel_on_loss)
         self._cancelling(rw.upgradeable, cancel_on_loss)
         return rw
 
     def fair_lock(
-        self, name: str, *, fencing: bool | None = None, cancel_on_loss: bool = False
+        self,
+        name: str,
+        *,
+        fencing: bool | None = None,
+        cancel_on_loss: bool = False,
+        owner: object = None,
     ) -> Lock:
-        """A fair lock named ``name``; ``cancel_on_loss`` as for :meth:`lock`."""
-        return self._cancelling(super().fair_lock(name, fencing=fencing), cancel_on_loss)
+        """A fair lock named ``name``; ``cancel_on_loss`` and ``owner`` as for :meth:`lock`."""
+        lock = super().fair_lock(name, fencing=fencing, owner=owner)
+        return self._cancelling(lock, cancel_on_loss)
 
-    def election(self, name: str, *, cancel_on_loss: bool = False) -> Election:
+    def election(
+        self, name: str, *, cancel_on_loss: bool = False, owner: object = None
+    ) -> Election:
         """Leader election on ``name`` (see :meth:`redreentrant.LockManager.election`);
         ``cancel_on_loss`` cancels the leading task when its leadership is lost."""
         self._engine.check_open()
-        return self._cancelling(Election(self._engine, self._driver, name), cancel_on_loss)
+        made = Election(self._engine, self._driver, name, None, False, owner_token(owner))
+        return self._cancelling(made, cancel_on_loss)
 
-    def semaphore(self, name: str, permits: int, *, cancel_on_loss: bool = False) -> Semaphore:
+    def semaphore(
+        self, name: str, permits: int, *, cancel_on_loss: bool = False, owner: object = None
+    ) -> Semaphore:
         """A semaphore of ``permits`` permits named ``name`` (see
-        :meth:`redreentrant.LockManager.semaphore`); ``cancel_on_loss`` as for
-        :meth:`lock`."""
+        :meth:`redreentrant.LockManager.semaphore`); ``cancel_on_loss`` and ``owner`` as
+        for :meth:`lock`."""
         self._engine.check_open()
-        made = Semaphore(self._engine, self._driver, name, check_permits(permits))
-        self._cancelling(made, cancel_on_loss)
-        return made
+        permits = check_permits(permits)
+        made = Semaphore(self._engine, self._driver, name, permits, False, owner_token(owner))
+        return self._cancelling(made, cancel_on_loss)
 
     @staticmethod
     def _cancelling(lock: L, cancel_on_loss: bool) -> L:
@@ -176,27 +201,32 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         return lock
 
     def multi_lock(
-        self, names: Iterable[str], *, fencing: bool | None = None, cancel_on_loss: bool = False
+        self,
+        names: Iterable[str],
+        *,
+        fencing: bool | None = None,
+        cancel_on_loss: bool = False,
+        owner: object = None,
     ) -> MultiLock:
         """The locks of ``names``, taken and released together (see
-        :meth:`redreentrant.LockManager.multi_lock`); ``cancel_on_loss`` as for
-        :meth:`lock`."""
+        :meth:`redreentrant.LockManager.multi_lock`); ``cancel_on_loss`` and ``owner``
+        as for :meth:`lock`."""
         self._engine.check_open()
         if isinstance(names, str):
             raise TypeError("multi_lock takes several names (a list), not one str")
         kind = multi_kind(multi_names(names))
-        return self._cancelling(
-            MultiLock(self._engine, self._driver, kind, fencing), cancel_on_loss
-        )
+        made = MultiLock(self._engine, self._driver, kind, fencing, False, owner_token(owner))
+        return self._cancelling(made, cancel_on_loss)
 
-    def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
+    def _make(self, kind: LockKind, name: str, fencing: bool | None, owner: str | None) -> Lock:
+        engine, driver = self._engine, self._driver
         if isinstance(kind, ElectionKind):
-            return Election(self._engine, self._driver, name)
+            return Election(engine, driver, name, None, False, owner)
         if isinstance(kind, MultiKind):
-            return MultiLock(self._engine, self._driver, kind, fencing)
+            return MultiLock(engine, driver, kind, fencing, False, owner)
         if isinstance(kind, SemaphoreKind):
-            return Semaphore(self._engine, self._driver, name, kind.permits)
-        return LOCK_CLASSES[kind.label](self._engine, self._driver, name, fencing)
+            return Semaphore(engine, driver, name, kind.permits, False, owner)
+        return LOCK_CLASSES[kind.label](engine, driver, name, fencing, False, owner)
 
     @overload
     def synchronized(

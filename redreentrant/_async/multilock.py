@@ -21,8 +21,9 @@ class MultiLock(Lock):
         kind: MultiKind,
         fencing: bool | None = None,
         cancel_on_loss: bool = False,
+        owner: str | None = None,
     ) -> None:
-        super().__init__(engine, driver, kind.label_of_names, fencing, cancel_on_loss)
+        super().__init__(engine, driver, kind.label_of_names, fencing, cancel_on_loss, owner)
         self.kind = kind
 
     def __repr__(self) -> str:
@@ -36,7 +37,7 @@ class MultiLock(Lock):
     @property
     def tokens(self) -> dict[str, int]:
         """The fencing token of each name, for the calling owner's hold."""
-        return self._engine.tokens(self.kind, self.name, self._engine.owner_id())
+        return self._engine.tokens(self.kind, self.name, self._owner())
 
     async def locked(self) -> bool:
         """Whether any of the names is held on a quorum of masters (read-only rounds)."""

@@ -22,8 +22,9 @@ class Semaphore(Lock):
         name: str,
         permits: int,
         cancel_on_loss: bool = False,
+        owner: str | None = None,
     ) -> None:
-        super().__init__(engine, driver, name, False, cancel_on_loss)
+        super().__init__(engine, driver, name, False, cancel_on_loss, owner)
         self.kind = semaphore_kind(permits)
 
     def __repr__(self) -> str:

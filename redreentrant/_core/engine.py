@@ -188,7 +188,10 @@ class Engine:
 
     def owner_id(self) -> str:
         """The calling owner's id under this manager."""
-        token = self._token()
+        return self.owner_of(self._token())
+
+    def owner_of(self, token: str) -> str:
+        """The id under this manager of the owner of ``token``."""
         owner = self._owner_ids.get(token)
         if owner is None:
             # Made once per owner rather than per call: the same string object then
@@ -215,7 +218,7 @@ class Engine:
     # -- local state (no I/O) -----------------------------------------------------------
 
     def hold(self, kind: LockKind, name: str) -> Hold | None:
-        """The calling owner's hold on ``name``, if any."""
+        """The calling thread's or task's hold on ``name``, if any."""
         return self.holds.get(kind, name, self.owner_id())
 
     def remaining(self, hold: Hold | None) -> float:

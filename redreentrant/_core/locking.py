@@ -26,11 +26,23 @@ class LockCore:
 
     kind: LockKind = EXCLUSIVE
 
-    def __init__(self, engine: Engine, name: str, fencing: bool | None = None) -> None:
+    def __init__(
+        self, engine: Engine, name: str, fencing: bool | None = None, owner: str | None = None
+    ) -> None:
         self._engine = engine
         self.name = validate_name(name)
         #: whether a first hold of this lock gets a fencing token (see :attr:`token`)
         self.fencing = engine.settings.fencing if fencing is None else check_fencing(fencing)
+        # The token of the object that owns this lock's holds (``owner=``); None: the
+        # calling thread or task.
+        self._owner_token = owner
+
+    def _owner(self) -> str:
+        """The id of whoever owns this lock's holds here: the ``owner=`` object, else
+        the calling thread or task."""
+        token = self._owner_token
+        engine = self._engine
+        return engine.owner_id() if token is None else engine.owner_of(token)
 
     def __repr__(self) -> str:
         try:
@@ -40,7 +52,7 @@ class LockCore:
         return f"<{type(self).__name__} {self.name!r}{held}>"
 
     def _hold(self) -> Hold | None:
-        return self._engine.hold(self.kind, self.name)
+        return self._engine.holds.get(self.kind, self.name, self._owner())
 
     @property
     def hold_count(self) -> int:
@@ -63,7 +75,7 @@ class LockCore:
         Raises :class:`LockNotOwnedError` when the caller does not hold the lock, and
         :class:`FencingError` when its hold has no token (taken without fencing, or
         the read side of a read/write lock). Re-entries keep the first hold's token."""
-        return self._engine.token(self.kind, self.name, self._engine.owner_id())
+        return self._engine.token(self.kind, self.name, self._owner())
 
     @property
     def valid_until(self) -> float:
@@ -78,7 +90,7 @@ class LockCore:
         validity ran out (a fixed lease that expired counts), and
         :class:`LockNotOwnedError` if it holds nothing. Local: no round trip. Call it
         between steps of long work to stop before doing more unprotected."""
-        self._engine.ensure_held(self.kind, self.name, self._engine.owner_id())
+        self._engine.ensure_held(self.kind, self.name, self._owner())
 
     def remaining(self) -> float:
         """Seconds of validity left on the calling owner's hold (0.0 if not owned).

@@ -18,7 +18,7 @@ from .holds import Hold
 from .keys import validate_name
 from .kinds import EXCLUSIVE, FAIR, READ, UPGRADEABLE, WRITE, LockKind
 from .locking import ReadWriteLock, U
-from .owner import parse_owner
+from .owner import object_token, parse_owner
 
 log = logging.getLogger(__name__)
 L = TypeVar("L")  # the flavour's lock class
@@ -28,7 +28,7 @@ class ManagerCore(Generic[L, U]):
     """Settings, masters and lock objects of a lock manager (see ``LockManager``)."""
 
     def __init__(
-        self, engine: Engine, make_lock: Callable[[LockKind, str, bool | None], L]
+        self, engine: Engine, make_lock: Callable[[LockKind, str, bool | None, str | None], L]
     ) -> None:
         self._engine = engine
         self._make_lock = make_lock
@@ -90,35 +90,42 @@ class ManagerCore(Generic[L, U]):
 
     # -- lock objects --------------------------------------------------------------------
 
-    def lock(self, name: str, *, fencing: bool | None = None) -> L:
-        """A reentrant lock named ``name``, owned by whoever acquires it.
+    def lock(self, name: str, *, fencing: bool | None = None, owner: object = None) -> L:
+        """A reentrant lock named ``name``, owned by whoever acquires it: the calling
+        thread (asyncio: task), or the object ``owner``, whose holds any thread or task
+        may then take, re-enter and release (one at a time). Reentrancy counts per
+        owner. When ``owner`` is garbage-collected, its watchdog-managed holds are
+        released and reported, as a dead thread's are.
 
         ``fencing`` (default: the manager's) gives each first hold a fencing token
         (``lock.token``), at the cost of one more round per acquire."""
         self._engine.check_open()
-        return self._make_lock(EXCLUSIVE, name, fencing)
+        return self._make_lock(EXCLUSIVE, name, fencing, owner_token(owner))
 
-    def rw_lock(self, name: str, *, fencing: bool | None = None) -> ReadWriteLock[L, U]:
+    def rw_lock(
+        self, name: str, *, fencing: bool | None = None, owner: object = None
+    ) -> ReadWriteLock[L, U]:
         """A read/write lock named ``name``: ``.read`` (shared), ``.write`` (exclusive)
         and ``.upgradeable`` (shared with readers, one holder at a time, and able to
-        upgrade to the write lock).
+        upgrade to the write lock); ``owner`` as for :meth:`lock`.
 
         ``fencing`` applies to the write side, upgrades included (readers and
         upgradeable readers share, and get no token)."""
         self._engine.check_open()
+        token = owner_token(owner)
         return ReadWriteLock(
             validate_name(name),
-            self._make_lock(READ, name, fencing),
-            self._make_lock(WRITE, name, fencing),
+            self._make_lock(READ, name, fencing, token),
+            self._make_lock(WRITE, name, fencing, token),
             # The flavour makes the lock class of the kind's label: its upgradeable one.
-            cast(U, self._make_lock(UPGRADEABLE, name, fencing)),
+            cast(U, self._make_lock(UPGRADEABLE, name, fencing, token)),
         )
 
-    def fair_lock(self, name: str, *, fencing: bool | None = None) -> L:
+    def fair_lock(self, name: str, *, fencing: bool | None = None, owner: object = None) -> L:
         """A reentrant lock named ``name`` that is granted in order of arrival;
-        ``fencing`` as for :meth:`lock`."""
+        ``fencing`` and ``owner`` as for :meth:`lock`."""
         self._engine.check_open()
-        return self._make_lock(FAIR, name, fencing)
+        return self._make_lock(FAIR, name, fencing, owner_token(owner))
 
     # -- reports -------------------------------------------------------------------------
 
@@ -138,13 +145,18 @@ class ManagerCore(Generic[L, U]):
         if on_lost is None:
             return None
         try:
-            return on_lost(self._make_lock(hold.kind, hold.name, None))
+            return on_lost(self._make_lock(hold.kind, hold.name, None, None))
         except Exception:
             log.exception("redreentrant: on_lost hook raised")
             return None
 
     def _after_fork_in_child(self) -> None:
         self._engine.after_fork_in_child()
+
+
+def owner_token(owner: object) -> str | None:
+    """The token of an ``owner=`` object (None: the calling thread or task)."""
+    return None if owner is None else object_token(owner)
 
 
 class _ForkRegistry:

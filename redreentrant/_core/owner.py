@@ -81,14 +81,14 @@ class OwnerInfo:
     manager: str
     """The uuid part of the manager id."""
     token: str
-    """``t<n>`` for a thread, ``a<n>`` for an asyncio task."""
+    """``t<n>`` for a thread, ``a<n>`` for an asyncio task, ``o<n>`` for an object."""
     name: str | None = None
     """The thread's or task's name, when this process knows it (else None)."""
 
     @property
     def kind(self) -> str:
-        """``"thread"`` or ``"task"``."""
-        return "task" if self.token.startswith("a") else "thread"
+        """``"thread"``, ``"task"``, or ``"object"`` (``owner=``)."""
+        return {"a": "task", "o": "object"}.get(self.token[:1], "thread")
 
     def describe(self) -> str:
         """One line for people: ``host web-1 pid 4242 thread worker-3``."""
@@ -152,3 +152,35 @@ class Owners:
 
 #: the owners of this process
 OWNERS = Owners()
+
+# The objects that own locks (``owner=``), by id: a weak reference and the token.
+_objects: dict[int, tuple[weakref.ref[object], str]] = {}
+
+
+def object_token(obj: object) -> str:
+    """The token of an object that owns locks (``mgr.lock(name, owner=obj)``): the same
+    while the object lives, never reused. When the object is collected, it ends as an
+    owner (its watchdog-managed holds are released and reported, as a dead thread's).
+    ``TypeError`` for an object that cannot be weakly referenced (an ``int``, a
+    ``str``): its end could not be seen."""
+    key = id(obj)
+    entry = _objects.get(key)
+    if entry is not None and entry[0]() is obj:
+        return entry[1]
+    token = new_token("o")
+
+    def collected(ref: weakref.ref[object]) -> None:
+        if _objects.get(key, (None,))[0] is ref:
+            del _objects[key]
+        OWNERS.ended(token)
+
+    try:
+        ref = weakref.ref(obj, collected)
+    except TypeError:
+        raise TypeError(
+            f"owner= takes an object that can be weakly referenced (its holds are freed"
+            f" when it is collected), not a {type(obj).__name__}"
+        ) from None
+    OWNERS.register(token, lambda: ref() is not None, type(obj).__qualname__)
+    _objects[key] = (ref, token)
+    return token

@@ -28,9 +28,14 @@ class Election(Lock):
     kind: LockKind = ELECTION
 
     def __init__(
-        self, engine: Engine, driver: SyncDriver, name: str, fencing: bool | None = None
+        self,
+        engine: Engine,
+        driver: SyncDriver,
+        name: str,
+        fencing: bool | None = None,
+        owner: str | None = None,
     ) -> None:
-        super().__init__(engine, driver, name, True)
+        super().__init__(engine, driver, name, True, owner)
 
     def campaign(self, value: bytes | str = b"", timeout: float = -1) -> Election:
         """Wait (woken, not polling) until the calling thread leads, then proclaim
@@ -47,7 +52,7 @@ class Election(Lock):
     def _campaign(self, value: bytes | str, blocking: bool, timeout: float) -> bool:
         engine = self._engine
         steps = election.campaign(
-            engine, ELECTION, self.name, engine.owner_id(), election.check_value(value),
+            engine, ELECTION, self.name, self._owner(), election.check_value(value),
             blocking, timeout, None, entry_caller(),
         )  # fmt: skip
         return self._driver.run(steps)
@@ -88,7 +93,7 @@ class Election(Lock):
         does not lead, and :class:`LockLostError` if its leadership is gone."""
         engine = self._engine
         value = election.check_value(value)
-        owner = engine.owner_id()
+        owner = self._owner()
         self._driver.run(election.proclaim(engine, ELECTION, self.name, owner, value))
 
     def leader(self) -> election.LeaderView | None:

@@ -24,9 +24,14 @@ class Lock(LockCore):
     """
 
     def __init__(
-        self, engine: Engine, driver: SyncDriver, name: str, fencing: bool | None = None
+        self,
+        engine: Engine,
+        driver: SyncDriver,
+        name: str,
+        fencing: bool | None = None,
+        owner: str | None = None,
     ) -> None:
-        super().__init__(engine, name, fencing)
+        super().__init__(engine, name, fencing, owner)
         self._driver = driver
 
     def acquire(
@@ -64,7 +69,7 @@ class Lock(LockCore):
         watchdog, with a warning and an ``on_lost`` report.
         """
         engine = self._engine
-        owner = engine.owner_id()
+        owner = self._owner()
         steps = engine.acquire(
             self.kind, self.name, owner, blocking, timeout, lease, self.fencing, max_hold,
             caller=entry_caller(),
@@ -85,7 +90,7 @@ class Lock(LockCore):
         (changing nothing) on a watchdog-managed hold, which the watchdog renews.
         """
         engine = self._engine
-        steps = engine.extend(self.kind, self.name, engine.owner_id(), seconds, replace)
+        steps = engine.extend(self.kind, self.name, self._owner(), seconds, replace)
         self._driver.run(steps)
 
     @property
@@ -94,7 +99,7 @@ class Lock(LockCore):
         hold is lost or its validity ran out. Raises :class:`LockNotOwnedError` if the
         caller holds nothing."""
         engine = self._engine
-        hold = engine.held(self.kind, self.name, engine.owner_id())
+        hold = engine.held(self.kind, self.name, self._owner())
         return engine.signal_of(hold, lambda h: LostSignal(engine, h))
 
     def release(self) -> None:
@@ -104,7 +109,7 @@ class Lock(LockCore):
         not hold the lock, and :class:`LockLostError` if its lease was lost meanwhile.
         """
         engine = self._engine
-        self._driver.run(engine.release(self.kind, self.name, engine.owner_id(), False))
+        self._driver.run(engine.release(self.kind, self.name, self._owner(), False))
 
     def __enter__(self) -> Lock:
         self.acquire()
@@ -120,7 +125,7 @@ class Lock(LockCore):
         # rather than raise it again at every level.
         engine = self._engine
         quiet = isinstance(exc, LockLostError)
-        self._driver.run(engine.release(self.kind, self.name, engine.owner_id(), quiet))
+        self._driver.run(engine.release(self.kind, self.name, self._owner(), quiet))
 
     def locked(self) -> bool:
         """Whether anyone holds the lock on a quorum of masters (one round, read-only)."""
@@ -202,7 +207,7 @@ class UpgradeableReadLock(Lock):
         :class:`LockLostError` if its hold was lost.
         """
         engine = self._engine
-        steps = engine.upgrade(self.name, engine.owner_id(), timeout, self.fencing, entry_caller())
+        steps = engine.upgrade(self.name, self._owner(), timeout, self.fencing, entry_caller())
         return self._driver.run(steps)
 
     def downgrade(self) -> None:
@@ -211,7 +216,7 @@ class UpgradeableReadLock(Lock):
         :class:`LockNotOwnedError` if the caller is not upgraded, and
         :class:`LockLostError` if the write hold was lost."""
         engine = self._engine
-        self._driver.run(engine.downgrade(self.name, engine.owner_id()))
+        self._driver.run(engine.downgrade(self.name, self._owner()))
 
 
 class FairLock(Lock):

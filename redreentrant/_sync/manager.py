@@ -25,7 +25,7 @@ from .._core.kinds import (
     multi_names,
 )
 from .._core.listeners import LockListener
-from .._core.manager import ManagerCore
+from .._core.manager import ManagerCore, owner_token
 from .._core.masters import no_handshake, with_valkey
 from .._core.settings import Settings, check_permits
 from .._core.views import MasterView
@@ -139,37 +139,42 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         engine.on_deferred_wake = self._waker.arm
         super().__init__(engine, self._make)
 
-    def semaphore(self, name: str, permits: int) -> Semaphore:
+    def semaphore(self, name: str, permits: int, *, owner: object = None) -> Semaphore:
         """A semaphore named ``name`` of ``permits`` permits (an int from 1 to 1024): at
         most that many owners hold a permit at once (see :class:`Semaphore`). Every
         client should give a name the same number of permits: see the semaphore docs
-        for what happens while they differ."""
+        for what happens while they differ. ``owner`` as for :meth:`lock`."""
         self._engine.check_open()
-        return Semaphore(self._engine, self._driver, name, check_permits(permits))
+        permits = check_permits(permits)
+        return Semaphore(self._engine, self._driver, name, permits, owner_token(owner))
 
-    def multi_lock(self, names: Iterable[str], *, fencing: bool | None = None) -> MultiLock:
+    def multi_lock(
+        self, names: Iterable[str], *, fencing: bool | None = None, owner: object = None
+    ) -> MultiLock:
         """The locks of ``names`` (``lock(name)`` of each), taken and released together:
         all of them or none (see :class:`MultiLock`). ``fencing`` (default: the
-        manager's) gives each name a token (``tokens``)."""
+        manager's) gives each name a token (``tokens``); ``owner`` as for :meth:`lock`."""
         self._engine.check_open()
         if isinstance(names, str):
             raise TypeError("multi_lock takes several names (a list), not one str")
-        return MultiLock(self._engine, self._driver, multi_kind(multi_names(names)), fencing)
+        kind = multi_kind(multi_names(names))
+        return MultiLock(self._engine, self._driver, kind, fencing, owner_token(owner))
 
-    def election(self, name: str) -> Election:
+    def election(self, name: str, *, owner: object = None) -> Election:
         """Leader election on ``name`` (see :class:`Election`): ``campaign()`` to lead,
-        ``leader()`` and ``observe()`` to see who does."""
+        ``leader()`` and ``observe()`` to see who does; ``owner`` as for :meth:`lock`."""
         self._engine.check_open()
-        return Election(self._engine, self._driver, name)
+        return Election(self._engine, self._driver, name, None, owner_token(owner))
 
-    def _make(self, kind: LockKind, name: str, fencing: bool | None) -> Lock:
+    def _make(self, kind: LockKind, name: str, fencing: bool | None, owner: str | None) -> Lock:
+        engine, driver = self._engine, self._driver
         if isinstance(kind, ElectionKind):
-            return Election(self._engine, self._driver, name)
+            return Election(engine, driver, name, None, owner)
         if isinstance(kind, MultiKind):
-            return MultiLock(self._engine, self._driver, kind, fencing)
+            return MultiLock(engine, driver, kind, fencing, owner)
         if isinstance(kind, SemaphoreKind):
-            return Semaphore(self._engine, self._driver, name, kind.permits)
-        return LOCK_CLASSES[kind.label](self._engine, self._driver, name, fencing)
+            return Semaphore(engine, driver, name, kind.permits, owner)
+        return LOCK_CLASSES[kind.label](engine, driver, name, fencing, owner)
 
     @overload
     def synchronized(

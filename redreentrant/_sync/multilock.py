@@ -22,9 +22,14 @@ class MultiLock(Lock):
     kind: MultiKind
 
     def __init__(
-        self, engine: Engine, driver: SyncDriver, kind: MultiKind, fencing: bool | None = None
+        self,
+        engine: Engine,
+        driver: SyncDriver,
+        kind: MultiKind,
+        fencing: bool | None = None,
+        owner: str | None = None,
     ) -> None:
-        super().__init__(engine, driver, kind.label_of_names, fencing)
+        super().__init__(engine, driver, kind.label_of_names, fencing, owner)
         self.kind = kind
 
     def __repr__(self) -> str:
@@ -39,7 +44,7 @@ class MultiLock(Lock):
     def tokens(self) -> dict[str, int]:
         """The fencing token of each name, for the calling owner's hold (see
         :attr:`Lock.token`)."""
-        return self._engine.tokens(self.kind, self.name, self._engine.owner_id())
+        return self._engine.tokens(self.kind, self.name, self._owner())
 
     def locked(self) -> bool:
         """Whether any of the names is held on a quorum of masters (read-only rounds)."""

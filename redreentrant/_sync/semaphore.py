@@ -21,8 +21,15 @@ class Semaphore(Lock):
 
     kind: SemaphoreKind
 
-    def __init__(self, engine: Engine, driver: SyncDriver, name: str, permits: int) -> None:
-        super().__init__(engine, driver, name, False)
+    def __init__(
+        self,
+        engine: Engine,
+        driver: SyncDriver,
+        name: str,
+        permits: int,
+        owner: str | None = None,
+    ) -> None:
+        super().__init__(engine, driver, name, False, owner)
         self.kind = semaphore_kind(permits)
 
     def __repr__(self) -> str:

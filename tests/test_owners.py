@@ -1,0 +1,147 @@
+"""Locks owned by an object (``owner=``) against real masters: any thread or task may
+take, re-enter and release the object's holds, reentrancy counts per owner, and a
+collected owner's holds are released and reported as a dead thread's are; for every
+kind, sync and asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from collections.abc import Iterator
+
+import pytest
+from helpers import drop_counters, lock_keys, run, wait_until
+
+import redreentrant.asyncio as ra
+from redreentrant import LockManager, LockNotOwnedError, OwnerInfo, parse_owner
+from redreentrant.testing import LocalEnsemble
+
+pytestmark = pytest.mark.integration
+
+
+class Request:
+    """An application's object that owns locks."""
+
+
+@pytest.fixture(params=[1, 5], ids=["one-master", "five-masters"])
+def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> list[str]:
+    return ensemble.urls[: request.param]
+
+
+@pytest.fixture
+def mgr(masters: list[str]) -> Iterator[LockManager]:
+    with LockManager(masters, lease=5.0) as m:
+        yield m
+
+
+def in_thread(fn: object) -> None:
+    t = threading.Thread(target=fn)  # type: ignore[arg-type]
+    t.start()
+    t.join(10)
+
+
+def test_an_objects_hold_is_taken_in_one_thread_and_released_in_another(
+    mgr: LockManager,
+) -> None:
+    request = Request()
+    lock = mgr.lock("job", owner=request)
+    assert lock.acquire()
+    assert lock.acquire()  # re-entered by the same owner, from any thread
+    counts: list[int] = []
+    in_thread(lambda: (lock.release(), counts.append(lock.hold_count)))
+    assert counts == [1] and lock.is_owned()
+    # The calling thread is another owner: it waits like anyone else.
+    assert not mgr.lock("job").acquire(blocking=False)
+    # Another object is another owner too; a view made anew of the same owner is not.
+    assert not mgr.lock("job", owner=Request()).acquire(blocking=False)
+    assert mgr.lock("job", owner=request).hold_count == 1
+    in_thread(lock.release)
+    assert not lock.is_owned()
+    with pytest.raises(LockNotOwnedError):
+        lock.release()
+
+
+def test_the_owner_id_names_an_object(mgr: LockManager) -> None:
+    request = Request()
+    with mgr.lock("named", owner=request):
+        [holder] = next(v for v in mgr.inspect("named") if v.locks).locks[0].holders
+        info = parse_owner(holder)
+        assert isinstance(info, OwnerInfo) and info.kind == "object"
+        assert info.name == "Request" and info.token.startswith("o")
+
+
+def test_every_kind_takes_an_owner(mgr: LockManager, ensemble: LocalEnsemble) -> None:
+    request = Request()
+    rw = mgr.rw_lock("rw", owner=request)
+    locks = [
+        mgr.fair_lock("fair", owner=request),
+        mgr.semaphore("sem", permits=1, owner=request),
+        mgr.multi_lock(["m1", "m2"], owner=request),
+        mgr.election("elected", owner=request),
+        rw.write,
+    ]
+    for lock in locks:
+        assert lock.acquire(timeout=5)
+    in_thread(lambda: [lock.release() for lock in locks])
+    assert not any(lock.is_owned() for lock in locks)
+    with rw.upgradeable:  # the upgradeable reader, of the same owner, from this thread
+        pass
+    drop_counters(ensemble)  # the election's terms
+
+
+def test_a_collected_owners_holds_are_released_and_reported(ensemble: LocalEnsemble) -> None:
+    lost: list[object] = []
+    urls = ensemble.urls[:3]
+    with LockManager(urls, lease=5.0, on_lost=lost.append) as m:
+        request = Request()
+        m.lock("orphan", owner=request).acquire()
+        m.semaphore("orphans", permits=2, owner=request).acquire()
+        del request
+        gc.collect()
+        wait_until(lambda: len(lost) == 2, "both holds reported")
+        wait_until(lambda: not lock_keys(ensemble), "released on every master")
+        assert m.lock("orphan").acquire(blocking=False)  # long before the lease's end
+        m.lock("orphan").release()
+
+
+def test_an_owner_must_be_weakly_referable(mgr: LockManager) -> None:
+    with pytest.raises(TypeError, match="weakly referenced"):
+        mgr.lock("x", owner="a string")
+
+
+def test_asyncio_an_objects_hold_moves_between_tasks(masters: list[str]) -> None:
+    async def main() -> None:
+        async with ra.LockManager(masters, lease=5.0) as m:
+            request = Request()
+            lock = m.lock("aio-job", owner=request)
+            # A task of its own may take it: the object, not the task, owns it.
+            assert await asyncio.create_task(lock.acquire())
+            assert not await m.lock("aio-job").acquire(blocking=False)
+            await asyncio.create_task(lock.release())
+            assert not lock.is_owned()
+            async with m.lock("aio-job"):
+                assert not await lock.acquire(blocking=False)
+
+    run(main())
+
+
+def test_asyncio_a_collected_owners_holds_are_released(ensemble: LocalEnsemble) -> None:
+    urls = ensemble.urls[:3]
+
+    async def main() -> int:
+        lost: list[object] = []
+        async with ra.LockManager(urls, lease=5.0, on_lost=lost.append) as m:
+            request = Request()
+            await m.lock("aio-orphan", owner=request).acquire()
+            del request
+            gc.collect()
+            for _ in range(200):
+                if lost:
+                    break
+                await asyncio.sleep(0.025)
+            assert await m.lock("aio-orphan").acquire(blocking=False)
+            await m.lock("aio-orphan").release()
+            return len(lost)
+
+    assert run(main()) == 1
