@@ -148,6 +148,14 @@ def connect(
     for i, c in enumerate(clients):
         for ident in identities(c):
             if ident in seen:
+                other = clients[seen[ident]]
+                if master_name(other) != master_name(c):
+                    raise ValueError(
+                        f"masters {master_name(other)} and {master_name(c)} (positions"
+                        f" {seen[ident]} and {i}) are one server: they are not independent"
+                        " masters (one crash or restart of it would take both votes);"
+                        " give each quorum member a server of its own"
+                    )
                 raise ValueError(
                     f"master {master_name(c)} is given twice (positions {seen[ident]} and {i})"
                 )

@@ -124,17 +124,30 @@ class Settings:
         return check_lease("max_hold", max_hold)
 
     def acquire_lease(self, lease: object) -> float:
-        """The lease of an acquire: the manager's for ``None``, else checked like the
-        manager's (it must also exceed its drift allowance plus the master timeout)."""
+        """The lease of an acquire (or an extension): the manager's for ``None``, else
+        checked: at least :func:`shortest_lease`. A lease shorter than the master
+        timeout is honoured as any other: a grant counts only with validity left, so a
+        round that took longer than such a lease (less its drift allowance) fails, and
+        its grants are undone."""
         if lease is None:
             return self.lease
         lease_s = check_lease("lease", lease)
-        if lease_s <= drift_allowance(lease_s, self.drift_factor) + self.master_timeout:
+        shortest = shortest_lease(self.drift_factor)
+        if lease_s < shortest:
             raise ValueError(
-                f"lease {lease!r}s is too short: it must exceed the clock drift allowance"
-                f" plus the master timeout ({self.master_timeout}s)"
+                f"lease {lease!r}s is too short: the shortest lease honoured is"
+                f" {shortest * 1000:.1f} ms (a grant is valid for the lease less the clock"
+                f" drift allowance, 2 ms plus {self.drift_factor:g} of the lease, less the"
+                " time its round took; a shorter lease would leave no time for the round)"
             )
         return lease_s
+
+
+def shortest_lease(drift_factor: float) -> float:
+    """The shortest lease an acquire honours: one whose drift allowance leaves half of
+    it for the round."""
+    # lease / 2 > 0.002 + drift_factor * lease
+    return 0.002 / (0.5 - drift_factor)
 
 
 #: the most permits a semaphore may have: each acquire names every slot to the masters
