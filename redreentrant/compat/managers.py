@@ -1,0 +1,68 @@
+"""The managers the adapters share: one per set of masters (and, for the asyncio
+flavour, per event loop), made on first use and kept for the life of the process (the
+asyncio ones, for the life of their loop).
+
+A set of masters is known by each master's server and database (its client's
+connection settings), not by the client object: adapters made from different client
+objects of one server share a manager. The first client given is the one the manager
+uses. The managers have the default settings; the adapters pass each lock's lease with
+its acquire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import redreentrant
+import redreentrant.asyncio
+
+_lock = threading.Lock()
+_sync: dict[tuple[object, ...], redreentrant.LockManager] = {}
+_async: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[object, ...], redreentrant.asyncio.LockManager]
+] = weakref.WeakKeyDictionary()
+
+
+def master_key(master: Any) -> tuple[object, ...]:
+    """What tells one master from another: a URL as it is, a client by its server,
+    database and user (its pool's connection settings)."""
+    if isinstance(master, str):
+        return ("url", master)
+    kwargs = getattr(getattr(master, "connection_pool", None), "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return ("client", id(master))
+    where = kwargs.get("path") or (str(kwargs.get("host", "localhost")), kwargs.get("port", 6379))
+    return ("server", where, kwargs.get("db", 0), kwargs.get("username"))
+
+
+def sync_manager(masters: Sequence[Any]) -> redreentrant.LockManager:
+    """The shared sync manager of ``masters`` (URLs or ``redis.Redis`` clients)."""
+    key = tuple(master_key(m) for m in masters)
+    with _lock:
+        mgr = _sync.get(key)
+        if mgr is None or mgr.closed:
+            mgr = _sync[key] = redreentrant.LockManager(list(masters))
+        return mgr
+
+
+def async_manager(masters: Sequence[Any]) -> redreentrant.asyncio.LockManager:
+    """The shared asyncio manager of ``masters`` (URLs or ``redis.asyncio.Redis``
+    clients) on the running event loop."""
+    loop = asyncio.get_running_loop()
+    key = tuple(master_key(m) for m in masters)
+    managers = _async.setdefault(loop, {})
+    mgr = managers.get(key)
+    if mgr is None or mgr.closed:
+        mgr = managers[key] = redreentrant.asyncio.LockManager(list(masters))
+    return mgr
+
+
+@atexit.register
+def _close() -> None:
+    for mgr in list(_sync.values()):
+        mgr.close()
