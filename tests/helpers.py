@@ -222,3 +222,73 @@ def stop(*processes: subprocess.Popen[str] | None) -> None:
         if process is not None:
             process.kill()
             process.communicate()
+
+
+# -- the adapted libraries' own lock tests -------------------------------------------------
+
+#: where .ci/suites extracts the adapted libraries' source distributions
+SOURCES = Path(__file__).resolve().parent.parent / ".ci" / "sources"
+
+
+def library_source(name: str) -> Path:
+    """The extracted source distribution of ``name`` (``bash .ci/suites`` makes it):
+    skipped where it is missing, a failure in CI."""
+    path = SOURCES / name
+    if not (path / ".version").is_file():
+        message = f"{path} is missing: run 'bash .ci/suites'"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def run_library_tests(
+    source: Path,
+    targets: list[str],
+    shims: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> dict[str, str]:
+    """Run a library's own test files (``targets``, relative to ``source``) in a pytest
+    of their own, with ``shims`` first on the import path (modules named as the
+    library's, which re-export its adapter); returns each test's outcome by test id
+    (``passed``, ``failed``, ``error`` or ``skipped``)."""
+    import xml.etree.ElementTree as ET
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        path = os.pathsep.join([str(shims), str(source)])
+        subprocess.run(
+            [
+                PY,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:randomly",
+                f"--junitxml={report}",
+                "--rootdir",
+                str(source),
+                "-o",
+                "addopts=",
+                *args,
+                *targets,
+            ],
+            cwd=source,
+            env={**clean_env(), "PYTHONPATH": path, **(env or {})},
+            timeout=timeout,
+            capture_output=True,
+            check=False,
+        )
+        outcomes: dict[str, str] = {}
+        for case in ET.parse(report).getroot().iter("testcase"):
+            test = f"{case.get('classname')}::{case.get('name')}"
+            kinds = {child.tag for child in case}
+            outcomes[test] = next(
+                (k for k in ("error", "failure", "skipped") if k in kinds), "passed"
+            ).replace("failure", "failed")
+        return outcomes
