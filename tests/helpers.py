@@ -11,8 +11,10 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -254,9 +256,6 @@ def run_library_tests(
     of their own, with ``shims`` first on the import path (modules named as the
     library's, which re-export its adapter); returns each test's outcome by test id
     (``passed``, ``failed``, ``error`` or ``skipped``)."""
-    import xml.etree.ElementTree as ET
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
         path = os.pathsep.join([str(shims), str(source)])
