@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from redreentrant import LockError, QuorumUnavailableError, __version__
 from redreentrant.testing import RedisServerNotFound
 
-from . import demo, ensemble, fence, inspect, run, top, unlock
+from . import demo, elect, ensemble, fence, inspect, leader, run, top, unlock
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -49,12 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         description="Reentrant distributed locks on a Redlock quorum of Redis masters.",
         epilog="Exit status: 0 ok; 1 lock not obtained, masters unavailable (N with "
-        "'run -E N'), or a check failed; 2 usage error. 'run' passes its command's "
-        "status through.",
+        "'run -E N' and 'elect -E N'), or a check failed; 2 usage error; 3 'leader': "
+        "nobody leads. 'run' and 'elect' pass their command's status through.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in (demo, run, inspect, top, unlock, fence, ensemble):
+    for command in (demo, run, elect, leader, inspect, top, unlock, fence, ensemble):
         command.register(commands.add_parser, [common])
     return parser
 

@@ -1,7 +1,8 @@
 """``redreentrant fence NAME --at-least TOKEN``: raise a lock's fencing counters.
 
-For operators, after an acquire with fencing failed with ``FencingError`` (the counters
-were lost on too many masters): the next tokens of NAME are then larger than TOKEN.
+For operators, after an acquire with fencing (or a campaign) failed with
+``FencingError`` (the counters were lost on too many masters): the next tokens (terms)
+of NAME are then larger than TOKEN.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from .common import EXIT_OK, Add, Parents, UsageError, lock_name, open_manager, 
 
 __all__ = ["cmd_fence", "register"]
 
-_KINDS = ("lock", "rw", "fair")
+_KINDS = ("lock", "rw", "fair", "election")
 
 
 def register(add: Add, parents: Parents) -> None:
@@ -42,7 +43,7 @@ def register(add: Add, parents: Parents) -> None:
         choices=_KINDS,
         default="lock",
         help="which lock of NAME: the plain lock (default), the rw lock's write side, "
-        "or the fair lock",
+        "the fair lock, or the election (its terms)",
     )
     fence.set_defaults(func=cmd_fence)
 
@@ -59,6 +60,8 @@ def cmd_fence(args: argparse.Namespace) -> int:
             lock = mgr.rw_lock(name).write
         elif args.kind == "fair":
             lock = mgr.fair_lock(name)
+        elif args.kind == "election":
+            lock = mgr.election(name)
         else:
             lock = mgr.lock(name)
         acked = lock.raise_fence(args.at_least)

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
 
@@ -40,7 +41,21 @@ from .common import (
     warn,
 )
 
-__all__ = ["RUN_LEASE", "cmd_run", "register", "split_command"]
+__all__ = [
+    "COMMANDS_WITH_CMD",
+    "FENCE_ENV",
+    "RUN_LEASE",
+    "Child",
+    "Holding",
+    "Lockish",
+    "add_waiting_options",
+    "cmd_run",
+    "command_of",
+    "register",
+    "run_under",
+    "seconds",
+    "split_command",
+]
 
 EXIT_NOT_FOUND = 127  # as sh(1) and env(1): the command could not be found
 EXIT_NOT_RUNNABLE = 126  # ... found but could not be executed
@@ -53,8 +68,17 @@ RUN_POLL = 0.1  # seconds between checks for a lost lease while CMD runs
 RUN_KILL_GRACE = 10.0  # seconds a CMD stopped for a lost lock gets before SIGKILL
 RUN_MASTERS_RETRY = (0.1, 1.0)  # --wait-masters: first and longest pause between tries
 
+FENCE_ENV = "REDREENTRANT_FENCE"
+"""The variable that hands the hold's fencing token (``run --fencing``) or the term
+(``elect``) to CMD, as a decimal integer."""
 
-def _seconds(minimum_exclusive: bool) -> Callable[[str], float]:
+#: the commands that run a CMD given after ``--`` (see :func:`split_command`)
+COMMANDS_WITH_CMD = ("run", "elect")
+
+
+def seconds(minimum_exclusive: bool) -> Callable[[str], float]:
+    """An argument type: a finite number of seconds, >= 0 (> 0 if ``minimum_exclusive``)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -97,6 +121,11 @@ The lock is watchdog-renewed for as long as CMD runs (lease {RUN_LEASE:g} s, ren
 With --lease S it has a fixed lease of S seconds instead, never renewed, and S is then
 also a time limit for CMD (see below).
 
+With --fencing the lock is taken with a fencing token, larger than every earlier
+grant's, and CMD finds it in ${FENCE_ENV} (a decimal integer), to hand to the resource
+it writes to, which refuses a smaller token than it has seen. Not with --shared or
+--permits: their holds share the lock and have no token.
+
 SIGINT, SIGTERM and SIGHUP are forwarded to CMD; the lock is released once CMD has
 exited. A SIGINT is not forwarded when redreentrant is in the foreground of a terminal:
 Ctrl-C already reached CMD (same process group), and a second one could cut short its
@@ -123,20 +152,13 @@ def register(add: Add, parents: Parents) -> None:
         "run",
         parents=parents,
         usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] "
-        "[--shared | --write | --fair | --permits P] [--lease S] [-E N] [--wait-masters] "
-        "NAME -- CMD [ARGS...]",
+        "[--shared | --write | --fair | --permits P] [--fencing] [--lease S] [-E N] "
+        "[--wait-masters] NAME -- CMD [ARGS...]",
         help="run a command while holding a lock (a distributed flock)",
         description=_RUN_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("name", metavar="NAME", help="the lock's name")
-    run.add_argument(
-        "--timeout",
-        type=_seconds(minimum_exclusive=False),
-        metavar="S",
-        help="give up if the lock is not obtained within S seconds (0: one try; "
-        "default: wait as long as it takes)",
-    )
     kind = run.add_mutually_exclusive_group()
     kind.add_argument(
         "--shared",
@@ -161,33 +183,53 @@ def register(add: Add, parents: Parents) -> None:
         f"once, across hosts (P from 1 to {MAX_PERMITS})",
     )
     run.add_argument(
+        "--fencing",
+        action="store_true",
+        help=f"take the lock with a fencing token and pass it to CMD in ${FENCE_ENV} "
+        "(not with --shared or --permits)",
+    )
+    run.add_argument(
         "--lease",
-        type=_seconds(minimum_exclusive=True),
+        type=seconds(minimum_exclusive=True),
         metavar="S",
         help="a fixed lease of S seconds, never renewed (CMD is stopped if it outlives it)",
     )
-    run.add_argument(
+    add_waiting_options(run, "the lock")
+    run.set_defaults(func=cmd_run)
+
+
+def add_waiting_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """The options of waiting for ``what`` (``the lock``, ``leadership``) that ``run``
+    and ``elect`` share: --timeout, -E and --wait-masters."""
+    parser.add_argument(
+        "--timeout",
+        type=seconds(minimum_exclusive=False),
+        metavar="S",
+        help=f"give up if {what} is not obtained within S seconds (0: one try; "
+        "default: wait as long as it takes)",
+    )
+    parser.add_argument(
         "-E",
         "--conflict-exit-code",
         type=_exit_code,
         default=EXIT_FAILED,
         metavar="N",
-        help="exit with N (0-255) when the lock is not obtained (held elsewhere until "
+        help=f"exit with N (0-255) when {what} is not obtained (held elsewhere until "
         "--timeout, or refused with --timeout 0) or the masters are unavailable (default 1)",
     )
-    run.add_argument(
+    parser.add_argument(
         "--wait-masters",
         action="store_true",
         help="when too few masters answer for a quorum, keep trying (until --timeout if "
         "given) instead of giving up at once",
     )
     # Only to say precisely what is wrong when the command is not after '--'.
-    run.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
-    run.set_defaults(func=cmd_run)
+    parser.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """Split ``run ... -- CMD ARGS`` into the arguments to parse and CMD ARGS.
+    """Split ``run ... -- CMD ARGS`` (or ``elect ...``) into the arguments to parse and
+    CMD ARGS.
 
     Done before argparse, which would otherwise read CMD's own options as ours."""
     i = 0
@@ -199,10 +241,21 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
             i += 1
         else:
             break
-    if i < len(argv) and argv[i] == "run" and "--" in argv[i + 1 :]:
+    if i < len(argv) and argv[i] in COMMANDS_WITH_CMD and "--" in argv[i + 1 :]:
         cut = argv.index("--", i + 1)
         return argv[:cut], argv[cut + 1 :]
     return argv, None
+
+
+def command_of(args: argparse.Namespace, usage: str) -> list[str]:
+    """The CMD ARGS given after ``--``; a usage error (naming ``usage``, e.g. ``run
+    NAME``) if there is none, or if words came before ``--`` that are not ours."""
+    command: list[str] | None = args.command_argv
+    if args.stray or command is None:
+        raise UsageError(f"put the command after '--': {PROG} {usage} -- CMD [ARGS...]")
+    if not command:
+        raise UsageError("no command after '--'")
+    return command
 
 
 def _terminal_delivers_to_us() -> bool:
@@ -225,8 +278,8 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class _Lockish(Protocol):
-    """What ``run`` needs of any lock kind (plain, read side, fair)."""
+class Lockish(Protocol):
+    """What ``run`` and ``elect`` need of what they hold (any lock kind, an election)."""
 
     def acquire(
         self, blocking: bool = ..., timeout: float = ..., lease: float | None = ...
@@ -239,8 +292,27 @@ class _Lockish(Protocol):
     @property
     def hold_count(self) -> int: ...
 
+    @property
+    def token(self) -> int: ...
 
-class _Child:
+
+@dataclass(frozen=True)
+class Holding:
+    """What CMD runs under (see :func:`run_under`): the lock, and how to take it."""
+
+    lock: Lockish
+    what: str
+    """How messages name it: ``lock 'x'``, ``leadership of 'x'``."""
+    take: Callable[[float | None], bool]
+    """One acquire within a timeout (None: no limit; 0: one try): whether it was
+    obtained. Raises QuorumUnavailableError when the masters are unavailable."""
+    fixed: bool = False
+    """Held on a fixed lease, never renewed: its running out is the loss."""
+    fenced: bool = False
+    """Hand the hold's fencing token to CMD in ``$REDREENTRANT_FENCE``."""
+
+
+class Child:
     """The running CMD, and what happens to it from signal handlers and the watchdog."""
 
     def __init__(self) -> None:
@@ -264,57 +336,75 @@ class _Child:
             process.send_signal(signum)
 
     def on_lost(self, lock: object) -> None:
+        """The manager's ``on_lost``: the lock (or leadership) CMD runs under is gone."""
         self.lost.set()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``run``: hold a lock while a command runs, pass its exit status through."""
-    command: list[str] | None = args.command_argv
-    if args.stray or command is None:
-        raise UsageError(f"put the command after '--': {PROG} run NAME -- CMD [ARGS...]")
-    if not command:
-        raise UsageError("no command after '--'")
+    command = command_of(args, "run NAME")
+    if args.fencing and (args.shared or args.permits is not None):
+        flag = "--shared" if args.shared else "--permits"
+        raise UsageError(
+            f"--fencing does not go with {flag}: its holds share the lock and have no "
+            "fencing token (use --fencing alone, or with --write or --fair)"
+        )
     name = lock_name(args.name)
-    child = _Child()
+    child = Child()
     with open_manager(require_masters(args), lease=RUN_LEASE, on_lost=child.on_lost) as mgr:
-        lock: _Lockish
+        fencing = True if args.fencing else None
+        lock: Lockish
         if args.shared:
             lock = mgr.rw_lock(name).read
         elif args.write:
-            lock = mgr.rw_lock(name).write
+            lock = mgr.rw_lock(name, fencing=fencing).write
         elif args.fair:
-            lock = mgr.fair_lock(name)
+            lock = mgr.fair_lock(name, fencing=fencing)
         elif args.permits is not None:
             lock = mgr.semaphore(name, args.permits)
         else:
-            lock = mgr.lock(name)
-        with signals(child.on_signal, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            lock = mgr.lock(name, fencing=fencing)
+
+        def take(timeout: float | None) -> bool:
+            return _acquire_once(lock, timeout, args.lease)
+
+        holding = Holding(
+            lock, f"lock {name!r}", take, fixed=args.lease is not None, fenced=args.fencing
+        )
+        return run_under(holding, command, child, args)
+
+
+def run_under(holding: Holding, command: list[str], child: Child, args: argparse.Namespace) -> int:
+    """Acquire ``holding`` (waiting as ``args`` say: --timeout, --wait-masters, -E), run
+    ``command`` under it with ``child`` (``on_lost`` of the manager goes to
+    ``child.on_lost``), release it, and return the exit status ``run`` exits with."""
+    what = holding.what
+    with signals(child.on_signal, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
             try:
-                try:
-                    got = _acquire(lock, name, args.timeout, args.lease, args.wait_masters)
-                except QuorumUnavailableError as error:
-                    within = "" if args.timeout is None else f" within {args.timeout:g} s"
-                    warn(f"lock {name!r} not obtained{within}: {quorum_message(error)}")
-                    return int(args.conflict_exit_code)
-                if not got:
-                    warn(f"lock {name!r} is held elsewhere: not obtained within {args.timeout:g} s")
-                    return int(args.conflict_exit_code)
-                return _run_holding(lock, name, command, child, fixed=args.lease is not None)
-            except Interrupted as interrupted:
-                # The signal may have come after a grant but before acquire() returned.
-                with contextlib.suppress(Exception):
-                    while lock.hold_count:
-                        lock.release()
-                warn(
-                    f"interrupted ({signal.Signals(interrupted.signum).name}) before the "
-                    f"command started; lock {name!r} not held"
-                )
-                return 128 + interrupted.signum
+                got = _acquire(holding, args.timeout, args.wait_masters)
+            except QuorumUnavailableError as error:
+                within = "" if args.timeout is None else f" within {args.timeout:g} s"
+                warn(f"{what} not obtained{within}: {quorum_message(error)}")
+                return int(args.conflict_exit_code)
+            if not got:
+                warn(f"{what} is held elsewhere: not obtained within {args.timeout:g} s")
+                return int(args.conflict_exit_code)
+            return _run_holding(holding, command, child)
+        except Interrupted as interrupted:
+            # The signal may have come after a grant but before acquire() returned.
+            lock = holding.lock
+            with contextlib.suppress(Exception):
+                while lock.hold_count:
+                    lock.release()
+            warn(
+                f"interrupted ({signal.Signals(interrupted.signum).name}) before the "
+                f"command started; {what} not held"
+            )
+            return 128 + interrupted.signum
 
 
-def _acquire(
-    lock: _Lockish, name: str, timeout: float | None, lease: float | None, wait_masters: bool
-) -> bool:
+def _acquire(holding: Holding, timeout: float | None, wait_masters: bool) -> bool:
     """Acquire within ``timeout`` (None: no limit; 0: one try). QuorumUnavailableError
     if the masters are unavailable, unless ``wait_masters``: then the acquire is tried
     again (said once on stderr) until they answer or the timeout is spent."""
@@ -324,14 +414,14 @@ def _acquire(
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return _acquire_once(lock, left, lease)
+            return holding.take(left)
         except QuorumUnavailableError as error:
             if not wait_masters or (deadline is not None and time.monotonic() >= deadline):
                 raise
             if not told:
                 told = True
                 warn(
-                    f"{quorum_message(error)}: waiting for the masters to get lock {name!r} "
+                    f"{quorum_message(error)}: waiting for the masters to get {holding.what} "
                     "(--wait-masters)"
                 )
         rest = None if deadline is None else deadline - time.monotonic()
@@ -339,7 +429,7 @@ def _acquire(
         pause = min(2 * pause, longest)
 
 
-def _acquire_once(lock: _Lockish, timeout: float | None, lease: float | None) -> bool:
+def _acquire_once(lock: Lockish, timeout: float | None, lease: float | None) -> bool:
     try:
         if timeout is None:
             return lock.acquire(lease=lease)
@@ -350,27 +440,26 @@ def _acquire_once(lock: _Lockish, timeout: float | None, lease: float | None) ->
         raise UsageError(str(error)) from None
 
 
-def _run_holding(
-    lock: _Lockish, name: str, command: list[str], child: _Child, *, fixed: bool
-) -> int:
+def _run_holding(holding: Holding, command: list[str], child: Child) -> int:
     """Run CMD under the held lock; release it however CMD ends; return the status."""
     status, lost = EXIT_FAILED, False
     try:
-        status, lost = _run_child(lock, name, command, child, fixed=fixed)
+        status, lost = _run_child(holding, command, child)
     finally:
-        status = _release(lock, name, status, lost)
+        status = _release(holding, status, lost)
     return status
 
 
-def _run_child(
-    lock: _Lockish, name: str, command: list[str], child: _Child, *, fixed: bool
-) -> tuple[int, bool]:
+def _run_child(holding: Holding, command: list[str], child: Child) -> tuple[int, bool]:
     """Start CMD and wait for it: (exit status, whether it was stopped for a lost lock)."""
+    env = None
+    if holding.fenced:
+        env = {**os.environ, FENCE_ENV: str(holding.lock.token)}
     child.spawning = True
     try:
         # CMD dies with us (Linux): a run killed with SIGKILL never leaves CMD running
         # without the lock while another run gets it.
-        child.process = subprocess.Popen(command, preexec_fn=die_with_parent())
+        child.process = subprocess.Popen(command, env=env, preexec_fn=die_with_parent())
     except FileNotFoundError:
         warn(f"{command[0]}: command not found")
         return EXIT_NOT_FOUND, False
@@ -381,14 +470,12 @@ def _run_child(
         child.spawning = False
     for signum in child.pending:
         child.on_signal(signum, None)
-    if _wait_for(child.process, lock, name, child, fixed=fixed):
+    if _wait_for(child.process, holding, child):
         return EXIT_FAILED, True
     return _exit_status(child.process.returncode), False
 
 
-def _wait_for(
-    process: subprocess.Popen[bytes], lock: _Lockish, name: str, child: _Child, *, fixed: bool
-) -> bool:
+def _wait_for(process: subprocess.Popen[bytes], holding: Holding, child: Child) -> bool:
     """Wait for CMD to exit; return whether it was stopped because the lock was lost."""
     stopped_at: float | None = None
     while True:
@@ -400,11 +487,11 @@ def _wait_for(
         if stopped_at is None:
             # A fixed lease is never renewed, so no watchdog reports it: its validity
             # running out is the loss.
-            expired = fixed and lock.remaining() <= 0
+            expired = holding.fixed and holding.lock.remaining() <= 0
             if child.lost.is_set() or expired:
                 why = "its fixed lease ran out" if expired else "its lease was lost"
                 warn(
-                    f"lock {name!r} lost while the command ran ({why}): stopping it (pid "
+                    f"{holding.what} lost while the command ran ({why}): stopping it (pid "
                     f"{process.pid}) with SIGTERM; exit status will be 1"
                 )
                 with contextlib.suppress(ProcessLookupError):
@@ -415,18 +502,18 @@ def _wait_for(
                 process.kill()
 
 
-def _release(lock: _Lockish, name: str, status: int, lost: bool) -> int:
+def _release(holding: Holding, status: int, lost: bool) -> int:
     """Release the lock; return the exit status to use (1 if it turned out lost)."""
     try:
-        lock.release()
+        holding.lock.release()
     except LockLostError as error:
         if not lost:  # lost after the last check: CMD's end ran unprotected
-            warn(f"lock {name!r} was lost before the command ended: {error}")
+            warn(f"{holding.what} was lost before the command ended: {error}")
         return EXIT_FAILED
     except QuorumUnavailableError as error:
         # CMD ran under the lock; only the clean-up failed, and the lease ends it.
         warn(
-            f"could not release lock {name!r} ({quorum_message(error)}); it frees itself "
+            f"could not release {holding.what} ({quorum_message(error)}); it frees itself "
             "when its lease runs out"
         )
     return status
