@@ -495,19 +495,22 @@ class FairKind(LockKind):
     def settle(
         self, name: str, owner: str, replies: Sequence[Sequence[object]], release_id: str
     ) -> Call | None:
-        # Masters whose queues disagree grant different heads, round after round. Every
-        # waiter caught in such a split yields to the smallest other head it was refused
-        # for, so one order wins on every master and the next round reaches a quorum.
-        heads = {
-            text(reply[2])
-            for per_master in replies
-            for reply in per_master[:1]
-            if isinstance(reply, list) and len(reply) >= 3 and int(reply[0]) == 0
-        }
-        heads -= {"", owner}
-        if not heads or min(heads) > owner:
+        # Masters whose queues disagree grant different heads, round after round. A
+        # waiter caught in such a split yields to the head of the most masters (of the
+        # smallest owner id among equals) unless that is itself: the order most masters
+        # saw wins everywhere, and the next round reaches a quorum.
+        heads: dict[str, int] = {}
+        for per_master in replies:
+            reply = per_master[0] if per_master else None
+            if not isinstance(reply, list) or not reply:
+                continue
+            head = owner if int(reply[0]) == 1 else text(reply[2]) if len(reply) >= 3 else ""
+            if head:
+                heads[head] = heads.get(head, 0) + 1
+        first = min(heads, key=lambda h: (-heads[h], h), default=owner)
+        if first == owner:
             return None
-        args = ("yield", owner, min(heads), self._prefix(name), release_id)
+        args = ("yield", owner, first, self._prefix(name), release_id)
         return Call(scripts.FAIRLOCK, self._keys(name), args)
 
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
