@@ -614,7 +614,7 @@ def test_masters_come_from_the_environment_unless_given(urls: list[str]) -> None
         (["run", "--shared", "--fair", "x", "--", "true"], "not allowed"),
         (["run", "--timeout", "-1", "x", "--", "true"], "--timeout"),
         (["run", "--lease", "0", "x", "--", "true"], "--lease"),
-        (["run", "--lease", "0.01", "x", "--", "true"], "too short"),
+        (["run", "--lease", "0.001", "x", "--", "true"], "too short"),
         (["run", "-E", "256", "x", "--", "true"], "--conflict-exit-code"),
         (["run", "--conflict-exit-code", "x", "x", "--", "true"], "--conflict-exit-code"),
         (["frobnicate"], "invalid choice"),

@@ -3,9 +3,10 @@
 Leadership is a hold of an :class:`~.kinds.ElectionKind` lock: a fair lock (candidates
 are served in arrival order), always fenced, whose fencing token is the term. Beside
 the lock each master keeps the leader record (``lua/fairlock.lua``): one field, the
-leader's owner id, whose value is ``"<term>\\n<value as hex>\\n<thread or task
-name>"``; it lives as long as the leader's hold there, and each change of it is
-published on the record's own name, which observers subscribe to.
+leader's owner id, whose value is ``"<term>\\n<seq>\\n<value as hex>\\n<thread
+or task name>"`` (seq: the leader's proclaims in its term); it lives as long as the
+leader's hold there, and each change of it is published on the record's own name,
+which observers subscribe to.
 """
 
 from __future__ import annotations

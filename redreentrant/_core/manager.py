@@ -134,7 +134,8 @@ class ManagerCore(Generic[L, U]):
         (returning what it returned)."""
         who = parse_owner(hold.owner)
         log.warning(
-            "redreentrant: lost lock %r held by %s (%s); acquired at %s",
+            "redreentrant: lost %s %r held by %s (%s); acquired at %s",
+            "election" if hold.kind.family == "election" else "lock",
             hold.name,
             who.describe() if who is not None else hold.owner,
             hold.lost,
