@@ -38,7 +38,7 @@ from redreentrant._core.keys import (
     waiters_key,
     wake_channel,
 )
-from redreentrant._core.kinds import EXCLUSIVE
+from redreentrant._core.kinds import EXCLUSIVE, FAIR
 from redreentrant._core.mock import AsyncMockTransport, FakeClock, MockTransport
 from redreentrant._core.packing import WireCache, evalsha_args
 from redreentrant._core.quorum import Quorum, lease_ms
@@ -2238,3 +2238,31 @@ def test_a_read_write_view_names_the_upgradeable_holder() -> None:
     assert UPGRADEABLE.is_locked(view) and READ.is_locked(view) and not WRITE.is_locked(view)
     alone = READ.view([5000, [b"mode", b"read", b"r:o2", b"1"], []])
     assert not UPGRADEABLE.is_locked(alone)
+
+
+def test_a_split_fair_waiter_yields_to_the_head_of_the_most_masters() -> None:
+    # p3 came first and heads the queue on two masters; one master, which saw p0
+    # first, heads p0 (whose id is smaller); the fifth did not answer. p3 keeps its
+    # place (the order most masters saw), p0 moves behind p3.
+    early, late = "m:p3", "m:p0"
+    replies: list[list[object]] = [
+        [[1, 1]],
+        [[1, 1]],
+        [[0, 100, late.encode()]],
+        [TimeoutError("frozen")],
+        [[0, 100, b"m:holder"]],
+    ]
+    assert FAIR.settle("x", early, replies, "rid") is None
+    seen_by_late: list[list[object]] = [
+        [[0, 100, early.encode()]],
+        [[0, 100, early.encode()]],
+        [[1, 1]],
+        [TimeoutError("frozen")],
+        [[0, 100, b"m:holder"]],
+    ]
+    call = FAIR.settle("x", late, seen_by_late, "rid")
+    assert call is not None and call.args[:3] == ("yield", late, early)
+    # Equals: the smallest owner id goes first.
+    tie: list[list[object]] = [[[1, 1]], [[0, 100, b"m:a"]]]
+    assert FAIR.settle("x", "m:b", tie, "rid") is not None
+    assert FAIR.settle("x", "m:a", [[[1, 1]], [[0, 100, b"m:b"]]], "rid") is None
