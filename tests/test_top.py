@@ -242,6 +242,17 @@ def test_json_shows_every_master_and_a_plain_locks_registered_waiters(
         ensemble.flushall()
 
 
+def test_json_shows_an_elections_leader(
+    ensemble: LocalEnsemble, manager: LockManager, urls: list[str]
+) -> None:
+    with manager.election("leaders").campaign(value=b"a"):
+        top = json.loads(run_cli("top", "--json", "leaders", masters=urls).stdout)
+        [row] = top["locks"]
+        assert row["kind"] == "election" and row["state"] == "held"
+        assert [h["owner"] for h in row["holders"]] == [manager.owner_id()]
+    ensemble.flushall()  # the terms' counters stay, as fencing counters do
+
+
 def test_the_pattern_and_the_limit(
     ensemble: LocalEnsemble, manager: LockManager, urls: list[str]
 ) -> None:

@@ -40,7 +40,7 @@ from redis.connection import AbstractConnection
 from redreentrant import LockManager, LockView, MasterView, OwnerInfo, parse_owner
 from redreentrant._core import keys
 from redreentrant._core.cluster import is_cluster_url, parse_cluster_url
-from redreentrant._core.kinds import lock_name_of
+from redreentrant._core.kinds import FAMILIES, lock_name_of
 from redreentrant._core.masters import no_handshake
 
 from .common import (
@@ -358,11 +358,15 @@ def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+#: the lock families, in the order top shows them
+FAMILY_NAMES = tuple(kind.family for kind in FAMILIES)
+
+
 def _rows(name: str, views: Sequence[MasterView], quorum: int) -> list[LockRow]:
     """The lock kinds present under ``name`` on any master, each as a row."""
     rows = []
     answered = sum(1 for v in views if v.error is None)
-    for kind in ("lock", "rw", "fair", "semaphore"):
+    for kind in FAMILY_NAMES:
         per_master = []
         for view in views:
             if view.error is not None:
