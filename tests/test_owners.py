@@ -145,3 +145,18 @@ def test_asyncio_a_collected_owners_holds_are_released(ensemble: LocalEnsemble) 
             return len(lost)
 
     assert run(main()) == 1
+
+
+def test_a_collected_owners_fixed_lease_hold_is_forgotten_and_lapses(
+    ensemble: LocalEnsemble,
+) -> None:
+    # Nobody can release it: it lapses on the masters, and the manager forgets it.
+    urls = ensemble.urls[:3]
+    with LockManager(urls, lease=5.0) as m:
+        request = Request()
+        m.lock("brief", owner=request).acquire(lease=0.2)
+        assert m.shortest_lease < 0.2
+        del request
+        gc.collect()
+        wait_until(lambda: not m._engine.holds.all(), "the hold forgotten")
+        wait_until(lambda: not lock_keys(ensemble), "lapsed on the masters")

@@ -93,7 +93,7 @@ class Holds:
         # new entry (a re-entry) is queued again when its entry comes to the top.
         self._deadlines: list[list[Any]] = []
         self._order = itertools.count()
-        # The managed holds by owner token: liveness is checked per owner, not per hold.
+        # The holds by owner token: liveness is checked per owner, not per hold.
         self._by_token: dict[str, set[Hold]] = {}
         #: (name, owner) -> how many of the owner's multi-lock holds take that name
         self.in_multi: dict[tuple[str, str], int] = {}
@@ -115,11 +115,11 @@ class Holds:
                 if len(heap) > 2 * len(self._table) + 64:
                     self._compact()
                 self._queue((hold,), hold.valid_until)
-                owned = self._by_token.get(hold.token)
-                if owned is None:
-                    self._by_token[hold.token] = {hold}
-                else:
-                    owned.add(hold)
+            owned = self._by_token.get(hold.token)
+            if owned is None:
+                self._by_token[hold.token] = {hold}
+            else:
+                owned.add(hold)
 
     def _forget(self, hold: Hold) -> None:
         """Take ``hold`` off the table (under the lock)."""
@@ -209,19 +209,24 @@ class Holds:
                 and (now is None or h.renew_until is None or h.renew_until > now)
             ]
 
-    def owned_by(self, token: str) -> bool:
-        """Whether an owner with this token has a watchdog-managed hold here."""
+    def ended(self, token: str) -> bool:
+        """The owner of ``token`` ended: its fixed-lease holds are forgotten (nobody can
+        release them: they lapse on the masters); whether it has watchdog-managed holds
+        here (:meth:`take_dead` then releases and reports them)."""
         with self._lock:
+            owned = self._by_token.get(token, ())
+            for h in [h for h in owned if not h.managed]:
+                self._forget(h)
             return token in self._by_token
 
     def take_dead(self, alive: Callable[[str], bool]) -> list[Hold]:
-        """Remove the managed holds whose owner has ended, marked lost, and return them
-        (the watchdog releases them and reports them)."""
+        """Remove the holds whose owner has ended; the managed ones are marked lost and
+        returned (the watchdog releases them and reports them)."""
         dead: list[Hold] = []
         with self._lock:
             for token in [t for t in self._by_token if not alive(t)]:
                 for h in list(self._by_token[token]):
-                    if h.lose("its owner ended while holding it"):
+                    if h.managed and h.lose("its owner ended while holding it"):
                         dead.append(h)
                     self._forget(h)
         return dead

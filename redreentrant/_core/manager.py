@@ -19,6 +19,7 @@ from .keys import validate_name
 from .kinds import EXCLUSIVE, FAIR, READ, UPGRADEABLE, WRITE, LockKind
 from .locking import ReadWriteLock, U
 from .owner import object_token, parse_owner
+from .settings import shortest_lease
 
 log = logging.getLogger(__name__)
 L = TypeVar("L")  # the flavour's lock class
@@ -62,6 +63,12 @@ class ManagerCore(Generic[L, U]):
     @property
     def on_lost(self) -> Callable[[Any], object] | None:
         return self._engine.settings.on_lost
+
+    @property
+    def shortest_lease(self) -> float:
+        """The shortest fixed ``lease=`` an acquire honours, in seconds (about 4 ms): its
+        drift allowance leaves half of it for the round."""
+        return shortest_lease(self._engine.settings.drift_factor)
 
     @property
     def fencing(self) -> bool:

@@ -244,7 +244,7 @@ class WatchdogBase(Generic[R]):
 
     def owner_ended(self, token: str) -> None:
         """An owner (thread or task) ended: free its holds now if it had any here."""
-        if not self._stopping and self._holds.owned_by(token):
+        if self._holds.ended(token) and not self._stopping:
             self._sweep_pending = True  # seen between the chunks of a tick under way
             self._sweep_soon()
 
