@@ -59,7 +59,6 @@ from urllib.parse import quote
 import redis.asyncio
 
 import redreentrant.asyncio
-from redreentrant._core.settings import shortest_lease
 from redreentrant.asyncio import LockLostError, LockNotOwnedError, QuorumUnavailableError
 from redreentrant.compat.managers import async_manager
 
@@ -298,11 +297,10 @@ class Aioredlock:
             raise TypeError(f"resource must be a str, not {type(resource).__name__}")
         mgr = self._manager()
         held = _held_by(mgr)
-        # The fixed leases that ran out and were never unlocked: forget them.
-        for key, stale in list(held.items()):
-            if stale.fixed and not stale.lock.is_owned() and held.get(key) is stale:
-                del held[key]
-                await _release(stale.lock)
+        # The fixed leases that ran out and were never unlocked: forget them (their
+        # owners, collected, end as owners: the manager forgets their holds).
+        for key in [k for k, o in held.items() if o.fixed and not o.lock.is_owned()]:
+            del held[key]
         owner = held.get((resource, lock_identifier))
         if owner is not None:
             try:
@@ -316,7 +314,7 @@ class Aioredlock:
                 raise LockRuntimeError("Can not set lock") from error
         owner = _Owner(mgr, resource)
         owner.fixed = fixed is not None
-        if fixed is not None and fixed < shortest_lease(mgr.drift_factor):
+        if fixed is not None and fixed < mgr.shortest_lease:
             raise LockError("Lock timeout")
         deadline = time.monotonic() + (self.retry_count - 1) * self.retry_delay_max
         tries = 0

@@ -48,7 +48,6 @@ import redis
 
 import redreentrant
 from redreentrant import LockLostError, LockNotOwnedError, QuorumUnavailableError
-from redreentrant._core.settings import shortest_lease
 from redreentrant.compat.managers import sync_manager
 
 __all__ = ["CannotObtainLock", "Lock", "MultipleRedlockException", "Redlock"]
@@ -109,12 +108,13 @@ class _Held:
         with self._guard:
             return self._taken.pop((name, key), None) if isinstance(key, bytes) else None
 
-    def expired(self) -> list[_Taken]:
-        """Remove and return the locks never unlocked whose lease ended."""
+    def forget_expired(self) -> None:
+        """Forget the locks never unlocked whose lease ended (their owners, collected,
+        end as owners: the manager forgets their holds)."""
         now = time.monotonic()
         with self._guard:
-            ended = [k for k, t in self._taken.items() if t.ends <= now]
-            return [self._taken.pop(k) for k in ended]
+            for key in [k for k, t in self._taken.items() if t.ends <= now]:
+                del self._taken[key]
 
 
 _held_lock = threading.Lock()
@@ -200,9 +200,8 @@ class Redlock:
         name = _name(resource)
         mgr = self._manager
         held = _held_by(mgr)
-        for taken in held.expired():
-            _release(taken.lock)
-        if self.retry_count < 1 or ttl / 1000 < shortest_lease(mgr.drift_factor):
+        held.forget_expired()
+        if self.retry_count < 1 or ttl / 1000 < mgr.shortest_lease:
             return False
         owner = _Owner()
         lock = mgr.lock(name, owner=owner)
