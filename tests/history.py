@@ -27,6 +27,11 @@ The events, by ``op`` (others are kept and ignored by the checker):
 ``release``
     ``invoke`` ends the hold once its level reaches 0; a ``fail`` (e.g. ``LockLostError``)
     ends the hold at its ``invoke`` whatever the level.
+``lost``
+    ``ok`` with ``owner``: the library told that owner its hold was lost (``lock.lost``
+    set): it ends the owner's open hold of the lock in that mode, whichever client
+    (thread) recorded it, and only the hold of ``token`` when one is given. Without an
+    ``owner`` (an ``on_lost`` report that does not know it) it ends nothing.
 ``write``
     A write to a fenced resource: ``ok`` with ``token``, ``accepted`` and, when the
     resource reports it, ``seq`` (the resource's own order of writes). The resource is
@@ -56,10 +61,12 @@ from typing_extensions import TypedDict, Unpack
 PHASES = ("invoke", "ok", "fail")
 #: "x" exclusive (plain lock), "r"/"w" the two sides of a read/write lock, "fair" the
 #: fair (FIFO) exclusive lock, "u" the upgradeable side of a read/write lock (see
-#: :func:`upgradeable_violations`), "sem" a permit of a semaphore (see ``permits``).
-MODES = ("x", "r", "w", "fair", "u", "sem")
+#: :func:`upgradeable_violations`), "sem" a permit of a semaphore (see ``permits``),
+#: "lead" the leadership of an election, whose token is the term (see
+#: :func:`leadership_violations`).
+MODES = ("x", "r", "w", "fair", "u", "sem", "lead")
 #: modes whose holds exclude every other owner's hold of the same family
-EXCLUSIVE_MODES = frozenset({"x", "w", "fair"})
+EXCLUSIVE_MODES = frozenset({"x", "w", "fair", "lead"})
 KINDS = (
     "overlap",
     "reader-writer",
@@ -68,6 +75,7 @@ KINDS = (
     "lost-update",
     "upgrade-gap",
     "over-capacity",
+    "term-order",
 )
 
 #: default of :func:`check`'s ``fifo_slack_ns``: 50 ms, a few quorum rounds on loopback
@@ -77,7 +85,8 @@ DEFAULT_FIFO_SLACK_NS = 50_000_000
 
 def family(mode: str) -> str:
     """The lock family of a mode: a name is one lock per family, so an "x" lock and a
-    "fair" lock of the same name never exclude each other, and "r"/"w"/"u" share "rw"."""
+    "fair" lock of the same name never exclude each other (nor an election, "lead", of
+    that name), and "r"/"w"/"u" share "rw"."""
     return "rw" if mode in ("r", "w", "u") else mode
 
 
@@ -340,8 +349,9 @@ class Hold:
     """The time ``[start, end)`` a client held ``lock`` in ``mode``, as it saw it.
 
     ``ended_by`` is ``"release"`` (its last release's invoke, or a failed release's),
-    ``"validity"`` (the reported ``valid_until`` came first, or it was never released)
-    or ``"end-of-history"`` (never released, no ``valid_until``).
+    ``"lost"`` (the owner was told it lost the hold), ``"validity"`` (the reported
+    ``valid_until`` came first, or it was never released) or ``"end-of-history"``
+    (never released, no ``valid_until``).
     """
 
     client: str
@@ -363,7 +373,8 @@ class Hold:
         return self.start < other.end and other.start < self.end
 
     def describe(self, origin: int) -> str:
-        token = "" if self.token is None else f", token {self.token}"
+        label = "term" if self.mode == "lead" else "token"
+        token = "" if self.token is None else f", {label} {self.token}"
         return (
             f"{self.client} (owner {self.owner}{token}) held {self.mode} "
             f"[{_at(self.start, origin)}, {_at(self.end, origin)}) ended by {self.ended_by}"
@@ -485,6 +496,12 @@ def _scan(events: list[Event], end: int) -> _Scan:
                 release_t = e.t if held.last_release_invoke is None else held.last_release_invoke
                 out.holds.append(held.close(release_t, "release"))
                 del open_[key]
+        elif e.op == "lost" and e.phase == "ok" and e.owner is not None:
+            # Told lost: from here the owner holds nothing (its later release fails).
+            for k, held in list(open_.items()):
+                if k[1:] == (e.lock, e.mode, e.owner) and e.token in (None, held.token):
+                    out.holds.append(held.close(e.t, "lost"))
+                    del open_[k]
         elif e.op == "write":
             if e.phase == "invoke":
                 writing[(e.client, e.lock)] = e
@@ -641,6 +658,13 @@ def check(
         Two ``incr`` oks of one counter wrote the same value, or the counter's final value
         (``final_counter``: an int for the only counter of the history, or a mapping from
         counter name to value) differs from its number of ``incr`` oks.
+    ``term-order`` (elections only)
+        A leadership ("lead" hold) whose term is not larger than the term of one that
+        began before it: see :func:`leadership_violations`. The other rules judge
+        leaderships as they judge locks: two leaders at one instant are an ``overlap``,
+        and a write fenced by a term is a ``stale-write`` when the resource accepted it
+        after a write with a larger term (or, with ``late_writes``, after a later leader
+        had begun).
     """
     ordered = sorted(events, key=lambda e: e.t)
     origin = ordered[0].t if ordered else 0
@@ -654,6 +678,7 @@ def check(
     violations += _lost_updates(ordered, final_counter, origin, end_t)
     violations += upgradeable_violations(scan, origin)
     violations += over_capacity(scan.holds, permits, origin)
+    violations += leadership_violations(scan.holds, origin)
     violations.sort(key=lambda v: v.t)
     return Report(violations, scan.holds, len(ordered), origin, end_t)
 
@@ -978,6 +1003,57 @@ def over_capacity(
                         t,
                         f"{len(owners)} owners hold one of {p} permits at {_at(t, origin)}: "
                         + ", ".join(x.describe(origin) for x in inside),
+                    )
+                )
+    return found
+
+
+# -- leader election ----------------------------------------------------------------------
+#
+# Mode "lead" is the leadership of an election: a hold like an exclusive lock's (from the
+# campaign's ok to the resignation's invoke, the loss, or the validity the library
+# reported, whichever comes first), whose token is its term. Exclusion ("overlap") and
+# fenced writes ("stale-write") are judged by the lock rules; the terms' order here.
+
+
+def leadership_violations(holds: list[Hold], origin: int) -> list[Violation]:
+    """The election's own rule (part of :func:`check`): ``term-order``, a leadership
+    whose term is not larger than the term of a leadership of the same election (any
+    process, any owner) that began before it, in the order the holds began.
+
+    Judged as the later one: only a leadership that held for a while (its hold is not
+    empty). A grant recorded after its validity had run out (the process was paused
+    between the grant and its record) has an empty hold, and when it really was granted
+    is not known: it is still judged as the earlier one, since it was granted before it
+    was recorded. Where exclusion holds, the order the non-empty holds began in is the
+    order the masters granted them in, so their terms must grow in it. A leader elected
+    again after it resigned is a new leadership, with a new term; a campaign by the
+    leader (which only proclaims) is no grant, and is not recorded as an acquire.
+    """
+    found: list[Violation] = []
+    groups: dict[str, list[Hold]] = defaultdict(list)
+    for h in holds:
+        if h.mode == "lead" and h.token is not None:
+            groups[h.lock].append(h)
+    for lock, group in groups.items():
+        group.sort(key=lambda h: (h.start, h.end))
+        for i, b in enumerate(group):
+            if b.end <= b.start:
+                continue
+            assert b.token is not None
+            earlier = [a for a in group[:i] if a.start < b.start]
+            if not earlier:
+                continue
+            top = max(earlier, key=lambda a: a.token or 0)
+            assert top.token is not None
+            if top.token >= b.token:
+                found.append(
+                    Violation(
+                        "term-order",
+                        lock,
+                        b.start,
+                        f"[lead] {b.describe(origin)} began after {top.describe(origin)}, "
+                        "but its term is not larger",
                     )
                 )
     return found

@@ -747,3 +747,128 @@ def test_a_killed_permit_holder_counts_until_its_validity_ends() -> None:
         *held("c", 21, 30, mode="sem", owner="C"),
     ]
     assert check(late, permits=2).ok
+
+
+# -- leader election: one leader at a time, growing terms, fenced writes ---------------------
+
+
+def lead(
+    client: str, start: float, end: float | None, term: int, **f: Unpack[Fields]
+) -> list[Event]:
+    """One leadership: campaigned at ``start`` with ``term``, resigned at ``end``."""
+    return held(client, start, end, mode="lead", owner=client.upper(), token=term, **f)
+
+
+def lead_write(client: str, ms: float, term: int, accepted: bool) -> list[Event]:
+    """A write fenced by ``term`` (invoked half a millisecond before its outcome)."""
+    return [
+        ev(client, "write", "invoke", ms - 0.5, mode="lead", token=term),
+        ev(client, "write", "ok", ms, mode="lead", token=term, accepted=accepted),
+    ]
+
+
+def test_two_leaders_at_one_instant_overlap() -> None:
+    report = check([*lead("a", 1, 10, term=1), *lead("b", 5, 15, term=2)])
+    assert report.kinds() == {"overlap"}
+    detail = report.violations[0].detail
+    assert "[lead]" in detail and "a (owner A, term 1) held lead" in detail, detail
+    # A leader ends where the next begins: no overlap, and an election is a lock of its
+    # own (a plain lock of the same name is another family).
+    assert check([*lead("a", 1, 10, term=1), *lead("b", 10, 15, term=2)]).ok
+    assert check([*lead("a", 1, 10, term=1), *held("b", 5, 15, owner="B")]).ok
+
+
+def test_a_killed_leader_leads_until_the_validity_it_reported() -> None:
+    gone = lead("a", 1, None, term=1, valid_until=50 * MS)
+    assert check([*gone, *lead("b", 50, 60, term=2)]).ok
+    report = check([*gone, *lead("b", 49, 60, term=2)])
+    assert report.kinds() == {"overlap"} and "ended by validity" in report.format()
+
+
+def test_a_leader_told_lost_leads_no_more() -> None:
+    told = lead("a", 1, None, term=1, valid_until=100 * MS)
+    successor = lead("b", 30, 40, term=2)
+    lost = ev("a/watch", "lost", "ok", 20, mode="lead", owner="A", token=1)
+    report = check([*told, lost, *successor])
+    assert report.ok, report.format()
+    assert [h.ended_by for h in report.holds] == ["lost", "release"]
+    assert check([*told, *successor]).kinds() == {"overlap"}
+    # A report of another leadership (another term), or of nobody, ends nothing.
+    other = ev("a/watch", "lost", "ok", 20, mode="lead", owner="A", token=7)
+    nobody = ev("a", "lost", "ok", 20, mode="lead")
+    assert check([*told, other, *successor]).kinds() == {"overlap"}
+    assert check([*told, nobody, *successor]).kinds() == {"overlap"}
+
+
+def test_a_new_leaders_term_must_be_larger_than_every_earlier_one() -> None:
+    report = check([*lead("a", 1, 10, term=5), *lead("b", 12, 20, term=3)])
+    assert report.kinds() == {"term-order"}
+    detail = report.violations[0].detail
+    assert "b (owner B, term 3)" in detail and "a (owner A, term 5)" in detail, detail
+    # Equal is not larger.
+    equal = [*lead("a", 1, 10, term=5), *lead("b", 12, 20, term=5)]
+    assert check(equal).kinds() == {"term-order"}
+    # Every earlier one, across processes: c's term is larger than b's, not than a's.
+    report = check(
+        [*lead("a", 1, 10, term=5), *lead("b", 12, 20, term=6), *lead("c", 22, 30, term=5)]
+    )
+    assert report.kinds() == {"term-order"} and "c (owner C, term 5)" in report.format()
+    # The same process elected again is a new leader, with a new term.
+    again = [*held("a", 1, 10, mode="lead", owner="A", token=5)]
+    again += held("a", 12, 20, mode="lead", owner="A", token=5)
+    assert check(again).kinds() == {"term-order"}
+    # Grown in the order the holds began, whatever the order of the records' files.
+    ok = [*lead("b", 12, 20, term=6), *lead("a", 1, 10, term=5), *lead("c", 22, 30, term=9)]
+    assert check(ok).ok
+
+
+def test_a_grant_recorded_after_its_validity_is_judged_only_as_an_earlier_one() -> None:
+    # a was granted term 4, then paused before it recorded the grant: by then its
+    # validity had ended (an empty hold at 30), and b had been granted term 5 meanwhile.
+    late = ev("a", "acquire", "ok", 30, mode="lead", owner="A", token=4, valid_until=30 * MS)
+    paused = [ev("a", "acquire", "invoke", 1, mode="lead"), late]
+    assert check([*paused, *lead("b", 10, 20, term=5)]).ok
+    # Still, a was granted before its record: a later leader needs a larger term.
+    report = check([*paused, *lead("b", 10, 20, term=5), *lead("c", 40, 50, term=3)])
+    assert report.kinds() == {"term-order"} and "c (owner C, term 3)" in report.format()
+
+
+def test_a_deposed_leaders_write_accepted_after_a_later_leaders_is_stale() -> None:
+    a = lead("a", 1, None, term=1, valid_until=10 * MS)
+    b = lead("b", 12, 30, term=2)
+    # (1) the resource accepted term 1 after it had accepted term 2
+    report = check([*a, *b, *lead_write("b", 15, 2, True), *lead_write("a", 20, 1, True)])
+    assert report.kinds() == {"stale-write"}
+    assert "token 1" in report.violations[0].detail
+    # (2) a, paused past its validity, wrote once b led (before b's first write)
+    report = check([*a, *b, *lead_write("a", 14, 1, True), *lead_write("b", 20, 2, True)])
+    assert report.kinds() == {"stale-write"}
+    assert "ended at +9.500ms (validity)" in report.violations[0].detail
+    # Refused, both are fine.
+    refused = [*lead_write("b", 15, 2, True), *lead_write("a", 20, 1, False)]
+    assert check([*a, *b, *refused]).ok
+
+
+def test_a_valid_history_of_leaders_passes() -> None:
+    events = [
+        *lead("a", 1, 10, term=3),  # resigns
+        *lead_write("a", 5, 3, True),
+        *lead("b", 11, None, term=4, valid_until=40 * MS),  # killed: leads until 40
+        *lead_write("b", 12, 4, True),
+        *lead("c", 41, None, term=9, valid_until=90 * MS),  # told lost at 60
+        ev("c/watch", "lost", "ok", 60, mode="lead", owner="C", token=9),
+        *lead_write("c", 42, 9, True),
+        *lead("d", 61, 70, term=10),
+        *lead_write("d", 62, 10, True),
+        *lead_write("c", 65, 9, False),  # c's late write: refused
+        *lead("a", 71, 80, term=11),  # a leads again, with a new term
+    ]
+    report = check(events)
+    assert report.ok, report.format()
+    assert [h.ended_by for h in report.holds] == [
+        "release",
+        "validity",
+        "lost",
+        "release",
+        "release",
+    ]
