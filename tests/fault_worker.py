@@ -6,12 +6,18 @@ Run as ``python fault_worker.py SPEC_JSON``; the spec's keys are documented in
 ``hold`` worker holds the lock, and ``done`` at the end. A ``hold`` worker waits for
 one line on stdin before it writes (with its token) and releases: the test freezes or
 kills it in between.
+
+Kind ``lead`` is a candidate of an election (``mgr.election``): it campaigns (with its
+client name as the value), records the grant with the term as its token, writes under
+the term, and resigns; as a ``hold`` worker it leads until told to go on (or killed),
+and prints ``held TERM`` once it leads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import select
 import sys
 import threading
 import time
@@ -23,7 +29,7 @@ from history import Recorder
 
 import redreentrant
 import redreentrant.asyncio as aio
-from redreentrant import FencedStore, LockError
+from redreentrant import Election, FencedStore, LockError, LockTimeoutError
 
 
 @dataclass
@@ -33,7 +39,7 @@ class Spec:
     resource: str
     #: the lock's name, and kind: "x" lock, "r"/"w" the rw lock's sides, "u" its
     #: upgradeable side (which upgrades to write, see :meth:`Client.upgrade`), "fair",
-    #: "sem" a permit of a semaphore of ``permits``
+    #: "sem" a permit of a semaphore of ``permits``, "lead" the leadership of an election
     lock: str
     kind: str = "x"
     permits: int = 2
@@ -55,7 +61,15 @@ class Spec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-MODE_OF_KIND = {"x": "x", "r": "r", "w": "w", "u": "u", "fair": "fair", "sem": "sem"}
+MODE_OF_KIND = {
+    "x": "x",
+    "r": "r",
+    "w": "w",
+    "u": "u",
+    "fair": "fair",
+    "sem": "sem",
+    "lead": "lead",
+}
 #: kinds whose holds have no fencing token (the upgradeable side: its upgrades have)
 SHARED = ("r", "u", "sem")
 
@@ -75,6 +89,9 @@ class Client:
         self.resource = redis.Redis.from_url(spec.resource)
         self.store = FencedStore(self.resource, f"{{{spec.lock}}}:fenced")
         self.counter = f"{{{spec.lock}}}:counter"
+        #: the owner and term of this process's leadership, for a loss report (the
+        #: ``on_lost`` hook is not told the owner): an election's hold worker leads once
+        self.leading: tuple[str, int] | None = None
 
     def lock(self) -> redreentrant.Lock:
         kind = self.spec.kind
@@ -85,36 +102,64 @@ class Client:
             return self.mgr.fair_lock(self.spec.lock)
         if kind == "sem":
             return self.mgr.semaphore(self.spec.lock, self.spec.permits)
+        if kind == "lead":
+            return self.mgr.election(self.spec.lock)
         return self.mgr.lock(self.spec.lock)
 
     def lost(self, lock: object) -> None:
-        self.rec.ok("lost", self.spec.lock, MODE_OF_KIND[self.spec.kind])
+        mode = MODE_OF_KIND[self.spec.kind]
+        leading = self.leading
+        if leading is None:
+            self.rec.ok("lost", self.spec.lock, mode)
+        else:  # the leader told its leadership is lost: it leads no more (history.py)
+            self.rec.ok("lost", self.spec.lock, mode, owner=leading[0], token=leading[1])
 
-    def acquire(self, rec: Recorder, lock: redreentrant.Lock) -> bool:
+    def grant(self, lock: redreentrant.Lock) -> bool:
+        """Acquire, or campaign (an election, with the client's name as the value):
+        False when the time-out passed first."""
+        if isinstance(lock, Election):
+            try:
+                lock.campaign(self.spec.client, timeout=self.spec.timeout)
+            except LockTimeoutError:
+                return False
+            return True
+        return lock.acquire(timeout=self.spec.timeout, lease=self.spec.lease)
+
+    def acquire(self, rec: Recorder, lock: redreentrant.Lock) -> int | None:
+        """Acquire (recorded); the validity end it reported (monotonic ns), or None."""
         mode = MODE_OF_KIND[self.spec.kind]
         rec.invoke("acquire", self.spec.lock, mode)
         try:
-            got = lock.acquire(timeout=self.spec.timeout, lease=self.spec.lease)
+            got = self.grant(lock)
         except LockError as error:
             rec.fail("acquire", self.spec.lock, mode)
             rec.ok("error", self.spec.lock, mode, owner=type(error).__name__)
             time.sleep(0.02)
-            return False
+            return None
         if not got:
             rec.fail("acquire", self.spec.lock, mode)
-            return False
-        token = lock.token if self.spec.fencing and self.spec.kind not in SHARED else None
+            return None
+        if isinstance(lock, Election):
+            token: int | None = lock.term  # always fenced: the term
+        else:
+            token = lock.token if self.spec.fencing and self.spec.kind not in SHARED else None
         valid_until = time.monotonic_ns() + int(lock.remaining() * 1e9)
         owner = self.mgr.owner_id()
+        if isinstance(lock, Election):
+            assert token is not None
+            self.leading = (owner, token)
         rec.ok("acquire", self.spec.lock, mode, owner=owner, token=token, valid_until=valid_until)
-        return True
+        return valid_until
 
     def release(self, rec: Recorder, lock: redreentrant.Lock) -> None:
         mode = MODE_OF_KIND[self.spec.kind]
         owner = self.mgr.owner_id()
         rec.invoke("release", self.spec.lock, mode, owner=owner)
         try:
-            lock.release()
+            if isinstance(lock, Election):
+                lock.resign()
+            else:
+                lock.release()
         except LockError:
             rec.fail("release", self.spec.lock, mode, owner=owner)
         else:
@@ -134,14 +179,17 @@ class Client:
             if self.spec.kind == "u":
                 self.upgrade(rec, lock)
             return
+        if isinstance(lock, Election):  # the leader's work, fenced by its term
+            self.increment(rec, lock.term, mode, fenced=True)
+            return
         self.increment(rec, lock.token if self.spec.fencing else 0, mode)
 
-    def increment(self, rec: Recorder, token: int, mode: str) -> None:
+    def increment(self, rec: Recorder, token: int, mode: str, fenced: bool = False) -> None:
         value = int(self.resource.get(self.counter) or 0) + 1
         time.sleep(self.spec.work)
         self.resource.set(self.counter, value)
         rec.ok("incr", self.spec.lock, mode, value=value)
-        if self.spec.fencing:
+        if self.spec.fencing or fenced:
             self.fenced_write(rec, token, value)
 
     def upgrade(self, rec: Recorder, lock: Any) -> None:
@@ -175,57 +223,51 @@ class Client:
         accepted = self.store.write(token, value)
         rec.ok("write", self.spec.lock, mode, token=token, accepted=accepted)
 
-    def watch_validity(self, rec: Recorder, lock: redreentrant.Lock, stop: threading.Event) -> None:
-        """Record each renewal the watchdog made (as a later validity end)."""
-        mode = MODE_OF_KIND[self.spec.kind]
-        last = 0
-        while not stop.wait(0.01):
-            remaining = lock.remaining()
-            if remaining <= 0:
-                continue
-            valid_until = time.monotonic_ns() + int(remaining * 1e9)
-            if valid_until > last + 20_000_000:
-                if last:
-                    rec.ok("renew", self.spec.lock, mode, valid_until=valid_until)
-                last = valid_until
+    def note_validity(self, rec: Recorder, lock: redreentrant.Lock, last: int) -> int:
+        """Record a renewal the watchdog made (a validity end later than ``last``, the
+        one known); returns the validity end known now. Called by the owner's own
+        thread: ``remaining()`` is the calling owner's (another thread sees 0)."""
+        remaining = lock.remaining()
+        if remaining <= 0:
+            return last
+        valid_until = time.monotonic_ns() + int(remaining * 1e9)
+        if valid_until <= last + 20_000_000:
+            return last
+        rec.ok("renew", self.spec.lock, MODE_OF_KIND[self.spec.kind], valid_until=valid_until)
+        return valid_until
 
     def loop(self, rec: Recorder) -> None:
         lock = self.lock()
         end = time.monotonic() + self.spec.duration
         while time.monotonic() < end:
-            if not self.acquire(rec, lock):
+            valid_until = self.acquire(rec, lock)
+            if valid_until is None:
                 continue
-            stop = threading.Event()
-            watcher = None
-            if self.spec.lease is None:
-                watcher = threading.Thread(
-                    target=self.watch_validity, args=(rec, lock, stop), daemon=True
-                )
-                watcher.start()
             try:
                 self.work(rec, lock)
+                if self.spec.lease is None:
+                    self.note_validity(rec, lock, valid_until)
             finally:
-                stop.set()
-                if watcher is not None:
-                    watcher.join()
                 self.release(rec, lock)
+                self.leading = None
 
     def hold(self) -> None:
         lock = self.lock()
-        while not self.acquire(self.rec, lock):
-            pass
-        stop = threading.Event()
-        watcher = threading.Thread(
-            target=self.watch_validity, args=(self.rec, lock, stop), daemon=True
-        )
-        watcher.start()
-        token = lock.token if self.spec.fencing and self.spec.kind not in SHARED else 0
+        valid_until = None
+        while valid_until is None:
+            valid_until = self.acquire(self.rec, lock)
+        if isinstance(lock, Election):
+            token = lock.term
+        else:
+            token = lock.token if self.spec.fencing and self.spec.kind not in SHARED else 0
         say(f"held {token}")
-        sys.stdin.readline()  # frozen or killed here by the test, then told to go on
-        if self.spec.fencing and self.spec.kind not in SHARED:
+        # Frozen or killed here by the test, then told to go on; meanwhile the renewals
+        # are recorded, from this thread (the owner's).
+        while not select.select([sys.stdin], [], [], 0.01)[0]:
+            valid_until = self.note_validity(self.rec, lock, valid_until)
+        sys.stdin.readline()
+        if isinstance(lock, Election) or (self.spec.fencing and self.spec.kind not in SHARED):
             self.fenced_write(self.rec, token, -1)
-        stop.set()
-        watcher.join()
         self.release(self.rec, lock)
 
     def thread_dies(self) -> None:

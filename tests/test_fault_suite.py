@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import heal
+from helpers import heal, wait_until
 from history import Event, Report, check, load
 
 from redreentrant import LockManager
@@ -188,6 +188,16 @@ class Run:
 
     def events(self) -> list[Event]:
         return load(sorted(self.tmp.glob("*.jsonl")))
+
+    def wait_lost(self, client: str, limit: float = 10.0) -> None:
+        """Return once ``client`` recorded a loss report (``on_lost``). A holder resumed
+        after a pause is told by its watchdog at once, from a thread of its own: told to
+        go on before that, it could release and end before the report is recorded."""
+        wait_until(
+            lambda: any(e.op == "lost" and e.client == client for e in self.events()),
+            f"{client}'s loss reported",
+            limit,
+        )
 
     def close(self) -> None:
         for w in self.workers:
@@ -510,6 +520,7 @@ def test_holder_paused_past_its_lease(run: Run) -> None:
         w.finish()
     holder.signal(signal.SIGCONT)
     run.mark("sigcont")
+    run.wait_lost("holder")
     holder.send("go")  # it writes with its old token, then releases
     holder.finish()
     events = run.events()
@@ -807,6 +818,7 @@ def test_upgradeable_holder_paused_past_its_lease(run: Run) -> None:
         w.finish(timeout=30)
     holder.signal(signal.SIGCONT)
     run.mark("sigcont")
+    run.wait_lost("holder")
     holder.go()
     events = run.events()
     report = judge(run)
@@ -956,6 +968,7 @@ def test_semaphore_holder_paused_past_its_lease(run: Run) -> None:
         w.finish(timeout=30)
     holder.signal(signal.SIGCONT)
     run.mark("sigcont")
+    run.wait_lost("holder")
     holder.go()
     events = run.events()
     report = judge_permits(run)
@@ -972,3 +985,152 @@ def test_semaphore_holder_paused_past_its_lease(run: Run) -> None:
     )
     assert report.ok, report.format()
     assert released[-1].phase == "fail" and lost
+
+
+# -- leader election: one leader at a time, terms that only grow --------------------------
+#
+# The candidates are "lead" workers: each campaigns (its client name as the value),
+# increments the counter and writes to the fenced store under its term, and resigns. The
+# checker judges leaderships as exclusive holds whose token is the term: no two leaders
+# at one instant, every new leader's term larger than every earlier one's ("term-order"),
+# no write under a smaller term accepted after one under a larger term.
+
+
+def terms_of(events: list[Event]) -> list[int]:
+    """The terms of the grants, in the order they were recorded."""
+    return [
+        e.token
+        for e in events
+        if e.op == "acquire" and e.phase == "ok" and e.mode == "lead" and e.token is not None
+    ]
+
+
+def leaders_of(events: list[Event]) -> set[str]:
+    """The clients that led at least once."""
+    return {e.client.split("/")[0] for e in events if e.op == "acquire" and e.phase == "ok"}
+
+
+ELECTION_FAULTS = {
+    "none": "no fault",
+    "minority killed": "2 of 5 masters killed, restarted empty after 0.8 s",
+    "minority frozen": "SIGSTOP 2 of 5 masters for 1 s",
+}
+
+
+@pytest.mark.parametrize("fault", list(ELECTION_FAULTS))
+def test_election_under_faults(run: Run, masters: LocalEnsemble, fault: str) -> None:
+    workers = contend(run, kind="lead", duration=2.5)
+    if fault == "minority killed":
+
+        def kill() -> None:
+            run.mark("kill")
+            masters[0].kill()
+            masters[1].kill()
+
+        during(0.6, kill, lambda: (masters[0].start(), masters[1].start()), 0.8)
+    elif fault == "minority frozen":
+        during(
+            0.6,
+            lambda: (masters[3].pause(), masters[4].pause()),
+            lambda: (masters[3].resume(), masters[4].resume()),
+            1.0,
+        )
+    for w in workers:
+        w.finish(timeout=30)
+    events = run.events()
+    report = judge(run)
+    terms = terms_of(events)
+    leaders = leaders_of(events)
+    record(
+        run,
+        f"election: 4 candidate processes; {ELECTION_FAULTS[fault]}",
+        "one leader at a time; terms grow; no stale fenced write",
+        report,
+        ("no violation" if report.ok else report.summary())
+        + f"; {len(terms)} terms, {len(leaders)} leaders",
+    )
+    assert report.ok, report.format()
+    assert len(terms) > 10 and len(leaders) > 1, (terms, leaders)  # progress, handed on
+
+
+def test_election_leader_paused_past_its_lease(run: Run) -> None:
+    # The leader is frozen (SIGSTOP) past its lease; the others lead meanwhile and write
+    # under their terms. Resumed, it writes under its old term (refused by the store),
+    # and its resignation finds the leadership lost.
+    leader = run.worker("holder", kind="lead", mode="hold")
+    leader.expect("ready")
+    old = int(leader.expect("held").split()[1])
+    leader.signal(signal.SIGSTOP)
+    run.mark("sigstop")
+    others = contend(run, clients=2, kind="lead", duration=LEASE + 1.5)
+    for w in others:
+        w.finish(timeout=30)
+    leader.signal(signal.SIGCONT)
+    run.mark("sigcont")
+    run.wait_lost("holder")
+    leader.go()  # it writes under its old term, then resigns
+    events = run.events()
+    report = judge(run, late_writes=True)
+    late = [e for e in events if e.op == "write" and e.client == "holder" and e.phase == "ok"]
+    resigned = [e for e in events if e.op == "release" and e.client == "holder"]
+    lost = [e for e in events if e.op == "lost" and e.client == "holder"]
+    newer = [t for t in terms_of(events) if t != old]
+    outcome = record(
+        run,
+        "election: the leader SIGSTOPped past its lease, 2 other candidates lead",
+        "leadership reported lost; its late fenced write refused; one leader at a time",
+        report,
+        f"late write {'refused' if late and not late[0].accepted else 'ACCEPTED'};"
+        f" resign {'raised LockLostError' if resigned[-1].phase == 'fail' else 'passed'};"
+        f" loss {'reported' if lost else 'NOT reported'}; {len(newer)} later terms",
+        detect=("sigcont", "holder"),
+    )
+    assert report.ok, report.format()
+    assert newer and min(newer) > old, (old, newer)
+    assert late and late[0].accepted is False, "the deposed leader's late write was accepted"
+    assert resigned[-1].phase == "fail"  # LockLostError
+    assert lost and lost[0].owner is not None, "the leader's loss was not reported"
+    assert outcome.detect_ms is not None
+
+
+def test_election_with_a_minority_restarted_empty(run: Run, masters: LocalEnsemble) -> None:
+    # A minority of masters crashes and comes back at once, empty (no persistence): the
+    # election's counters are gone there. Terms must still grow (or a campaign raises
+    # FencingError), first while a leader leads, then again while candidates contend.
+    leader = run.worker("holder", kind="lead", mode="hold")
+    leader.expect("ready")
+    old = int(leader.expect("held").split()[1])
+
+    def restart(servers: list[LocalServer]) -> None:
+        run.mark(f"restart {len(run.faults)}")
+        for s in servers:
+            s.kill()
+        for s in servers:
+            s.start()
+
+    restart(masters.servers[:2])
+    leader.go()  # it writes under its term and resigns
+    workers = contend(run, kind="lead", duration=2.0)
+    time.sleep(0.8)
+    restart(masters.servers[2:4])
+    for w in workers:
+        w.finish(timeout=30)
+    events = run.events()
+    report = judge(run)
+    errors = errors_of(events)
+    later = [t for t in terms_of(events) if t != old]
+    record(
+        run,
+        "election: 2 of 5 masters restarted empty at once, twice (the leader's, then"
+        " during contention)",
+        "terms grow (or FencingError, never a smaller term); one leader at a time",
+        report,
+        ("no violation" if report.ok else report.summary())
+        + f"; {len(later)} later terms; {errors.get('FencingError', 0)} FencingError",
+    )
+    assert report.ok, report.format()
+    assert later and min(later) > old, (old, later)
+    after = run.faults["restart 1"]
+    assert any(e.op == "acquire" and e.phase == "ok" and e.t > after for e in events), (
+        "no leader after the second restart"
+    )
