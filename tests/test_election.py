@@ -25,6 +25,7 @@ from redreentrant import (
     LockManager,
     LockNotOwnedError,
     LockTimeoutError,
+    ManagerClosedError,
 )
 from redreentrant._core.kinds import ELECTION
 from redreentrant.testing import LocalEnsemble
@@ -332,3 +333,34 @@ def test_asyncio_cancel_on_loss_cancels_the_leading_task(ensemble: LocalEnsemble
 
     assert run(main()) == "lost"
     ensemble.flushall()
+
+
+def test_closing_the_manager_stops_its_observers(masters: list[str]) -> None:
+    errors: list[BaseException] = []
+    mgr = LockManager(masters, lease=5.0)
+    observer = mgr.election("closing").observe()
+    assert next(observer) is None
+
+    def observe() -> None:
+        try:
+            next(observer)
+        except BaseException as error:
+            errors.append(error)
+
+    t = threading.Thread(target=observe)
+    t.start()
+    mgr.close()
+    t.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], ManagerClosedError)
+
+
+def test_an_observer_that_starts_under_a_leader_reports_it_once(masters: list[str]) -> None:
+    with LockManager(masters, lease=5.0) as a, LockManager(masters, lease=5.0) as b:
+        e = a.election("once")
+        e.campaign(value=b"a")
+        observer = b.election("once").observe()
+        first = next(observer)
+        assert first is not None and first.value == b"a"
+        e.resign()
+        assert next(observer) is None  # the next report is the change, not a repeat
+        observer.close()

@@ -216,8 +216,10 @@ class Observation:
         if not self._started:
             self._started = True
             yield from self._read()
+            self._ready.clear()  # the first read is the answer, reported once
             return self._last
         while not self._ready:
+            engine.check_open()  # a closed manager wakes its observers, which stop
             for i, data in (yield Messages(self.channel, self.observer)):
                 self._count(i, data)
             if self._ready:
