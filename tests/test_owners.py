@@ -160,3 +160,24 @@ def test_a_collected_owners_fixed_lease_hold_is_forgotten_and_lapses(
         gc.collect()
         wait_until(lambda: not m._engine.holds.all(), "the hold forgotten")
         wait_until(lambda: not lock_keys(ensemble), "lapsed on the masters")
+
+
+def test_asyncio_a_release_cancelled_mid_round_frees_the_lock_and_is_cancelled(
+    masters: list[str],
+) -> None:
+    async def main() -> None:
+        async with ra.LockManager(masters, lease=5.0) as m:
+            request = Request()
+            lock = m.lock("cancelled-release", owner=request)
+            for _ in range(5):
+                assert await lock.acquire()
+                releasing = asyncio.create_task(lock.release())
+                await asyncio.sleep(0)  # the release's round is under way
+                releasing.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await releasing
+                assert not lock.is_owned()
+                assert await m.lock("cancelled-release").acquire(blocking=False)
+                await m.lock("cancelled-release").release()
+
+    run(main())

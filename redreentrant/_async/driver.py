@@ -65,6 +65,12 @@ class AsyncDriver:
                 effect = steps.send(result)
         except StopIteration as stop:
             value: T = stop.value
+        except Exception:
+            if held_back is not None:
+                # Cancelled meanwhile: the caller sees its cancellation. (A release
+                # sent again finds that its first send freed the lock: a "loss".)
+                raise held_back from None
+            raise
         finally:
             self._active.discard(steps)
             for channel, owner in watched:
