@@ -49,8 +49,6 @@ What maps onto what:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import inspect
 import logging
 import math
@@ -165,9 +163,9 @@ class RedisPyToken:
 
 class _Registry:
     """One manager's tokens that hold (or held, until released): ``(name, token)`` ->
-    owner. Entries whose validity ran out without a release are swept (and released,
-    which frees the manager's record of them) once the table doubled since its last
-    sweep."""
+    owner. Entries whose validity ran out without a release are dropped once the table
+    doubled since it was last looked through: their owners are then collected, and the
+    manager forgets their holds (which lapsed on the masters)."""
 
     def __init__(self) -> None:
         self.owners: dict[tuple[str, bytes], RedisPyToken] = {}
@@ -190,39 +188,22 @@ def _lookup(mgr: object, name: str, token: bytes) -> RedisPyToken | None:
     return _registry(mgr).owners.get((name, token))
 
 
-def _register(mgr: object, name: str, token: bytes, owner: RedisPyToken) -> list[RedisPyToken]:
-    """Record ``owner`` as the holder of ``token``; returns the lapsed owners swept,
-    for the caller to release."""
+def _register(mgr: object, name: str, token: bytes, owner: RedisPyToken) -> None:
+    """Record ``owner`` as the holder of ``token`` (dropping lapsed entries: see
+    :class:`_Registry`)."""
     registry = _registry(mgr)
     with _guard:
         owners = registry.owners
         owners[(name, token)] = owner
-        if len(owners) < registry.limit:
-            return []
-        lapsed = [key for key, o in owners.items() if o.lock.remaining() <= 0]
-        swept = [owners.pop(key) for key in lapsed]
-        registry.limit = max(256, 2 * len(owners))
-        return swept
+        if len(owners) >= registry.limit:
+            for key in [key for key, o in owners.items() if o.lock.remaining() <= 0]:
+                del owners[key]
+            registry.limit = max(256, 2 * len(owners))
 
 
 def _unregister(mgr: object, name: str, token: bytes) -> RedisPyToken | None:
     with _guard:
         return _registry(mgr).owners.pop((name, token), None)
-
-
-async def _uncancelled(release: Coroutine[Any, Any, None]) -> None:
-    """Run ``release`` to its end in a task of its own: a cancellation of the caller is
-    passed on once it ended, and never interrupts its round (the core would send an
-    interrupted release again, and judge the lock lost by the reply to the second)."""
-    task = asyncio.ensure_future(release)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        with contextlib.suppress(BaseException):
-            await asyncio.wait([task])
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: the cancellation is what the caller gets
-        raise
 
 
 class _ThreadLocal(threading.local):
@@ -371,9 +352,7 @@ class Lock(_Common):
         if not got:
             return False
         self.local.token = token_b
-        for lapsed in _register(mgr, self._key, token_b, owner):
-            with contextlib.suppress(redreentrant.LockError):
-                lapsed.lock.release()
+        _register(mgr, self._key, token_b, owner)
         return True
 
     def locked(self) -> bool:
@@ -522,9 +501,7 @@ class AsyncLock(_Common):
         if not got:
             return False
         self.local.token = token_b
-        for lapsed in _register(mgr, self._key, token_b, owner):
-            with contextlib.suppress(redreentrant.LockError):
-                await lapsed.lock.release()
+        _register(mgr, self._key, token_b, owner)
         return True
 
     async def locked(self) -> bool:
@@ -554,7 +531,7 @@ class AsyncLock(_Common):
             raise self._not_owned()
         valid = owner.lock.is_owned()  # else removed where it is left, and not owned
         try:
-            await _uncancelled(owner.lock.release())
+            await owner.lock.release()
         except (redreentrant.LockNotOwnedError, redreentrant.LockLostError) as error:
             raise self._not_owned() from error
         except redreentrant.QuorumUnavailableError as error:
