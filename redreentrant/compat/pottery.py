@@ -52,7 +52,6 @@ connections (pottery starts a thread pool per call).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import random
@@ -69,7 +68,6 @@ import redreentrant
 import redreentrant.asyncio
 from redreentrant.compat import managers
 from redreentrant.errors import (
-    LockError,
     LockLostError,
     LockNotOwnedError,
     QuorumUnavailableError,
@@ -275,7 +273,7 @@ class Redlock(_Base):
     ``context_manager_timeout``).
     """
 
-    __slots__ = ("_lock", "_orphans")
+    __slots__ = ("_lock",)
 
     def __init__(
         self,
@@ -298,26 +296,14 @@ class Redlock(_Base):
             context_manager_timeout,
         )
         self._lock: redreentrant.Lock | None = None
-        self._orphans: list[tuple[redreentrant.Lock, _Owner]] = []
 
     def _start(self, mgr: redreentrant.LockManager) -> redreentrant.Lock:
         """A new owner for a new acquire; the hold of the one before, if any, is left
-        to run out with its lease."""
-        if self._lock is not None and self._lock.hold_count:
-            self._orphans.append((self._lock, cast(_Owner, self._owner)))
-        self._prune()
+        to run out with its lease (its owner is dropped: the manager forgets it)."""
         self._owner = _Owner()
         self._lock = mgr.lock(self._name, owner=self._owner)
         self._extension_num = 0
         return self._lock
-
-    def _prune(self) -> None:
-        """Forget the left holds whose validity ended (a release, which is refused or
-        frees what is left on the masters)."""
-        for entry in [e for e in self._orphans if e[0].remaining() <= 0]:
-            with contextlib.suppress(LockError):
-                entry[0].release()
-            self._orphans.remove(entry)
 
     def acquire(
         self,
@@ -397,8 +383,6 @@ class Redlock(_Base):
             except (LockNotOwnedError, LockLostError):
                 pass
             else:
-                if self._orphans:
-                    self._prune()
                 return
         raise ReleaseUnlockedLock(self.key, self.masters, redis_errors=errors)
 
@@ -462,7 +446,7 @@ class AIORedlock(_Base):
     ``async with lock:`` takes and releases it. Any task may release what another
     task of this object acquired (the owner is the object)."""
 
-    __slots__ = ("_lock", "_orphans")
+    __slots__ = ("_lock",)
 
     def __init__(
         self,
@@ -488,24 +472,13 @@ class AIORedlock(_Base):
             context_manager_timeout,
         )
         self._lock: redreentrant.asyncio.Lock | None = None
-        self._orphans: list[tuple[redreentrant.asyncio.Lock, _Owner]] = []
 
     async def _start(self, mgr: redreentrant.asyncio.LockManager) -> redreentrant.asyncio.Lock:
         """See :meth:`Redlock._start`."""
-        if self._lock is not None and self._lock.hold_count:
-            self._orphans.append((self._lock, cast(_Owner, self._owner)))
-        await self._prune()
         self._owner = _Owner()
         self._lock = mgr.lock(self._name, owner=self._owner)
         self._extension_num = 0
         return self._lock
-
-    async def _prune(self) -> None:
-        """See :meth:`Redlock._prune`."""
-        for entry in [e for e in self._orphans if e[0].remaining() <= 0]:
-            with contextlib.suppress(LockError):
-                await entry[0].release()
-            self._orphans.remove(entry)
 
     async def acquire(
         self,
@@ -577,8 +550,6 @@ class AIORedlock(_Base):
             except (LockNotOwnedError, LockLostError):
                 pass
             else:
-                if self._orphans:
-                    await self._prune()
                 return
         raise ReleaseUnlockedLock(self.key, self.masters, redis_errors=errors)
 
