@@ -84,6 +84,20 @@ def urls(ensemble: LocalEnsemble) -> list[str]:
     return ensemble.urls
 
 
+@pytest.fixture(params=[1, 5], ids=["one-master", "five-masters"])
+def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> list[str]:
+    """One master, then five: a test that takes them runs on both."""
+    urls: list[str] = ensemble.urls[: request.param]
+    return urls
+
+
+@pytest.fixture
+def mgr(masters: list[str]) -> Iterator[LockManager]:
+    """A manager of :func:`masters` with a 5 s lease."""
+    with LockManager(masters, lease=5.0) as m:
+        yield m
+
+
 @pytest.fixture
 def manager(urls: list[str]) -> Iterator[LockManager]:
     with LockManager(urls, lease=5.0) as mgr:

@@ -31,11 +31,6 @@ from redreentrant.testing import LocalEnsemble
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=[1, 5], ids=["one", "five"])
-def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> list[str]:
-    return ensemble.urls[: request.param]
-
-
 def in_loop(masters: list[str], test: Callable[[], Awaitable[None]]) -> None:
     """Run ``test`` in an event loop of its own, and close the loop's shared manager."""
 

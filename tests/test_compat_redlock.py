@@ -39,11 +39,6 @@ def held(urls: list[str], name: str) -> bool:
     return managers.sync_manager(urls).lock(name).locked()
 
 
-@pytest.fixture(params=[1, 5], ids=["one", "five"])
-def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> list[str]:
-    return ensemble.urls[: request.param]
-
-
 # -- what a program sees -----------------------------------------------------------------
 
 

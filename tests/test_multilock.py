@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -26,17 +25,6 @@ from redreentrant._core.keys import lock_key
 from redreentrant.testing import LocalEnsemble
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(params=[1, 5], ids=["one-master", "five-masters"])
-def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> list[str]:
-    return ensemble.urls[: request.param]
-
-
-@pytest.fixture
-def mgr(masters: list[str]) -> Iterator[LockManager]:
-    with LockManager(masters, lease=5.0) as m:
-        yield m
 
 
 def holders(urls: list[str], name: str) -> list[set[bytes]]:

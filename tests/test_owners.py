@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from collections.abc import Iterator
 
 import pytest
 from helpers import drop_counters, lock_keys, run, wait_until
@@ -22,17 +21,6 @@ pytestmark = pytest.mark.integration
 
 class Request:
     """An application's object that owns locks."""
-
-
-@pytest.fixture(params=[1, 5], ids=["one-master", "five-masters"])
-def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> list[str]:
-    return ensemble.urls[: request.param]
-
-
-@pytest.fixture
-def mgr(masters: list[str]) -> Iterator[LockManager]:
-    with LockManager(masters, lease=5.0) as m:
-        yield m
 
 
 def in_thread(fn: object) -> None:

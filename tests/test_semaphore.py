@@ -10,7 +10,6 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,6 @@ from redreentrant._core.keys import aux_key
 from redreentrant.testing import LocalEnsemble
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(params=[1, 5], ids=["one-master", "five-masters"])
-def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> list[str]:
-    return ensemble.urls[: request.param]
-
-
-@pytest.fixture
-def mgr(masters: list[str]) -> Iterator[LockManager]:
-    with LockManager(masters, lease=5.0) as m:
-        yield m
 
 
 class Gauge:

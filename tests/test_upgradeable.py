@@ -33,16 +33,10 @@ from redreentrant import (
     UpgradeableReadLock,
 )
 from redreentrant._core.keys import aux_key
-from redreentrant.testing import LocalEnsemble
 
 #: long enough that only a wake-up, never a lease's end or a waiter's periodic retry
 #: (a third of the lease at the soonest), ends a wait within the tests' bounds
 LONG = 60.0
-
-
-@pytest.fixture(params=[1, 5], ids=["1-master", "5-masters"])
-def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> list[str]:
-    return ensemble.urls[: request.param]
 
 
 def rw_keys(name: str) -> tuple[str, str, str]:
