@@ -66,6 +66,11 @@ PUBLIC_MODULES = (
     "redreentrant.testing.faults",
     "redreentrant.testing.plugin",
     "redreentrant.testing.proxy",
+    "redreentrant.compat.redis_py",
+    "redreentrant.compat.pottery",
+    "redreentrant.compat.redis_lock",
+    "redreentrant.compat.aioredlock",
+    "redreentrant.compat.redlock",
 )
 
 
