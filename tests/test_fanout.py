@@ -22,6 +22,7 @@ from redreentrant._async.transport import AsyncTransport
 from redreentrant._core import fanout as io
 from redreentrant._core.effects import UNREAD, Call, Early, Fanout
 from redreentrant._core.fanout import FanoutProtocol
+from redreentrant._core.health import IDLE_CHECK
 from redreentrant._core.scripts import ACQUIRE, LOCK_SCRIPTS, RELEASE
 from redreentrant._core.transport import packing
 from redreentrant._sync.transport import SyncTransport
@@ -79,6 +80,13 @@ class Master:
             conn.held.clear()
             conn.woken()
 
+    def hang_up(self) -> None:
+        """The master closes its connections (a restart, an idle time-out): what is
+        sent on them is lost, and a read finds the stream closed."""
+        for conn in self.conns:
+            conn.hung_up = True
+            conn.woken()
+
     def strike(self, where: str) -> None:
         if self.interrupt is not None and self.interrupt[0] == where:
             error = self.interrupt[1]
@@ -95,6 +103,7 @@ class Conn:
         self.queue: collections.deque[object] = collections.deque()
         self.held: collections.deque[object] = collections.deque()
         self.closed = False
+        self.hung_up = False
         master.conns.append(self)
 
     def pack_commands(self, commands: Any) -> list[tuple[object, ...]]:
@@ -104,6 +113,8 @@ class Conn:
         self.master.strike("send")
         if self.closed or self.master.mode == "broken":
             raise RedisConnectionError("connection broken")
+        if self.hung_up:
+            return  # into the socket's buffer, never read by the master
         for command in packed:
             reply = self.master.run(command)
             (self.held if self.master.mode == "silent" else self.queue).append(reply)
@@ -112,6 +123,8 @@ class Conn:
         self.master.strike("read")
         if self.closed or self.master.mode == "broken":
             raise RedisConnectionError("connection broken")
+        if self.hung_up:
+            raise RedisConnectionError("Connection closed by server.")
         reply = self.queue.popleft()
         if isinstance(reply, Exception):
             raise reply
@@ -127,10 +140,10 @@ class SyncConn(Conn):
 
     def can_read(self, timeout: float = 0) -> bool:
         self.master.strike("read")
-        return bool(self.queue) or self.closed or self.master.mode == "broken"
+        return bool(self.queue) or self.closed or self.hung_up or self.master.mode == "broken"
 
     def read_response(self, disconnect_on_error: bool = True) -> object:
-        if not self.queue and not self.closed and self.master.mode != "broken":
+        if not (self.queue or self.closed or self.hung_up or self.master.mode == "broken"):
             raise redis.TimeoutError("no reply")
         return self._take()
 
@@ -150,7 +163,7 @@ class AsyncConn(Conn):
         self, timeout: float | None = None, disconnect_on_error: bool = True
     ) -> object:
         assert timeout == math.inf  # the transport bounds its reads itself
-        while not self.queue and not self.closed and self.master.mode != "broken":
+        while not (self.queue or self.closed or self.hung_up or self.master.mode == "broken"):
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         return self._take()
@@ -391,6 +404,21 @@ def test_a_broken_connection_is_given_back_and_the_next_round_connects_afresh(
     assert h.masters[1].connects == 2
 
 
+@pytest.mark.parametrize("size", [1, 3])
+def test_connections_the_master_closed_while_idle_are_replaced_before_a_round(
+    harness: Any, size: int
+) -> None:
+    h = harness(size)
+    h.round(release(size))
+    h.masters[0].hang_up()  # a restart, an idle time-out: the kept connection is dead
+    h.protocol.masters[0].answered_at -= IDLE_CHECK  # idle that long
+    assert h.round(release(size)) == [[[1, 1]]] * size  # replaced: it keeps its vote
+    assert h.masters[0].connects == 2
+    assert [c.closed for c in h.masters[0].released] == [True]
+    assert h.round(release(size)) == [[[1, 1]]] * size
+    assert h.masters[0].connects == 2
+
+
 def test_an_interrupted_round_leaves_its_connections_behind_in_step(harness: Any) -> None:
     h = harness(2)
     for m in h.masters:
@@ -475,6 +503,7 @@ def test_a_round_sends_to_kept_connections_before_it_connects_the_missing_ones()
     masters = [Client(SyncPool(Master(i), SyncConn)) for i in range(3)]
     protocol = FanoutProtocol(masters, TIMEOUT, 1.0, packing, redis.TimeoutError)
     protocol.masters[0].idle.append(SyncConn(Master(0)))
+    protocol.masters[0].answered_at = 0.0
     steps = protocol.steps(release(3), lambda: 0.0)
     effect = next(steps)
     assert effect[0] == io.SEND and [s[0] for s in effect[1]] == [0]

@@ -22,6 +22,7 @@ import redreentrant._core.fanout as fanout
 import redreentrant.asyncio as ra
 from redreentrant import LockManager, QuorumUnavailableError
 from redreentrant._core.fanout import FanoutRound
+from redreentrant._core.health import IDLE_CHECK
 from redreentrant.testing import LocalEnsemble
 
 TIMEOUT = 0.3  # master_timeout
@@ -183,6 +184,41 @@ def test_asyncio_a_frozen_single_master_is_waited_for_once_then_rejoins(
             await take_and_release(lock, "the master did not rejoin")
             ensemble[0].restart()
             await take_and_release(lock, "the restarted master was not reconnected to")
+
+    asyncio.run(main())
+    assert lock_keys(ensemble) == {}
+
+
+def kill_clients(ensemble: LocalEnsemble) -> None:
+    """The master closes every connection but this one's (as an idle time-out would)."""
+    with redis.Redis.from_url(ensemble[0].url) as r:
+        r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+
+
+def test_a_connection_the_master_closed_while_idle_costs_no_try(ensemble: LocalEnsemble) -> None:
+    with LockManager([ensemble[0].url], master_timeout=TIMEOUT) as mgr:
+        lock = mgr.lock("idle")
+        with lock:
+            pass
+        kill_clients(ensemble)
+        time.sleep(IDLE_CHECK * 1.2)
+        assert lock.acquire(blocking=False)  # not QuorumUnavailableError
+        lock.release()
+    assert lock_keys(ensemble) == {}
+
+
+def test_asyncio_a_connection_the_master_closed_while_idle_costs_no_try(
+    ensemble: LocalEnsemble,
+) -> None:
+    async def main() -> None:
+        async with ra.LockManager([ensemble[0].url], master_timeout=TIMEOUT) as mgr:
+            lock = mgr.lock("idle")
+            async with lock:
+                pass
+            kill_clients(ensemble)
+            await asyncio.sleep(IDLE_CHECK * 1.2)
+            assert await lock.acquire(blocking=False)
+            await lock.release()
 
     asyncio.run(main())
     assert lock_keys(ensemble) == {}

@@ -31,6 +31,10 @@ becomes of a master that stops answering is decided here:
   sent). A suspect rejoins as soon as it answers: when its owed replies have come in
   (checked without waiting at the start of every round), or when a probe (a PING on a
   fresh connection, in the background, at most every ``probe_interval``) is answered.
+- A master that has not answered for :data:`~.health.IDLE_CHECK` has its idle
+  connections looked at, without waiting, before a round sends on them: one the master
+  closed meanwhile (a restart, an idle time-out, ``CLIENT KILL``) is replaced by a new
+  one instead of failing the round.
 - A master that answers NOSCRIPT (restarted or flushed while a connection was kept) is
   sent ``SCRIPT LOAD`` and the calls again, pipelined on the same connection.
 - A round interrupted (an asyncio cancellation, a ``KeyboardInterrupt``) leaves its
@@ -49,7 +53,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from .cluster import Endpoints, NodeCommands, NodeRound, route
 from .effects import UNREAD, Call, Early, Fanout, Reply
-from .health import Behind, MasterHealth, suspect_error_text
+from .health import IDLE_CHECK, Behind, MasterHealth, suspect_error_text
 from .masters import master_name
 from .packing import WireCache, evalsha_args, pack_calls, preload_commands
 from .scripts import LOCK_SCRIPTS
@@ -288,7 +292,8 @@ class FanoutProtocol:
         if len(calls) != 1 or len(calls[0]) != 1 or self.ends.clustered:
             return None
         m = self.masters[0]
-        if m.behind or m.suspect_since is not None:
+        now = clock()
+        if m.behind or m.suspect_since is not None or now - m.answered_at > IDLE_CHECK:
             return None
         try:
             conn = m.idle.pop()  # list.pop is atomic: safe across threads
@@ -298,7 +303,7 @@ class FanoutProtocol:
         packed = pack_calls(
             calls[0], packing[0], packing[1], None if fanout.cleanup else self._wire
         )
-        return conn, packed, clock()
+        return conn, packed, now
 
     def lone_answer(
         self,
@@ -320,6 +325,7 @@ class FanoutProtocol:
         if failed is None:  # the usual case, settled here
             m = self.masters[0]
             m.suspect_since = None  # it answered
+            m.answered_at = lone[2]
             m.idle.append(lone[0])
         else:
             replies = self._settle(0, lone[0], None, 1, lone[2], got, clock)
@@ -389,6 +395,8 @@ class FanoutProtocol:
                 elif m.suspect_since is not None:
                     yield from self._suspect(fan, i, now, clock)
                 else:
+                    if m.idle and now - m.answered_at > IDLE_CHECK:
+                        yield from self._check_idle(i, now)
                     try:
                         conn = m.idle.pop()
                     except IndexError:
@@ -426,6 +434,7 @@ class FanoutProtocol:
                     if failed is None:  # the usual case, settled here
                         m = self.masters[i]
                         m.suspect_since = None  # it answered
+                        m.answered_at = at
                         m.idle.append(conn)
                         fan.answered(i, replies)
                         continue
@@ -514,6 +523,7 @@ class FanoutProtocol:
         m = self.masters[i]
         if failed is None:
             m.suspect_since = None  # it answered
+            m.answered_at = at
             m.idle.append(conn)
             return replies
         if failed.kind != BROKEN:
@@ -523,6 +533,31 @@ class FanoutProtocol:
             if failed.kind == STOPPED:
                 raise failed.error
         return read_failed(replies, count, failed.error)
+
+    def _check_idle(self, i: int, now: float) -> Steps[None]:
+        """Endpoint ``i`` has not answered for :data:`~.health.IDLE_CHECK`: its idle
+        connections are looked at without waiting. One the master closed meanwhile
+        breaks (the transport drops it); one with anything to read is out of step, and
+        is dropped."""
+        m = self.masters[i]
+        good = []
+        try:
+            for _ in range(len(m.idle)):
+                try:
+                    conn = m.idle.pop()
+                except IndexError:
+                    break
+                replies, failed = yield (READ, i, conn, 1, None)
+                if failed is not None and failed.kind == STOPPED:
+                    good.append(conn)  # nothing was read
+                    raise failed.error
+                if failed is not None and failed.kind == LATE and not replies:
+                    good.append(conn)  # nothing came: open, and in step
+                elif failed is None or failed.kind != BROKEN:
+                    yield (DROP, i, conn)
+        finally:
+            m.idle += good
+        m.answered_at = now
 
     def _catch_up(self, i: int, behind: Behind, now: float) -> Steps[Behind | None]:
         """``behind`` (a connection of endpoint ``i``, due a catch-up: see

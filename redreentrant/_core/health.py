@@ -18,6 +18,12 @@ MAX_OWED = 128
 #: owes must be before a round first reads what came on it (see MasterHealth.catch_up_due)
 CATCH_UP_AFTER = 0.25
 
+#: how long (seconds) a master may go without answering before a round looks, without
+#: waiting, whether its idle connections were closed meanwhile (a restart, an idle
+#: time-out of the server or a proxy, CLIENT KILL): those are replaced before the round
+#: sends, so a closed connection does not cost the master its vote
+IDLE_CHECK = 1.0
+
 
 class Behind:
     """A connection that still owes replies: they are read, and dropped, before the
@@ -92,6 +98,9 @@ class MasterHealth:
     #: how its connections pack commands (they all come from one pool): found on the
     #: first one a round packs for (see :func:`~.transport.packing`)
     packing: Any = None
+    #: when it last answered, or its idle connections were checked (monotonic clock):
+    #: see :data:`IDLE_CHECK`
+    answered_at: float = float("-inf")
 
     @property
     def suspect(self) -> bool:
