@@ -1,12 +1,15 @@
 -- name: fairlock
--- version: 4
+-- version: 5
 -- The fair lock: reentrant like the plain lock, but granted in order of arrival.
 -- Waiters queue in KEYS[2] with a deadline each in KEYS[3] (server time, ms): a waiter
 -- stays queued while it keeps its deadline fresh. A head of the queue past its deadline
 -- (it died or gave up) is purged by every call, so a dead waiter holds up the queue by
 -- at most its deadline. A release wakes only the head, on its own channel. The holder
 -- stays at the head of the queue until it releases.
--- An election is a fair lock with a leader record, KEYS[4]: a hash of one field, the
+-- Each place in the queue carries the ticket of the acquire that took it (KEYS[4]): an
+-- owner that got the lock, released it and queued again is a new arrival, which a
+-- yield meant for its earlier place must not put ahead of anyone.
+-- An election is a fair lock with a leader record, KEYS[5]: a hash of one field, the
 -- leader's owner id -> "<term>\n<seq>\n<the leader's own part>", living as long as
 -- the lock's hold (seq counts the leader's proclaims within its term, from 1). Each
 -- change is published on the channel of the record's own name: "<owner>\n<pttl>\n
@@ -16,13 +19,15 @@
 -- KEYS[1]  hash: owner -> hold count (PTTL = the holder's lease)
 -- KEYS[2]  list: waiting owners, first come first
 -- KEYS[3]  zset: waiting owner -> its deadline (server ms)
--- KEYS[4]  (an election only) hash: the leader record
+-- KEYS[4]  hash: waiting owner -> the ticket of the acquire that queued it
+-- KEYS[5]  (an election only) hash: the leader record
 -- ARGV[1]  the operation; the rest depends on it:
 --   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] count to record (1 takes, >1
---            re-enters), ARGV[5] ms the waiter stays queued (0: do not queue)
---            Reply {1, count} granted; {0, ms, head} refused, ms = when a retry may
---            succeed (-2: a re-entry whose hold is gone), head = the queue's head here
---            ('' when none)
+--            re-enters), ARGV[5] ms the waiter stays queued (0: do not queue),
+--            ARGV[6] the acquire's ticket (the same in each of its tries; '' none)
+--            Reply {1, count} granted; {0, ms, head, ticket} refused, ms = when a
+--            retry may succeed (-2: a re-entry whose hold is gone), head = the
+--            queue's head here ('' when none), ticket = the head's ticket ('' none)
 --   release  ARGV[2] owner, ARGV[3] count left (0 frees), ARGV[4] prefix of the
 --            waiters' channels (the head's owner id is appended), ARGV[5] release id,
 --            ARGV[6] '1' to leave the queue too when the hold ends (a try that reached
@@ -33,11 +38,13 @@
 --   abandon  ARGV[2] owner, ARGV[3] channel prefix, ARGV[4] release id: leave the queue
 --            (and wake the next head if the lock is free). Reply 0
 --   yield    ARGV[2] owner, ARGV[3] another waiter, ARGV[4] channel prefix, ARGV[5]
---            release id: if the owner is queued ahead of the other waiter here, move
---            the owner to just behind it, and wake the new head if the lock is free.
---            Masters that saw two arrivals in different orders each grant a different
---            head (a split vote, again and again); yielding to the smaller owner id
---            settles one order. Reply 1 moved, 0 not
+--            release id, ARGV[6] the other waiter's ticket (as a refusal replied it):
+--            if the owner is queued ahead of the other waiter here, and the other
+--            waiter's place is still the one of that ticket, move the owner to just
+--            behind it, and wake the new head if the lock is free. Masters that saw
+--            two arrivals in different orders each grant a different head (a split
+--            vote, again and again); yielding to the head of the most masters settles
+--            one order. Reply 1 moved, 0 not
 --   force    ARGV[2] channel prefix, ARGV[3] release id. Reply 1 deleted, 0 none
 --   probe    (after purging dead heads) Reply {pttl, {owner, count, ...}, {waiter, ...},
 --            {leader, record}} (the last: an election's, empty when none)
@@ -68,7 +75,7 @@ if op == 'renew' then
   return out
 end
 
-local hash, queue, deadlines, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local hash, queue, deadlines, tickets, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -86,14 +93,16 @@ local function purge()
     if deadline and tonumber(deadline) > now then break end
     redis.call('lpop', queue)
     redis.call('zrem', deadlines, head)
+    redis.call('hdel', tickets, head)
   end
   local last = redis.call('zrange', deadlines, -1, -1, 'withscores')
   if #last > 0 then
     local ttl = math.max(1, tonumber(last[2]) - now)
     redis.call('pexpire', queue, ttl)
     redis.call('pexpire', deadlines, ttl)
+    redis.call('pexpire', tickets, ttl)
   else
-    redis.call('del', queue, deadlines)
+    redis.call('del', queue, deadlines, tickets)
   end
   return redis.call('lindex', queue, 0)
 end
@@ -101,6 +110,7 @@ end
 local function leave(owner)
   if redis.call('zrem', deadlines, owner) == 1 then
     redis.call('lrem', queue, 0, owner)
+    redis.call('hdel', tickets, owner)
   end
 end
 
@@ -173,6 +183,11 @@ end
 
 if op == 'yield' then
   local other = ARGV[3]
+  -- A place the other waiter took since (it got the lock and queued again: a new
+  -- arrival, now behind the owner) is not the one the owner yields to.
+  if (redis.call('hget', tickets, other) or '') ~= (ARGV[6] or '') then
+    return 0
+  end
   local mine, theirs
   for i, waiter in ipairs(redis.call('lrange', queue, 0, -1)) do
     if waiter == owner then mine = i end
@@ -225,6 +240,7 @@ if wait > 0 then
     redis.call('rpush', queue, owner)
   end
   redis.call('zadd', deadlines, now + wait, owner)
+  redis.call('hset', tickets, owner, ARGV[6] or '')
   head = purge()
 end
 -- Retry when the holder's lease ends, or when a head that is not us would be purged.
@@ -233,4 +249,8 @@ if head and head ~= owner then
   local until_purge = tonumber(redis.call('zscore', deadlines, head)) - now
   if retry < 0 or until_purge < retry then retry = until_purge end
 end
-return {0, math.max(1, retry), head or ''}
+local ticket = ''
+if head then
+  ticket = redis.call('hget', tickets, head) or ''
+end
+return {0, math.max(1, retry), head or '', ticket}

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
+import fakeredis
 import pytest
 import redis
 
@@ -2266,3 +2267,72 @@ def test_a_split_fair_waiter_yields_to_the_head_of_the_most_masters() -> None:
     tie: list[list[object]] = [[[1, 1]], [[0, 100, b"m:a"]]]
     assert FAIR.settle("x", "m:b", tie, "rid") is not None
     assert FAIR.settle("x", "m:a", [[[1, 1]], [[0, 100, b"m:b"]]], "rid") is None
+
+
+class ScriptMaster:
+    """A master running the real scripts (on a fakeredis server of its own), for the
+    kinds :class:`Master` does not model (the fair lock)."""
+
+    def __init__(self) -> None:
+        self.r = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+
+    def run(self, call: Call) -> Reply:
+        reply: Reply = self.r.eval(call.script.source, len(call.keys), *call.keys, *call.args)
+        return reply
+
+
+def before_yield(steps: Steps[bool], act: Callable[[], None]) -> Steps[bool]:
+    """``steps``, with ``act()`` just before the first round of fair-lock yields."""
+    effect = next(steps)
+    try:
+        while True:
+            if isinstance(effect, Fanout) and effect.calls[0][0].args[0] == "yield":
+                act()
+                act = lambda: None  # noqa: E731
+            effect = steps.send((yield effect))
+    except StopIteration as done:
+        return bool(done.value)
+
+
+def test_a_fair_waiter_does_not_yield_to_a_head_that_left_and_queued_again(
+    world: Worlds,
+) -> None:
+    # p3 waits behind p0, which holds the lock; the fifth master is frozen. p0's release
+    # reaches m0 first, and p3's next try is granted there but refused by m1..m3, where
+    # p0 (still holding) heads the queue: p3 yields to p0. Before that yield goes out,
+    # p0's release reaches m1..m3 and p0 asks again: a new arrival, behind p3 on every
+    # master. The yield was meant for p0's earlier place: p3 keeps its own, goes first.
+    w = world()
+    masters = [ScriptMaster() for _ in w.masters]
+    w.masters = masters  # type: ignore[assignment]
+    engine = w.engine
+    z, p0, p3 = (engine.owner_of(token) for token in ("z", "p0", "p3"))
+
+    def everywhere(call: Call, at: Iterable[int] = range(5)) -> None:
+        for i in at:
+            masters[i].run(call)
+
+    assert w.run(engine.acquire(FAIR, "x", z, False, -1, None))
+    # p0 queues behind z, which releases while p0 waits: p0 holds it, at the head.
+    w.hub.on_wait = lambda: everywhere(FAIR.release("x", z, 0, "z:1"))
+    assert w.run(engine.acquire(FAIR, "x", p0, True, 10, None))
+
+    def released_on_m0() -> None:
+        w.hub.on_wait = lambda: None
+        everywhere(FAIR.release("x", p0, 0, "p0:1"), [0])
+        w.failing[4] = redis.TimeoutError("frozen")
+
+    def p0_again() -> None:
+        everywhere(FAIR.release("x", p0, 0, "p0:1"), [1, 2, 3])
+        call = FAIR.acquire("x", p0, lease_ms(LEASE), 1, lease_ms(LEASE))
+        everywhere(Call(call.script, call.keys, (*call.args[:5], "p0-again")), range(4))
+
+    w.hub.on_wait = released_on_m0
+    yields = len(w.transport.rounds)
+    assert w.run(before_yield(engine.acquire(FAIR, "x", p3, True, 1, None), p0_again))
+    assert any(  # the scenario above happened: p3 yielded to p0
+        c.args[:3] == ("yield", p3, p0) for r in w.transport.rounds[yields:] for c in r[0]
+    )
+    for m in masters[:4]:
+        view = FAIR.view(m.run(FAIR.probe("x")))
+        assert view is not None and view.holders == {p3: 1} and view.queue == [p0]

@@ -27,7 +27,7 @@ PINS: dict[str, tuple[int, str]] = {
     "renew": (1, "25bd8edda58852a6"),
     "probe": (2, "b8f2fbe2e1a0c00a"),
     "rwlock": (3, "915d464559dc70b0"),
-    "fairlock": (4, "02640feeaf144b16"),
+    "fairlock": (5, "9a5ccdf3ac52a7a2"),
     "fence": (2, "86b825c3d1994952"),
     "fenced_write": (2, "51208ad8a45b1b4b"),
     "extend": (1, "e0f678db4903b1d5"),

@@ -87,9 +87,12 @@ class LockKind:
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
+        ticket: int = 0,
     ) -> Call:
         """The call of one try (see :meth:`acquire`); ``q`` draws at random for a kind
-        that needs to."""
+        that needs to. ``ticket`` names the acquire, the same in each of its tries: a
+        kind that queues its waiters in order (the fair lock) tags the owner's place
+        with it."""
         return self.acquire(name, owner, lease_ms, count, wait_ms, polite_ms, place_ms)
 
     def judge(
@@ -443,6 +446,7 @@ class FairKind(LockKind):
             keys.aux_key(name, "fair"),
             keys.aux_key(name, "fair:queue"),
             keys.aux_key(name, "fair:deadlines"),
+            keys.aux_key(name, "fair:tickets"),
         )
 
     def _prefix(self, name: str) -> str:
@@ -460,6 +464,20 @@ class FairKind(LockKind):
     def notify_channels(self, name: str) -> tuple[str, ...]:
         return ()  # the next owner is chosen in Redis and woken through its own channel
 
+    def attempt(
+        self,
+        q: Quorum,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        count: int,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
+        ticket: int = 0,
+    ) -> Call:
+        return self.acquire(name, owner, lease_ms, count, wait_ms, ticket=ticket)
+
     def acquire(
         self,
         name: str,
@@ -469,11 +487,14 @@ class FairKind(LockKind):
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
+        ticket: int = 0,
     ) -> Call:
-        # Never polite, and no proposed place: fairlock.lua keeps its own queue.
-        return Call(
-            scripts.FAIRLOCK, self._keys(name), ("acquire", owner, lease_ms, count, wait_ms)
-        )
+        # Never polite, and no proposed place: fairlock.lua keeps its own queue, each
+        # place in it tagged with the ticket of the acquire that took it (see settle).
+        # A try that does not queue sends none: its call stays the same (packed once).
+        tag = ticket if ticket and wait_ms > 0 and count == 1 else ""
+        args = ("acquire", owner, lease_ms, count, wait_ms, tag)
+        return Call(scripts.FAIRLOCK, self._keys(name), args)
 
     def release(
         self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
@@ -498,19 +519,27 @@ class FairKind(LockKind):
         # Masters whose queues disagree grant different heads, round after round. A
         # waiter caught in such a split yields to the head of the most masters (of the
         # smallest owner id among equals) unless that is itself: the order most masters
-        # saw wins everywhere, and the next round reaches a quorum.
-        heads: dict[str, int] = {}
+        # saw wins everywhere, and the next round reaches a quorum. A head is a place
+        # in the queues: its owner and the ticket of the acquire that took it. The
+        # yield moves the waiter behind that place only: by the time it runs, the head
+        # may have been a holder that released and queued again, now a new arrival.
+        heads: dict[tuple[str, str], int] = {}
         for per_master in replies:
             reply = per_master[0] if per_master else None
             if not isinstance(reply, list) or not reply:
                 continue
-            head = owner if int(reply[0]) == 1 else text(reply[2]) if len(reply) >= 3 else ""
-            if head:
-                heads[head] = heads.get(head, 0) + 1
-        first = min(heads, key=lambda h: (-heads[h], h), default=owner)
+            head = (owner, "")
+            if int(reply[0]) != 1:
+                if len(reply) < 3 or not reply[2]:
+                    continue
+                head = (text(reply[2]), text(reply[3]) if len(reply) >= 4 else "")
+                if head[0] == owner:
+                    head = (owner, "")
+            heads[head] = heads.get(head, 0) + 1
+        first, ticket = min(heads, key=lambda h: (-heads[h], h), default=(owner, ""))
         if first == owner:
             return None
-        args = ("yield", owner, first, self._prefix(name), release_id)
+        args = ("yield", owner, first, self._prefix(name), release_id, ticket)
         return Call(scripts.FAIRLOCK, self._keys(name), args)
 
     def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
@@ -552,6 +581,7 @@ class ElectionKind(FairKind):
             keys.aux_key(name, "election"),
             keys.aux_key(name, "election:queue"),
             keys.aux_key(name, "election:deadlines"),
+            keys.aux_key(name, "election:tickets"),
             keys.aux_key(name, "election:leader"),
         )
 
@@ -650,6 +680,7 @@ class SemaphoreKind(LockKind):
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
+        ticket: int = 0,
     ) -> Call:
         if self.slot is not None:
             return self.acquire(name, owner, lease_ms, count, wait_ms)

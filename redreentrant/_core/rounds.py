@@ -45,6 +45,8 @@ from .quorum import (
 from .views import MasterView
 
 _release_ids = itertools.count(1)
+#: names each acquire (an owner id and one of these name it uniquely: see kinds.attempt)
+_tickets = itertools.count(1)
 
 #: how many times a split vote's back-off bound doubles (then it stays):
 #: ``retry_jitter * 2``, 0.1 s with the default jitter
@@ -145,6 +147,9 @@ def acquire_steps(
     # the same from one acquire to the next (packed once, see packing.WireCache).
     place = 0
     propose = q.size > 1
+    # Names this acquire in each of its tries: where it queues (the fair lock), its
+    # place is tagged with it, so that a later acquire of the owner is told apart.
+    ticket = next(_tickets)
     try:
         while True:
             if closed():
@@ -163,7 +168,7 @@ def acquire_steps(
                 if place <= wall_ms:  # the first try, or the place ended: a new one
                     place = wall_ms + wait_ms
             attempt = kind.attempt(
-                q, name, owner, ms, count, wait_ms, polite, place if propose else 0
+                q, name, owner, ms, count, wait_ms, polite, place if propose else 0, ticket
             )
             polite = 0
             acquire = q.everywhere(attempt, *fence_calls, early=early)
