@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import math
 import socket
 import uuid
 from collections.abc import Iterator
@@ -136,6 +137,27 @@ def test_a_read_that_times_out_or_is_cancelled_leaves_its_reply_owed(urls: list[
         finally:
             await pusher.delete(key)
             await pusher.aclose()
+            await wire.disconnect()
+
+    asyncio.run(main())
+
+
+def test_a_reply_that_comes_in_parts_is_read_whole(urls: list[str]) -> None:
+    """A reply may reach the client in several TCP segments (a master writes an
+    array's header apart from its items): a read waits for the whole of it."""
+
+    async def main() -> None:
+        wire = await connect(urls[0])
+        protocol = wire._protocol
+        try:
+            reading = asyncio.ensure_future(wire.read_response(timeout=math.inf))
+            await asyncio.sleep(0)
+            protocol.data_received(b"*2\r\n")
+            await asyncio.sleep(0.01)
+            assert not reading.done()
+            protocol.data_received(b":1\r\n:2\r\n")
+            assert await reading == [1, 2]
+        finally:
             await wire.disconnect()
 
     asyncio.run(main())

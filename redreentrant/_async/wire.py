@@ -72,7 +72,8 @@ class _Protocol(asyncio.Protocol):
         except InvalidResponse as error:
             self._fail(error)
             return
-        self._wake()
+        if self.replies.queue:  # a whole reply: not the first part of one
+            self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(RedisConnectionError(f"connection lost: {exc or 'closed by the server'}"))
