@@ -441,22 +441,24 @@ class FairKind(LockKind):
     targeted = False
     hands_over = False
 
+    # The keys are named after the family: "fair" here, "election" for ElectionKind.
     def _keys(self, name: str) -> tuple[str, ...]:
+        stem = self.family
         return (
-            keys.aux_key(name, "fair"),
-            keys.aux_key(name, "fair:queue"),
-            keys.aux_key(name, "fair:deadlines"),
-            keys.aux_key(name, "fair:tickets"),
+            keys.aux_key(name, stem),
+            keys.aux_key(name, f"{stem}:queue"),
+            keys.aux_key(name, f"{stem}:deadlines"),
+            keys.aux_key(name, f"{stem}:tickets"),
         )
 
     def _prefix(self, name: str) -> str:
-        return keys.aux_key(name, "fair:wake:")
+        return keys.aux_key(name, f"{self.family}:wake:")
 
     def key(self, name: str) -> str:
-        return keys.aux_key(name, "fair")
+        return keys.aux_key(name, self.family)
 
     def fence_key(self, name: str) -> str:
-        return keys.aux_key(name, "fair:fence")
+        return keys.aux_key(name, f"{self.family}:fence")
 
     def wake_channel(self, name: str, owner: str) -> str:
         return self._prefix(name) + owner
@@ -577,22 +579,7 @@ class ElectionKind(FairKind):
     family = "election"
 
     def _keys(self, name: str) -> tuple[str, ...]:
-        return (
-            keys.aux_key(name, "election"),
-            keys.aux_key(name, "election:queue"),
-            keys.aux_key(name, "election:deadlines"),
-            keys.aux_key(name, "election:tickets"),
-            keys.aux_key(name, "election:leader"),
-        )
-
-    def _prefix(self, name: str) -> str:
-        return keys.aux_key(name, "election:wake:")
-
-    def key(self, name: str) -> str:
-        return keys.aux_key(name, "election")
-
-    def fence_key(self, name: str) -> str:
-        return keys.aux_key(name, "election:fence")
+        return (*super()._keys(name), self.changes(name))
 
     def changes(self, name: str) -> str:
         """The channel a change of the leader record is published on."""
