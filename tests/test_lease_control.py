@@ -33,7 +33,7 @@ def pttls(urls: list[str], key: str) -> list[int]:
 
 @pytest.mark.parametrize("kind", ["lock", "fair", "write", "read"])
 def test_extend_adds_or_sets_the_lease_on_a_quorum(urls: list[str], kind: str) -> None:
-    with LockManager(urls, master_timeout=0.05) as mgr:
+    with LockManager(urls) as mgr:
         lock = {
             "lock": lambda: mgr.lock("ext"),
             "fair": lambda: mgr.fair_lock("ext"),
@@ -196,7 +196,7 @@ def test_a_normal_release_is_not_a_loss(manager: LockManager) -> None:
 
 def test_asyncio_extend_lost_and_ensure_held(urls: list[str]) -> None:
     async def main() -> None:
-        async with aio.LockManager(urls, lease=1.5, master_timeout=0.05) as mgr:
+        async with aio.LockManager(urls, lease=1.5) as mgr:
             lock = mgr.lock("a-ext")
             assert await lock.acquire(lease=1)
             await lock.extend(2)
