@@ -9,14 +9,15 @@ a failure): every combination that CI's matrix runs installs what its tests need
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from helpers import IN_CI, binary_or_none, heal, require_redis_server
 
 from redreentrant import LockManager
 from redreentrant._core.keys import PREFIX
-from redreentrant.testing import LocalEnsemble, LocalServer, redis_server_version
+from redreentrant.testing import LocalEnsemble, LocalServer, NetLab, redis_server_version
+from redreentrant.testing.netlab import available
 
 
 def _no_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
@@ -159,3 +160,23 @@ def _servers_only_in_integration_tests(
         )
 
     monkeypatch.setattr(LocalServer, "spawn", refused)
+
+
+@pytest.fixture
+def make_lab() -> Iterator[Callable[..., NetLab]]:
+    """Starts network labs (``make_lab(masters, clients)``: see
+    :mod:`redreentrant.testing.netlab`), closed after the test."""
+    reason = available()
+    if reason is not None:
+        pytest.skip(reason)
+    binary = require_redis_server("the network lab tests")
+    labs: list[NetLab] = []
+
+    def make(masters: int = 1, clients: int = 1) -> NetLab:
+        lab = NetLab(masters, clients, binary=binary)
+        labs.append(lab)
+        return lab.start()
+
+    yield make
+    for lab in labs:
+        lab.close()

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from history import Recorder
 
 import redreentrant
 import redreentrant.asyncio as aio
 from redreentrant import Election, FencedStore, LockError, LockTimeoutError
+from redreentrant.testing.history import Recorder
 
 
 @dataclass

@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 import redis
 from helpers import heal, wait_until
-from history import check, load
 
 from redreentrant import LeaderView, LockManager
 from redreentrant._core.keys import PREFIX
 from redreentrant.cli._process import die_with_parent
 from redreentrant.testing import LocalEnsemble, LocalServer
+from redreentrant.testing.history import check, load
 
 pytestmark = pytest.mark.integration  # starts its own resource server, and candidates
 

@@ -33,11 +33,11 @@ from typing import Any
 import pytest
 import redis
 from helpers import heal, wait_until
-from history import Event, Report, check, load
 
 from redreentrant import LockManager
 from redreentrant.cli._process import die_with_parent
 from redreentrant.testing import LocalEnsemble, LocalServer
+from redreentrant.testing.history import Event, Report, check, load
 from redreentrant.testing.proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 import redis
-from history import (
+from typing_extensions import Unpack
+
+from redreentrant import Lock, LockLostError, LockManager
+from redreentrant.testing.history import (
     Event,
     Fields,
     Hold,
@@ -27,9 +30,6 @@ from history import (
     derive_holds,
     load,
 )
-from typing_extensions import Unpack
-
-from redreentrant import Lock, LockLostError, LockManager
 
 MS = 1_000_000
 
@@ -182,7 +182,7 @@ def test_a_killed_recorder_leaves_a_loadable_file(tmp_path: Path) -> None:
     path = tmp_path / "killed.jsonl"
     code = (
         "import sys\n"
-        "from history import Recorder\n"
+        "from redreentrant.testing.history import Recorder\n"
         "rec = Recorder(sys.argv[1], 'p9')\n"
         "rec.ok('incr', 'c', value=0)\n"
         "print('ready', flush=True)\n"

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 import redis
 from helpers import PY, delete_everywhere, read_line, run, stop, wait_until
-from history import Event, Recorder, check, load
 
 import redreentrant.asyncio as aio
 from redreentrant import (
@@ -33,6 +32,7 @@ from redreentrant import (
     UpgradeableReadLock,
 )
 from redreentrant._core.keys import aux_key
+from redreentrant.testing.history import Event, Recorder, check, load
 
 #: long enough that only a wake-up, never a lease's end or a waiter's periodic retry
 #: (a third of the lease at the soonest), ends a wait within the tests' bounds

@@ -32,10 +32,11 @@ The modules, one concern each: :mod:`~redreentrant.testing.binary` (finding the 
 the resharding of a slot), :mod:`~redreentrant.testing.detached` (detached ensembles),
 :mod:`~redreentrant.testing.cleanup` (the exit-time safety net),
 :mod:`~redreentrant.testing.reaper` (the safety net after a hard kill),
-:mod:`~redreentrant.testing.faults` (faults on an ensemble's masters by index, and healing)
-and :mod:`~redreentrant.testing.plugin` (the pytest plugin, registered through the
-``pytest11`` entry point; the only module here that imports pytest, and not imported by
-this package).
+:mod:`~redreentrant.testing.faults` (faults on an ensemble's masters by index, and healing),
+:mod:`~redreentrant.testing.netlab` (real packet faults in a network namespace of a
+test's own: :class:`NetLab`; Linux and root only) and :mod:`~redreentrant.testing.plugin`
+(the pytest plugin, registered through the ``pytest11`` entry point; the only module
+here that imports pytest, and not imported by this package).
 """
 
 from .binary import (
@@ -48,6 +49,7 @@ from .binary import (
 from .cluster import LocalCluster
 from .detached import detached_servers, detached_status, stop_detached
 from .ensemble import LocalEnsemble
+from .netlab import NetLab
 from .server import LocalServer
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "LocalCluster",
     "LocalEnsemble",
     "LocalServer",
+    "NetLab",
     "RedisServerNotFound",
     "detached_servers",
     "detached_status",

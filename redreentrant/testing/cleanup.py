@@ -1,12 +1,14 @@
-"""The exit-time safety net: whatever may own a process or a temporary directory is
-stopped at interpreter exit, if its owner did not stop it.
+"""The exit-time safety net: whatever may own a process, a temporary directory or a
+network namespace is stopped at interpreter exit, if its owner did not stop it.
 
-Servers and ensembles track themselves here while they may own something, and untrack
-themselves once stopped (or detached). At exit, each tracked object's stop function
-runs, in the order they were tracked (an ensemble before its servers, so it stops them
-all at once), and then the reaper (:mod:`redreentrant.testing.reaper`) is closed: it
-finds nothing left to do, and ends. A forked child forgets what its parent tracked: its
-exit must neither stop its parent's servers nor remove their directories.
+Servers, ensembles and network labs (:class:`~redreentrant.testing.NetLab`) track
+themselves here while they may own something, and untrack themselves once stopped (or
+detached). At exit, each tracked object's stop function runs, in the order they were
+tracked (an ensemble before its servers, so it stops them all at once; a lab before its
+servers too, so that its delayer and clients stop first), and then the reaper
+(:mod:`redreentrant.testing.reaper`) is closed: it finds nothing left to do, and ends.
+A forked child forgets what its parent tracked: its exit must neither stop its parent's
+servers nor remove their directories.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import cleanup, reaper
@@ -54,6 +54,8 @@ class LocalEnsemble:
     :param binary: ``redis-server`` to run; default :func:`find_redis_server`.
     :param base_dir: parent directory for the ensemble's temp dir; default the system one.
     :param extra_args: extra ``redis-server`` arguments given to every server.
+    :param server_env: the variables added to server ``index``'s environment, by index
+        (e.g. each master's own clock: :func:`redreentrant.testing.clocks.clocked_ensemble`).
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class LocalEnsemble:
         binary: str | None = None,
         base_dir: str | None = None,
         extra_args: Sequence[str] = (),
+        server_env: Callable[[int], Mapping[str, str]] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
@@ -74,6 +77,7 @@ class LocalEnsemble:
                 directory=os.path.join(self.directory, f"server{index}"),
                 port=None,
                 extra_args=extra_args,
+                env=server_env(index) if server_env is not None else None,
             )
             for index in range(size)
         ]

@@ -39,11 +39,11 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def client(port: int, timeout: float) -> redis.Redis:
-    """A client of the server on ``port`` that never retries, decoding replies."""
+def client(port: int, timeout: float, host: str = HOST) -> redis.Redis:
+    """A client of the server on ``host:port`` that never retries, decoding replies."""
     # No retries: a probe must fail fast, and redis-py >= 6 retries 3 times by default.
     return redis.Redis(
-        host=HOST,
+        host=host,
         port=port,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
@@ -52,11 +52,12 @@ def client(port: int, timeout: float) -> redis.Redis:
     )
 
 
-def pid_on(port: int, timeout: float = PROBE_TIMEOUT) -> int | None:
-    """The pid of the ``redis-server`` answering on ``port``, or None if none answers.
+def pid_on(port: int, timeout: float = PROBE_TIMEOUT, host: str = HOST) -> int | None:
+    """The pid of the ``redis-server`` answering on ``host:port``, or None if none
+    answers.
 
     A pid, not a PING: a server that answers on a port may be someone else's."""
-    probe = client(port, timeout)
+    probe = client(port, timeout, host)
     try:
         return int(probe.info("server").get("process_id", -1))
     except (redis.RedisError, OSError, ValueError):

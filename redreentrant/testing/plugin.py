@@ -37,6 +37,17 @@ Fixtures (all function-scoped but the first):
 ``redreentrant_faults``
     A :class:`~redreentrant.testing.faults.Faults` for the ensemble: stop, kill,
     freeze, thaw and restart masters by index; all healed after the test.
+``redreentrant_netlab``
+    A fresh :class:`~redreentrant.testing.NetLab` of ``redreentrant_masters`` masters
+    (no client paths): real packet faults (cut, loss, delay) in a network namespace of
+    the test's own, deleted after the test. Linux and root only: elsewhere the test is
+    skipped, with the reason (:func:`~redreentrant.testing.netlab.available`).
+``redreentrant_clocks``
+    ``(ensemble, clocks)``: a fresh ensemble of ``redreentrant_masters`` masters whose
+    every master has a :class:`~redreentrant.testing.clocks.ServerClock` of its own
+    (``clocks[i]`` is master i's: fast, slow or jumping clocks), stopped after the
+    test. Skipped, with the reason, where the clock shim cannot be built (no C
+    compiler, not Linux: :func:`~redreentrant.testing.clocks.available`).
 
 The marker's other keywords (``lease``, ``master_timeout``, ``drift_factor``,
 ``retry_jitter``, ``fencing``, ``on_lost``) are the settings of the managers these
@@ -63,8 +74,11 @@ from redreentrant import LockManager
 from redreentrant._core.keys import PREFIX
 
 from .binary import RedisServerNotFound, find_redis_server
+from .clocks import ServerClock, clocked_ensemble
+from .clocks import available as clocks_available
 from .ensemble import LocalEnsemble
 from .faults import Faults, heal, lock_keys, remove_keys
+from .netlab import NetLab, available
 
 # The fixtures are found by pytest through the entry point, not imported.
 __all__ = ["AsyncManagerFactory", "EnsemblePool"]
@@ -326,3 +340,42 @@ def redreentrant_faults(redreentrant_ensemble: LocalEnsemble) -> Iterator[Faults
         yield faults
     finally:
         faults.heal()
+
+
+@pytest.fixture
+def redreentrant_netlab(
+    request: pytest.FixtureRequest, redreentrant_masters: int
+) -> Iterator[NetLab]:
+    """A fresh :class:`~redreentrant.testing.NetLab` of ``redreentrant_masters``
+    masters, started, and closed after the test (its namespace, rules and processes
+    gone). Skipped, with the reason, where labs cannot be made (not Linux, not root, no
+    ``ip``, ``nft`` or ``iptables``)."""
+    reason = available()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        binary = find_redis_server()
+    except RedisServerNotFound as error:
+        _missing_server(request.config, error)
+    with NetLab(redreentrant_masters, binary=binary) as lab:
+        yield lab
+
+
+@pytest.fixture
+def redreentrant_clocks(
+    request: pytest.FixtureRequest, redreentrant_masters: int
+) -> Iterator[tuple[LocalEnsemble, list[ServerClock]]]:
+    """A fresh ensemble of ``redreentrant_masters`` masters, each with its own
+    :class:`~redreentrant.testing.clocks.ServerClock` (``clocks[i]`` is master i's):
+    ``ensemble, clocks = redreentrant_clocks; clocks[0].rate(10)``. Stopped, and the
+    clocks' files removed, after the test. Skipped, with the reason, where the clock
+    shim cannot be built (no C compiler, not Linux)."""
+    reason = clocks_available()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        binary = find_redis_server()
+    except RedisServerNotFound as error:
+        _missing_server(request.config, error)
+    with clocked_ensemble(redreentrant_masters, binary=binary) as pair:
+        yield pair

@@ -8,9 +8,11 @@ its parent, which tells it each server's pid and each directory to remove. When 
 reaches end-of-file (the parent exited, however it did), it kills the servers still
 listed (SIGKILL), and on Linux also any server of that binary running in a listed
 directory (one spawned just before the parent died, before its pid was sent); then it
-removes the directories and exits. On Linux a pid is only killed while it still runs
-that binary in that server's directory (redis-server rewrites its command line, but
-works in its ``--dir``), so a reused pid is never hit. A detached ensemble
+kills every process inside each listed network namespace (a
+:class:`~redreentrant.testing.NetLab`'s, whose processes are all the lab's) and deletes
+the namespace, removes the directories and exits. On Linux a pid is only killed while
+it still runs that binary in that server's directory (redis-server rewrites its command
+line, but works in its ``--dir``), so a reused pid is never hit. A detached ensemble
 (:meth:`redreentrant.testing.LocalEnsemble.detach`, ``redreentrant ensemble up``) is
 taken off the list and keeps running. If the reaper itself is killed, the next server
 started or stopped starts a new one with the whole list; until then, a parent killed
@@ -37,22 +39,34 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["close", "forget_dir", "forget_pid", "pid", "watch_dir", "watch_pid"]
+__all__ = [
+    "close",
+    "forget_dir",
+    "forget_netns",
+    "forget_pid",
+    "pid",
+    "watch_dir",
+    "watch_netns",
+    "watch_pid",
+]
 
 log = logging.getLogger("redreentrant")
 
 # The reaper: run as ``python -I -S -c _REAPER``. It reads JSON lines on stdin until
 # end-of-file: ["+pid", pid, directory, binary], ["-pid", pid], ["+dir", directory,
-# binary], ["-dir", directory]; then kills the listed servers and removes the directories.
+# binary], ["-dir", directory], ["+netns", name, ip], ["-netns", name]; then kills the
+# listed servers, kills every process inside each listed network namespace (but itself,
+# should it run there) and deletes the namespace (``ip`` is iproute2's command), and
+# removes the directories.
 # On Linux a pid is only killed while it still runs ``binary`` inside ``directory``
 # (redis-server changes its command line, but chdirs to its --dir), and a server of a
 # listed directory whose pid never came (its parent died right after spawning it) is
 # found the same way.
 _REAPER = r"""
-import json, os, shutil, signal, sys, time
+import json, os, shutil, signal, subprocess, sys, time
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
     signal.signal(s, signal.SIG_IGN)
-pids, dirs = {}, {}
+pids, dirs, nets = {}, {}, {}
 for line in sys.stdin.buffer:
     try:
         message = json.loads(line)
@@ -65,6 +79,10 @@ for line in sys.stdin.buffer:
             dirs[key] = message[2]
         elif op == "-dir":
             dirs.pop(key, None)
+        elif op == "+netns":
+            nets[key] = message[2]
+        elif op == "-netns":
+            nets.pop(key, None)
     except (ValueError, LookupError, TypeError):
         continue
 PROC = os.path.isdir("/proc")
@@ -123,6 +141,23 @@ for attempt in range(2):
     if not dirs:
         break
     time.sleep(0.1)  # a server spawned as the parent died may be exec'ing only now
+def ip_netns(ip, *args):
+    try:
+        return subprocess.run([ip, "netns", *args], capture_output=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return b""
+def inside(name, ip):
+    return {int(p) for p in ip_netns(ip, "pids", name).split()} - {os.getpid()}
+for name, ip in nets.items():
+    deadline = time.monotonic() + 5
+    while inside(name, ip) and time.monotonic() < deadline:
+        for pid in inside(name, ip):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02)
+    ip_netns(ip, "del", name)
 for top in dirs:
     shutil.rmtree(top, ignore_errors=True)
 """
@@ -139,6 +174,7 @@ class _Reaper:
         self._lock = threading.Lock()
         self._pids: dict[int, tuple[str, str]] = {}
         self._dirs: dict[str, str] = {}
+        self._nets: dict[str, str] = {}
         self._fd: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._warned = False
@@ -165,6 +201,18 @@ class _Reaper:
         with self._lock:
             if self._dirs.pop(directory, None) is not None:
                 self._send(["-dir", directory])
+
+    def watch_netns(self, name: str, ip: str) -> None:
+        """Kill every process inside the network namespace ``name``, and delete it
+        (with ``ip``), if this process dies."""
+        with self._lock:
+            self._nets[name] = ip
+            self._send(["+netns", name, ip])
+
+    def forget_netns(self, name: str) -> None:
+        with self._lock:
+            if self._nets.pop(name, None) is not None:
+                self._send(["-netns", name])
 
     def _send(self, message: list[object]) -> None:
         for _ in range(2):  # a reaper that died is replaced once, with the whole list
@@ -201,6 +249,7 @@ class _Reaper:
         self._fd = write
         lines: list[list[object]] = [["+dir", d, b] for d, b in self._dirs.items()]
         lines += [["+pid", pid, d, b] for pid, (d, b) in self._pids.items()]
+        lines += [["+netns", name, ip] for name, ip in self._nets.items()]
         try:
             os.write(write, b"".join(json.dumps(line).encode() + b"\n" for line in lines))
         except OSError:
@@ -267,6 +316,18 @@ def watch_dir(directory: str, binary: str) -> None:
 def forget_dir(directory: str) -> None:
     """Take ``directory`` off the list (it was removed, or detached)."""
     _reaper.forget_dir(directory)
+
+
+def watch_netns(name: str, ip: str) -> None:
+    """Kill every process inside the network namespace ``name`` and delete it (with
+    ``ip``, the path of iproute2's command) if this process dies. Call it from a thread
+    outside the namespace: a reaper it starts runs where that thread is."""
+    _reaper.watch_netns(name, ip)
+
+
+def forget_netns(name: str) -> None:
+    """Take the network namespace ``name`` off the list (it was deleted)."""
+    _reaper.forget_netns(name)
 
 
 def close() -> None:

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import cleanup, reaper
@@ -66,9 +66,13 @@ class LocalServer:
     :param port: fixed port; default a free one. A fixed port is never changed.
     :param extra_args: further ``redis-server`` command-line arguments, appended last
         (so they override the defaults here), e.g. ``["--maxmemory", "10mb"]``.
+    :param host: the loopback address it listens on (and :attr:`url` names); another
+        127.x address only inside a network namespace of one's own (see
+        :mod:`redreentrant.testing.netlab`).
+    :param also_bind: further loopback addresses it listens on too (at most 15).
+    :param env: variables added to the server's environment (a preloaded library, see
+        :mod:`redreentrant.testing.clocks`).
     """
-
-    host: str = HOST
 
     def __init__(
         self,
@@ -77,8 +81,14 @@ class LocalServer:
         directory: str | None = None,
         port: int | None = None,
         extra_args: Sequence[str] = (),
+        host: str = HOST,
+        also_bind: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.binary = find_redis_server(binary)
+        self.host = host
+        self.also_bind: tuple[str, ...] = tuple(also_bind)
+        self.env: dict[str, str] = dict(env or {})
         self._owns_directory = directory is None
         self.directory = os.path.abspath(
             tempfile.mkdtemp(prefix="redreentrant-redis-") if directory is None else directory
@@ -168,6 +178,7 @@ class LocalServer:
                 # Own session: a terminal's Ctrl-C reaches the test runner, not the
                 # servers, so the runner can still shut them down in order.
                 start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
             )
         # Right after the spawn: the reaper kills it if this process dies without stop().
         reaper.watch_pid(self._process.pid, self.directory, self.binary)
@@ -299,7 +310,7 @@ class LocalServer:
         return [
             self.binary,
             "--port", str(self.port),
-            "--bind", self.host,
+            "--bind", self.host, *self.also_bind,
             "--protected-mode", "yes",
             "--dir", self.directory,
             "--logfile", self.logfile,
@@ -329,7 +340,7 @@ class LocalServer:
             # by *their* server before ours fails to bind and exits. The probe's short
             # timeout: a port squatter that accepts but never answers must not stall
             # noticing that our process exited; a slow-but-live server is probed again.
-            if pid_on(self.port) == process.pid:
+            if pid_on(self.port, host=self.host) == process.pid:
                 self._started_once = True
                 return
             if time.monotonic() >= deadline:

@@ -249,7 +249,7 @@ class Recorder:
         """A recorder into the same file for client ``"<client>/<name>"`` (a thread)."""
         view = copy.copy(self)
         view.client = f"{self.client}/{name}"
-        view._owns_sink = False
+        view._owns_sink = False  # noqa: SLF001  # a copy of itself: its own privates
         return view
 
     def record(self, op: str, phase: str, lock: str, mode: str = "x", **f: Unpack[Fields]) -> Event:
