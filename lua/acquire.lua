@@ -1,6 +1,12 @@
 -- name: acquire
--- version: 7
--- Takes a free exclusive lock, or re-enters it, as a hash owner -> hold count.
+-- version: 8
+-- Takes a free exclusive lock, or re-enters it, as a hash owner -> hold, where a hold
+-- is '<count>:<tag>': its hold count and the tag of the try that made it (a number
+-- that grows with every try of the owner's process; a value without ':<tag>' has tag
+-- 0). Nothing sent for one try changes a hold made by a later one, however late it
+-- comes: a first hold (count 1) takes over the owner's own hold of a smaller tag (an
+-- earlier try's, left behind) and is refused where the owner's hold has a greater
+-- tag; a re-entry (count > 1) changes only the hold of its own tag.
 -- The key is created only by a first hold (count 1): a re-entry whose hold is gone
 -- is refused, so a lost lease is never silently taken again under an old count.
 -- A free lock that a release reserved for the waiter it woke (KEYS[3], see
@@ -29,19 +35,22 @@
 -- KEYS[3]  the reservation: the owner id a release woke, with a short PTTL
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds: the key's PTTL after a grant
--- ARGV[3]  hold count to record on a grant (1 takes the lock, >1 re-enters)
+-- ARGV[3]  the hold to record on a grant: '<count>:<tag>' (count 1 takes the lock,
+--          >1 re-enters)
 -- ARGV[4]  ms the owner stays registered as a waiter if refused (0: do not register;
 --          a re-entry never registers)
 -- ARGV[5]  (optional) polite: the most ms a free lock is left to the registered
 --          waiters; '0' or absent: not polite
 -- ARGV[6]  (optional) the proposed end of the owner's registration, in ms since the
 --          epoch; '0' or absent: none (ARGV[5] is then sent as '0' when not polite)
--- Reply    {1, count} granted; {0, pttl} refused: pttl is the holder's remaining
---          lease in ms (or what is left of the reservation that refused it, or of the
---          first other registration that refused a polite hold, at most ARGV[5]), or
---          -2 when the key is absent (a re-entry whose hold is gone)
+-- Reply    {1, count, time} granted; {0, pttl, time} refused: pttl is the holder's
+--          remaining lease in ms (or what is left of the reservation that refused it,
+--          or of the first other registration that refused a polite hold, at most
+--          ARGV[5]), or -2 when the key is absent (a re-entry whose hold is gone);
+--          time is the server's time in ms
 local PLACE_SKEW_MS = 1000
-local count = tonumber(ARGV[3])
+local count, tag = string.match(ARGV[3], '^(%d+):?(%d*)$')
+count, tag = tonumber(count), tonumber(tag) or 0
 local polite = tonumber(ARGV[5] or '0')
 local free = false
 local pttl = -2
@@ -50,7 +59,12 @@ local function server_ms()
   local t = redis.call('time')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-if count == 1 and redis.call('exists', KEYS[1]) == 0 then
+-- The owner's own hold here, if any: the tag of the try that made it.
+local mine = redis.call('hget', KEYS[1], ARGV[1])
+if mine then
+  mine = tonumber(string.match(mine, ':(%d+)$')) or 0
+end
+if count == 1 and not mine and redis.call('exists', KEYS[1]) == 0 then
   local reserved = redis.call('get', KEYS[3])
   if reserved and reserved ~= ARGV[1] then
     pttl = redis.call('pttl', KEYS[3])
@@ -73,16 +87,16 @@ if count == 1 and redis.call('exists', KEYS[1]) == 0 then
     end
   end
 end
-if free or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
-  redis.call('hset', KEYS[1], ARGV[1], count)
+if free or (mine and (mine == tag or (count == 1 and mine < tag))) then
+  redis.call('hset', KEYS[1], ARGV[1], ARGV[3])
   redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, count}
+  return {1, count, now or server_ms()}
 end
 if pttl == -2 then
   pttl = redis.call('pttl', KEYS[1])
 end
 local wait = tonumber(ARGV[4])
-if count == 1 and wait > 0 then
+if count == 1 and wait > 0 and not mine then
   now = now or server_ms()
   redis.call('zremrangebyscore', KEYS[2], '-inf', now)
   local ends = now + wait
@@ -96,4 +110,4 @@ if count == 1 and wait > 0 then
   local last = redis.call('zrange', KEYS[2], -1, -1, 'withscores')
   redis.call('pexpire', KEYS[2], math.max(1, tonumber(last[2]) - now))
 end
-return {0, pttl}
+return {0, pttl, now or server_ms()}

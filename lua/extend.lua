@@ -1,14 +1,17 @@
 -- name: extend
--- version: 1
--- Extends one owner's hold on a lock kept as a hash owner -> count (the plain and the
--- fair lock), only where that owner still holds it: an expired key is never made
--- again, and another owner's hold is never touched.
+-- version: 2
+-- Extends one owner's hold on a lock kept as a hash owner -> '<count>:<tag>' (the
+-- plain and the fair lock; see acquire.lua), only where that owner still holds it with
+-- that tag: an expired key is never made again, and neither another owner's hold nor
+-- a later hold of the same owner is touched.
 -- KEYS[1]  the lock hash
 -- ARGV[1]  owner id
 -- ARGV[2]  milliseconds
 -- ARGV[3]  'add': the key's PTTL grows by ARGV[2]; 'set': the PTTL becomes ARGV[2]
+-- ARGV[4]  the tag of the hold
 -- Reply    the key's PTTL afterwards (> 0); 0 when the owner holds nothing here
-if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then
+local mine = redis.pcall('hget', KEYS[1], ARGV[1])
+if type(mine) ~= 'string' or (tonumber(string.match(mine, ':(%d+)$')) or 0) ~= tonumber(ARGV[4]) then
   return 0
 end
 local ttl = tonumber(ARGV[2])

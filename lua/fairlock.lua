@@ -1,5 +1,5 @@
 -- name: fairlock
--- version: 5
+-- version: 6
 -- The fair lock: reentrant like the plain lock, but granted in order of arrival.
 -- Waiters queue in KEYS[2] with a deadline each in KEYS[3] (server time, ms): a waiter
 -- stays queued while it keeps its deadline fresh. A head of the queue past its deadline
@@ -16,19 +16,24 @@
 -- <record>" when the record is written (pttl: what the hold has left), "<owner>\n-1\n
 -- <record>" when it ends.
 --
--- KEYS[1]  hash: owner -> hold count (PTTL = the holder's lease)
+-- KEYS[1]  hash: owner -> hold, '<count>:<tag>' (PTTL = the holder's lease; see
+--          acquire.lua: nothing sent for one try changes a hold made by a later one)
 -- KEYS[2]  list: waiting owners, first come first
 -- KEYS[3]  zset: waiting owner -> its deadline (server ms)
 -- KEYS[4]  hash: waiting owner -> the ticket of the acquire that queued it
 -- KEYS[5]  (an election only) hash: the leader record
 -- ARGV[1]  the operation; the rest depends on it:
---   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] count to record (1 takes, >1
---            re-enters), ARGV[5] ms the waiter stays queued (0: do not queue),
---            ARGV[6] the acquire's ticket (the same in each of its tries; '' none)
---            Reply {1, count} granted; {0, ms, head, ticket} refused, ms = when a
---            retry may succeed (-2: a re-entry whose hold is gone), head = the
---            queue's head here ('' when none), ticket = the head's ticket ('' none)
---   release  ARGV[2] owner, ARGV[3] count left (0 frees), ARGV[4] prefix of the
+--   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] the hold to record,
+--            '<count>:<tag>' (count 1 takes, >1 re-enters the hold of that tag),
+--            ARGV[5] ms the waiter stays queued (0: do not queue), ARGV[6] the
+--            acquire's ticket (the same in each of its tries; '' none)
+--            Reply {1, count, time} granted; {0, ms, head, ticket, time} refused, ms =
+--            when a retry may succeed (-2: a re-entry whose hold is gone), head = the
+--            queue's head here ('' when none), ticket = the head's ticket ('' none);
+--            time = the server's time in ms
+--   release  ARGV[2] owner, ARGV[3] the hold left, '<count>:<tag>' (a count above 0
+--            is set on the hold of that tag only; 0 frees a hold of that tag or a
+--            smaller one), ARGV[4] prefix of the
 --            waiters' channels (the head's owner id is appended), ARGV[5] release id,
 --            ARGV[6] '1' to leave the queue too when the hold ends (a try that reached
 --            this master too late to count may have queued the owner), '0' to keep the
@@ -48,30 +53,54 @@
 --   force    ARGV[2] channel prefix, ARGV[3] release id. Reply 1 deleted, 0 none
 --   probe    (after purging dead heads) Reply {pttl, {owner, count, ...}, {waiter, ...},
 --            {leader, record}} (the last: an election's, empty when none)
---   proclaim ARGV[2] owner, ARGV[3] its term, ARGV[4] its own part of the record:
---            where the owner holds the lock, its record replaces the leader record.
---            Reply 1 written, 0 not held
---   renew    KEYS pairs (a lock, its leader record), ARGV[2] lease ms, ARGV[2+i] the
---            owner of the i-th pair: the lock's and the record's PTTL are reset where
---            the owner holds the lock. Reply array: 1 renewed, 0 not held there
+--   proclaim ARGV[2] owner, ARGV[3] its term, ARGV[4] its own part of the record,
+--            ARGV[5] the tag of its hold: where the owner holds the lock with that
+--            tag, its record replaces the leader record. Reply 1 written, 0 not held
+--   renew    KEYS pairs (a lock, its leader record), ARGV[2] lease ms, ARGV[1+2i] the
+--            owner of the i-th pair and ARGV[2+2i] its hold, '<count>:<tag>' (count 0:
+--            renew only): the lock's and the record's PTTL are reset where the owner
+--            holds the lock with that tag; where the lock is free, the owner takes it
+--            again. Reply array: 1 renewed, 2 taken again, 0 not held there; then the
+--            server's time in ms
 -- A KEYS[1] that is not a hash is refused with a WRONGTYPE error (nothing changes).
 
 local op = ARGV[1]
 
+-- A hold '<count>:<tag>' (see acquire.lua): its count and its tag (0 for none).
+local function parse(hold)
+  local count, tag = string.match(hold, '^(%d+):?(%d*)$')
+  return tonumber(count), tonumber(tag) or 0
+end
+
+-- The tag of the owner's hold of ``hash`` (a pcall: nil for a key that is not a hash).
+local function tag_in(hash, owner)
+  local hold = redis.pcall('hget', hash, owner)
+  if type(hold) ~= 'string' then return nil end
+  local _, tag = parse(hold)
+  return tag
+end
+
 if op == 'renew' then
   local out = {}
   for i = 1, #KEYS / 2 do
-    local lock, record, owner = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 + i]
-    if redis.pcall('hexists', lock, owner) == 1 then
+    local lock, record = KEYS[2 * i - 1], KEYS[2 * i]
+    local owner, hold = ARGV[1 + 2 * i], ARGV[2 + 2 * i]
+    local count, tag = parse(hold)
+    out[i] = 0
+    if tag_in(lock, owner) == tag then
       redis.call('pexpire', lock, ARGV[2])
       if redis.call('hexists', record, owner) == 1 then
         redis.call('pexpire', record, ARGV[2])
       end
       out[i] = 1
-    else
-      out[i] = 0
+    elseif count > 0 and redis.call('exists', lock) == 0 then
+      redis.call('hset', lock, owner, hold)
+      redis.call('pexpire', lock, ARGV[2])
+      out[i] = 2
     end
   end
+  local t = redis.call('time')
+  out[#out + 1] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   return out
 end
 
@@ -161,7 +190,7 @@ end
 local owner = ARGV[2]
 
 if op == 'proclaim' then
-  if redis.call('hexists', hash, owner) == 0 then
+  if tag_in(hash, owner) ~= tonumber(ARGV[5]) then
     return 0
   end
   local seq = 1
@@ -203,8 +232,9 @@ if op == 'yield' then
 end
 
 if op == 'release' then
-  local left = tonumber(ARGV[3])
-  local held = redis.call('hexists', hash, owner) == 1
+  local left, tag = parse(ARGV[3])
+  local mine = tag_in(hash, owner)
+  local held = mine ~= nil and mine <= tag and (left == 0 or mine == tag)
   if ARGV[6] == '1' and (left == 0 or not held) then
     leave(owner)
   end
@@ -212,7 +242,7 @@ if op == 'release' then
     return -1
   end
   if left > 0 then
-    redis.call('hset', hash, owner, left)
+    redis.call('hset', hash, owner, ARGV[3])
     return 1
   end
   redis.call('hdel', hash, owner)
@@ -222,18 +252,22 @@ if op == 'release' then
 end
 
 -- op == 'acquire'
-local lease, count, wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease, wait = tonumber(ARGV[3]), tonumber(ARGV[5])
+local count, tag = parse(ARGV[4])
 local head = purge()
-if redis.call('hexists', hash, owner) == 1
-    or (count == 1 and redis.call('exists', hash) == 0 and (not head or head == owner)) then
+local mine = tag_in(hash, owner)
+if mine == tag or (mine and count == 1 and mine < tag)
+    or (count == 1 and not mine and redis.call('exists', hash) == 0
+        and (not head or head == owner)) then
   -- The holder keeps its place at the head until its release: if this grant turns out
   -- to be a split (no quorum) and is undone, it must not lose its turn.
-  redis.call('hset', hash, owner, count)
+  redis.call('hset', hash, owner, ARGV[4])
   redis.call('pexpire', hash, lease)
-  return {1, count}
+  return {1, count, now}
 end
-if count > 1 then
-  return {0, -2}
+if count > 1 or mine then
+  -- A re-entry whose hold is gone, or a try of this owner's that a later one overtook.
+  return {0, -2, '', '', now}
 end
 if wait > 0 then
   if not redis.call('zscore', deadlines, owner) then
@@ -253,4 +287,4 @@ local ticket = ''
 if head then
   ticket = redis.call('hget', tickets, head) or ''
 end
-return {0, math.max(1, retry), head or '', ticket}
+return {0, math.max(1, retry), head or '', ticket, now}

@@ -1,20 +1,26 @@
 -- name: multilock
--- version: 1
+-- version: 2
 -- Several plain locks taken or released together (see docs/multi-lock.md): all of the
 -- names in the call or none, in one call. Each name is the plain lock of that name
--- (acquire.lua, release.lua): a hash owner -> hold count, its registered waiters, its
+-- (acquire.lua, release.lua): a hash owner -> hold ('<count>:<tag>': nothing sent for
+-- one try changes a hold made by a later one), its registered waiters, its
 -- reservation. On a Redis Cluster node a call holds the names of one hash slot; a
 -- multi-lock over several slots is one call per slot.
 -- KEYS     per name, three keys: its lock hash, its waiters zset, its reservation
 -- ARGV[1]  the operation; the rest depends on it (the same for every name):
---   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] hold count to record (1 takes,
---            >1 re-enters), ARGV[5] ms the owner stays registered as a waiter of
---            each name if refused (0: do not register). Every name is taken (count 1:
---            free, and not reserved for another owner) or re-entered (held by the
---            owner), or nothing changes. Reply {1, count, {}} granted; {0, ms, {}}
---            refused: ms until the longest of the names' holds ends (-2: a re-entry
---            whose hold is gone somewhere)
---   release  ARGV[2] owner, ARGV[3] hold count left (0 frees the names), ARGV[4]
+--   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] the hold to record,
+--            '<count>:<tag>' (count 1 takes, >1 re-enters the hold of that tag),
+--            ARGV[5] ms the owner stays registered as a waiter of each name if refused
+--            (0: do not register). Every name is taken (count 1: free, and not
+--            reserved for another owner, or the owner's own hold of a smaller tag) or
+--            re-entered (the owner's hold of that tag), or nothing changes. Reply
+--            {1, count, {}, time} granted; {0, ms, {}, time} refused: ms until the
+--            longest of the names' holds ends (-2: a re-entry whose hold is gone
+--            somewhere, or a try that a later one overtook); time is the server's
+--            time in ms
+--   release  ARGV[2] owner, ARGV[3] the hold left, '<count>:<tag>' (a count above 0
+--            is set on the holds of that tag only; 0 frees the names' holds of that
+--            tag or a smaller one), ARGV[4]
 --            release id, ARGV[5] home channel prefix, ARGV[6] '1' a final release
 --            (ends the owner's registrations too, and each name freed wakes its next
 --            registered waiter, as release.lua does) or '0' an undo (wakes nobody).
@@ -22,11 +28,15 @@
 --            {status, woken, {per name: status}}: per name 1 still held, 0 freed,
 --            -1 the owner held nothing there; status the least of them; woken the
 --            first waiter woken, or ''
---   renew    ARGV[2] lease ms, then per name ARGV its owner and its hold's number:
---            each name where its owner holds it gets the lease. Reply per hold (in
---            the order of their numbers): 1 renewed on all of its names here, 0 not
+--   renew    ARGV[2] lease ms, then per name ARGV its owner, its hold's number and the
+--            hold '<count>:<tag>' (count 0: renew only): each name where its owner
+--            holds it with that tag gets the lease; where every name of a hold is
+--            either so held or free, the free ones are taken again. Reply per hold (in
+--            the order of their numbers): 1 renewed on all of its names here, 2
+--            renewed and taken again, 0 not; then the server's time in ms
 --   extend   ARGV[2] owner, ARGV[3] ms, ARGV[4] 'add' (each name's PTTL grows by ms)
---            or 'set' (it becomes ms), only where every name is held by the owner.
+--            or 'set' (it becomes ms), ARGV[5] the hold's tag, only where every name
+--            is held by the owner with that tag.
 --            Reply the least PTTL after (> 0); 0 when the owner lacks a name here
 --   abandon  ARGV[2] owner, ARGV[3] release id, ARGV[4] home prefix: a waiter gives
 --            up: ends its registrations, and each name that is free wakes its next
@@ -55,6 +65,20 @@ local function manager_of(owner)
   return string.match(owner, '^(.*):[^:]*$') or owner
 end
 
+-- A hold '<count>:<tag>': its count and its tag (0 for none).
+local function parse(hold)
+  local count, tag = string.match(hold, '^(%d+):?(%d*)$')
+  return tonumber(count), tonumber(tag) or 0
+end
+
+-- The tag of the owner's hold of ``hash``, or nil.
+local function tag_in(hash, owner)
+  local hold = redis.call('hget', hash, owner)
+  if not hold then return nil end
+  local _, tag = parse(hold)
+  return tag
+end
+
 -- Wakes the next registered waiter of name i (as release.lua does, without hand-over
 -- or reservation); returns the owner woken, or ''.
 local function wake_next(i, id, prefix)
@@ -81,41 +105,59 @@ end
 
 if op == 'renew' then
   local lease = ARGV[2]
-  local held, order = {}, {}
+  -- Per hold: 1 while each of its names is held, 2 once one is free (taken again if
+  -- all the others are held or free), 0 once one is another's.
+  local state, order = {}, {}
   for i = 1, names do
-    local owner, hold = ARGV[2 * i + 1], ARGV[2 * i + 2]
-    if held[hold] == nil then
-      held[hold] = 1
-      order[#order + 1] = hold
+    local owner, n, hold = ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2]
+    local count, tag = parse(hold)
+    if state[n] == nil then
+      state[n] = 1
+      order[#order + 1] = n
     end
-    if redis.call('hexists', KEYS[3 * i - 2], owner) == 1 then
-      redis.call('pexpire', KEYS[3 * i - 2], lease)
+    local hash = KEYS[3 * i - 2]
+    if tag_in(hash, owner) == tag then
+      redis.call('pexpire', hash, lease)
+    elseif count > 0 and state[n] ~= 0 and redis.call('exists', hash) == 0 then
+      state[n] = 2
     else
-      held[hold] = 0
+      state[n] = 0
+    end
+  end
+  for i = 1, names do
+    local owner, n, hold = ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2]
+    local hash = KEYS[3 * i - 2]
+    if state[n] == 2 and redis.call('exists', hash) == 0 then
+      redis.call('hset', hash, owner, hold)
+      redis.call('pexpire', hash, lease)
     end
   end
   local out = {}
-  for n, hold in ipairs(order) do
-    out[n] = held[hold]
+  for k, n in ipairs(order) do
+    out[k] = state[n]
   end
+  out[#out + 1] = server_ms()
   return out
 end
 
 local owner = ARGV[2]
 
 if op == 'acquire' then
-  local lease, count, wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  local lease, wait = tonumber(ARGV[3]), tonumber(ARGV[5])
+  local count, tag = parse(ARGV[4])
   local refused = false
   local longest = -2
   for i = 1, names do
     local hash = KEYS[3 * i - 2]
+    local mine = tag_in(hash, owner)
     local ok
     if count > 1 then
-      ok = redis.call('hexists', hash, owner) == 1
+      ok = mine == tag
+    elseif mine and mine > tag then
+      return {0, -2, {}, server_ms()}  -- a later try of this owner's holds it here
     else
       local reserved = redis.call('get', KEYS[3 * i])
-      ok = (redis.call('exists', hash) == 0 or redis.call('hexists', hash, owner) == 1)
-        and (not reserved or reserved == owner)
+      ok = (mine or redis.call('exists', hash) == 0) and (not reserved or reserved == owner)
     end
     if not ok then
       refused = true
@@ -125,16 +167,16 @@ if op == 'acquire' then
   if not refused then
     for i = 1, names do
       local hash = KEYS[3 * i - 2]
-      redis.call('hset', hash, owner, count)
+      redis.call('hset', hash, owner, ARGV[4])
       redis.call('pexpire', hash, lease)
       if count == 1 then
         redis.call('del', KEYS[3 * i])  -- a reservation for this owner is used up
       end
     end
-    return {1, count, {}}
+    return {1, count, {}, server_ms()}
   end
   if count > 1 then
-    return {0, -2, {}}
+    return {0, -2, {}, server_ms()}
   end
   if wait > 0 then
     local now = server_ms()
@@ -147,21 +189,23 @@ if op == 'acquire' then
       redis.call('pexpire', waiters, math.max(1, tonumber(last[2]) - now))
     end
   end
-  return {0, longest, {}}
+  return {0, longest, {}, server_ms()}
 end
 
 if op == 'release' then
-  local left, final = tonumber(ARGV[3]), ARGV[6] == '1'
+  local left, tag = parse(ARGV[3])
+  local final = ARGV[6] == '1'
   local status, woken, each = 1, '', {}
   for i = 1, names do
     local hash = KEYS[3 * i - 2]
     if final then
       redis.call('zrem', KEYS[3 * i - 1], owner)
     end
-    if redis.call('hexists', hash, owner) == 0 then
+    local mine = tag_in(hash, owner)
+    if not mine or mine > tag or (left > 0 and mine ~= tag) then
       each[i] = -1
     elseif left > 0 then
-      redis.call('hset', hash, owner, left)
+      redis.call('hset', hash, owner, ARGV[3])
       each[i] = 1
     else
       redis.call('hdel', hash, owner)
@@ -180,7 +224,7 @@ end
 
 if op == 'extend' then
   for i = 1, names do
-    if redis.call('hexists', KEYS[3 * i - 2], owner) == 0 then
+    if tag_in(KEYS[3 * i - 2], owner) ~= tonumber(ARGV[5]) then
       return 0
     end
   end

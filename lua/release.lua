@@ -1,5 +1,5 @@
 -- name: release
--- version: 14
+-- version: 15
 -- Everything that frees the plain lock or ends a wait on it, and the hand-off of a
 -- wake-up to ONE registered waiter (acquire.lua registers refused waiters in KEYS[2]).
 --
@@ -26,7 +26,10 @@
 -- KEYS[2]  zset of registered waiters: owner -> end of its registration (server ms)
 -- KEYS[3]  the reservation: the owner id of the waiter woken last, with a short PTTL
 -- ARGV[1]  the operation; the rest depends on it:
---   release  ARGV[2] owner, ARGV[3] hold count left (0 frees the owner's hold),
+--   release  ARGV[2] owner, ARGV[3] the hold left, '<count>:<tag>' (see acquire.lua;
+--            count 0 frees the owner's hold): a count above 0 is set on the owner's
+--            hold of that tag only, and count 0 frees a hold of that tag or a smaller
+--            one (made by the same try or an earlier one, never a later one),
 --            ARGV[4] the lock's wake channel, ARGV[5] release id (the same on every
 --            master, so that a manager counts N masters' wake-ups of one release once),
 --            ARGV[6] home channel prefix, ARGV[7] '1' to end the owner's own
@@ -35,11 +38,11 @@
 --            failed elsewhere, while still waiting: such an undo wakes no registered
 --            waiter, for the owner undoing tries again or gives up, which wakes the
 --            next waiter, and a wake-up would draw one more contender into the split),
---            ARGV[8] (optional) a hand-over lease in ms, '0' or absent for none: when
---            the waiter to wake belongs to the releasing owner's own manager, it is
---            granted the lock at once instead (hold count 1, that PTTL; its
---            registration ends) and nothing is published: that manager reads this
---            reply and tells it. A waiter of another manager
+--            ARGV[8] (optional) a hand-over, '<lease ms>:<tag>', '0' or absent for
+--            none: when the waiter to wake belongs to the releasing owner's own
+--            manager, it is granted the lock at once instead (the hold '1:<tag>',
+--            that PTTL; its registration ends) and nothing is published: that manager
+--            reads this reply and tells it. A waiter of another manager
 --            is only woken (handing over to another process would make every hand-off
 --            wait for that process to be scheduled). ARGV[9] (optional) '1' to defer
 --            the wake-up (nobody is woken or handed the lock, nothing is published,
@@ -52,10 +55,11 @@
 --            deferred (KEYS[2] exists: someone is registered), else 0; {-1, ''}
 --            the owner held nothing on this master
 --   abandon  ARGV[2] owner, ARGV[3] wake channel, ARGV[4] release id, ARGV[5] home
---            prefix: a waiter gives up. Ends its registration, takes back a hold it
---            was handed meanwhile and, if the lock is free here, wakes the next waiter
---            (the one giving up may have been woken, and will not take the lock).
---            Reply {0, woken}
+--            prefix, ARGV[6] (optional) a tag: a waiter gives up. Ends its
+--            registration, takes back a hold it was handed or a try left meanwhile (of
+--            that tag or a smaller one) and, if the lock is free here, wakes the next
+--            waiter (the one giving up may have been woken, and will not take the
+--            lock). Reply {0, woken}
 --   wake     ARGV[2] wake channel, ARGV[3] release id, ARGV[4] home prefix, ARGV[5]
 --            reservation ms: the deferred wake-up of a release. If the lock is free
 --            here, wakes the next waiter (reserving the lock for it as a release does).
@@ -68,6 +72,11 @@
 
 local op = ARGV[1]
 local hash, waiters, reserved = KEYS[1], KEYS[2], KEYS[3]
+
+-- The tag of a hold (see acquire.lua): the number after its ':', 0 for none.
+local function tag_of(hold)
+  return tonumber(string.match(hold, ':(%d+)$')) or 0
+end
 -- how long (ms) a woken waiter keeps its place at most, if it does not take the lock
 local KEEP_MS = 1000
 
@@ -76,10 +85,10 @@ local function manager_of(owner)
 end
 
 -- Wakes the next registered waiter, or grants it the lock with the lease handover
--- (0: never) if it belongs to local_manager; a waiter of another manager woken gets a
+-- (0: never) and the tag handed if it belongs to local_manager; a waiter of another manager woken gets a
 -- reservation of reserve ms (0: none); with defer, nobody is woken. Returns (the owner
 -- woken or '', the lease it was granted or 0, 1 if the wake-up was deferred else 0).
-local function wake_next(channel, id, prefix, handover, local_manager, reserve, defer)
+local function wake_next(channel, id, prefix, handover, handed, local_manager, reserve, defer)
   local now = 0
   if redis.call('exists', waiters) == 1 then
     if defer then
@@ -101,7 +110,7 @@ local function wake_next(channel, id, prefix, handover, local_manager, reserve, 
     local manager = manager_of(owner)
     if handover > 0 and manager == local_manager then
       redis.call('zrem', waiters, owner)
-      redis.call('hset', hash, owner, 1)
+      redis.call('hset', hash, owner, handed ~= '' and '1:' .. handed or '1')
       redis.call('pexpire', hash, handover)
       return owner, handover, 0
     end
@@ -126,26 +135,29 @@ if op == 'force' then
     return redis.error_reply('WRONGTYPE lock key holds a ' .. kind)
   end
   redis.call('del', hash, reserved)
-  return {1, (wake_next(ARGV[2], ARGV[3], ARGV[4], 0, '', 0, false))}
+  return {1, (wake_next(ARGV[2], ARGV[3], ARGV[4], 0, '', '', 0, false))}
 end
 
 if op == 'abandon' then
   redis.call('zrem', waiters, ARGV[2])
-  redis.call('hdel', hash, ARGV[2])
+  local hold = redis.call('hget', hash, ARGV[2])
+  if hold and tag_of(hold) <= tonumber(ARGV[6] or '0') then
+    redis.call('hdel', hash, ARGV[2])
+  end
   if redis.call('get', reserved) == ARGV[2] then
     redis.call('del', reserved)
   end
   if redis.call('exists', hash) == 1 then
     return {0, ''}
   end
-  return {0, (wake_next(ARGV[3], ARGV[4], ARGV[5], 0, '', 0, false))}
+  return {0, (wake_next(ARGV[3], ARGV[4], ARGV[5], 0, '', '', 0, false))}
 end
 
 if op == 'wake' then
   if redis.call('exists', hash) == 1 then
     return {0, ''}
   end
-  return {0, (wake_next(ARGV[2], ARGV[3], ARGV[4], 0, '', tonumber(ARGV[5]), false))}
+  return {0, (wake_next(ARGV[2], ARGV[3], ARGV[4], 0, '', '', tonumber(ARGV[5]), false))}
 end
 
 -- op == 'release'
@@ -153,12 +165,14 @@ local owner = ARGV[2]
 if ARGV[7] == '1' then
   redis.call('zrem', waiters, owner)
 end
-if redis.call('hexists', hash, owner) == 0 then
+local count, tag = string.match(ARGV[3], '^(%d+):?(%d*)$')
+count, tag = tonumber(count), tonumber(tag) or 0
+local hold = redis.call('hget', hash, owner)
+if not hold or tag_of(hold) > tag or (count > 0 and tag_of(hold) ~= tag) then
   return {-1, ''}
 end
-local count = tonumber(ARGV[3])
 if count > 0 then
-  redis.call('hset', hash, owner, count)
+  redis.call('hset', hash, owner, ARGV[3])
   return {1, ''}
 end
 redis.call('hdel', hash, owner)
@@ -168,6 +182,7 @@ end
 if ARGV[7] == '0' then
   return {0, '', 0, 0}  -- an undo wakes no registered waiter
 end
-local woken, handed, deferred = wake_next(ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[8] or '0'),
+local lease, handed = string.match(ARGV[8] or '0', '^(%d+):?(%d*)$')
+local woken, granted, deferred = wake_next(ARGV[4], ARGV[5], ARGV[6], tonumber(lease), handed,
   manager_of(owner), tonumber(ARGV[10] or '0'), ARGV[9] == '1')
-return {0, woken, handed, deferred}
+return {0, woken, granted, deferred}

@@ -1,5 +1,5 @@
 -- name: rwlock
--- version: 3
+-- version: 4
 -- The read/write lock: many readers or one writer, both reentrant and owner-scoped,
 -- and the upgradeable reader: one owner at a time that shares with readers and
 -- excludes writers. Its write acquire is its upgrade: granted, in the same call, once
@@ -10,40 +10,49 @@
 -- while it waits (no writer starvation); its entry ends at its own deadline if it dies.
 --
 -- KEYS[1]  hash: 'mode' -> 'read'|'write', 'writer' -> owner, 'upgradeable' -> owner,
---          'r:<owner>' / 'w:<owner>' / 'u:<owner>' -> read / write / upgradeable hold
---          count
+--          'r:<owner>' / 'w:<owner>' / 'u:<owner>' -> read / write / upgradeable hold,
+--          '<count>:<tag>' (see acquire.lua: nothing sent for one try changes a hold
+--          made by a later one)
 -- KEYS[2]  zset of hold leases: 'r:<owner>' / 'w:<owner>' / 'u:<owner>' -> lease end
 --          (server ms)
 -- KEYS[3]  zset of waiting writers and upgrades: owner -> end of its wait (server ms)
 -- ARGV[1]  the operation; the rest depends on it:
---   acquire  ARGV[2] side 'r'|'w'|'u', ARGV[3] owner, ARGV[4] lease ms, ARGV[5] count
---            to record (1 takes, >1 re-enters), ARGV[6] ms a waiting writer stays
---            registered (0: do not register)
+--   acquire  ARGV[2] side 'r'|'w'|'u', ARGV[3] owner, ARGV[4] lease ms, ARGV[5] the
+--            hold to record, '<count>:<tag>' (count 1 takes, >1 re-enters the hold of
+--            that tag), ARGV[6] ms a waiting writer stays registered (0: do not
+--            register)
 --            'u' is refused while a writer holds or waits, or another owner holds 'u';
 --            'r' by the owner of 'u' is not held up by waiting writers (it is inside);
 --            'w' by the owner of 'u' (its upgrade) waits for every hold but its own.
---            Reply {1, count} granted; {0, ms} refused, ms = when a retry may succeed
---            (an upgrade: when the other holds end; -2: a re-entry whose hold is gone)
---   release  ARGV[2] side, ARGV[3] owner, ARGV[4] count left (0 frees the hold),
+--            Reply {1, count, time} granted; {0, ms, time} refused, ms = when a retry
+--            may succeed (an upgrade: when the other holds end; -2: a re-entry whose
+--            hold is gone), time = the server's time in ms
+--   release  ARGV[2] side, ARGV[3] owner, ARGV[4] the hold left, '<count>:<tag>' (a
+--            count above 0 is set on the hold of that tag only; 0 frees a hold of
+--            that tag or a smaller one),
 --            ARGV[5] readers' channel, ARGV[6] writers' channel, ARGV[7] release id,
 --            ARGV[8] '1' to end the owner's wait as a writer too (a try that reached
 --            this master too late to count may have registered it), '0' to keep it
 --            (undoing a try that failed elsewhere, while still waiting), ARGV[9] the
---            upgrade channel. The last release of 'u' also frees the owner's 'w' hold
---            (its upgrade). A release that leaves only the holds of an owner of 'u'
+--            upgrade channel. The last release of 'u' that frees it also frees the
+--            owner's 'w' hold (its upgrade). A release that leaves only the holds of an owner of 'u'
 --            waiting to upgrade publishes on the upgrade channel.
 --            Reply 1 still held; 0 the hold is gone; -1 the owner held nothing here
 --   abandon  ARGV[2] owner, ARGV[3] readers' channel, ARGV[4] release id: a waiting
 --            writer (or upgrade) gives up. Reply 0
---   renew    ARGV[2] lease ms, then per lock i (KEYS[3i-2..3i]) ARGV[2i+1] side and
---            ARGV[2i+2] owner. Reply array: 1 renewed, 0 the hold is gone
+--   renew    ARGV[2] lease ms, then per lock i (KEYS[3i-2..3i]) ARGV[3i] side,
+--            ARGV[3i+1] owner and ARGV[3i+2] its hold '<count>:<tag>' (count 0:
+--            renew only). Reply array: 1 renewed, 2 taken again (the hold was gone and
+--            the lock is free for it: no writer for a reader, no other upgradeable
+--            reader or writer for 'u', no hold at all for a writer), 0 not held; then
+--            the server's time in ms
 --   force    ARGV[2] readers' channel, ARGV[3] writers' channel, ARGV[4] release id,
 --            ARGV[5] the upgrade channel. Reply 1 a lock was deleted, 0 there was none
 --   probe    (after purging ended holds) Reply {pttl, {field, value, ...},
 --            {waiting writer, ...}}
 --   extend   ARGV[2] side, ARGV[3] owner, ARGV[4] ms, ARGV[5] 'add' (the hold's lease
---            end moves ms later) or 'set' (it ends ms from now), only where the owner
---            still holds that side. Reply the ms left on the hold afterwards (> 0); 0
+--            end moves ms later) or 'set' (it ends ms from now), ARGV[6] the hold's
+--            tag, only where the owner still holds that side with that tag. Reply the ms left on the hold afterwards (> 0); 0
 --            when the owner holds nothing here
 -- A KEYS[1] that is not a hash is refused with a WRONGTYPE error (nothing changes).
 
@@ -125,25 +134,61 @@ local function wake_upgrade(hash, leases, writers, channel, rid)
   end
 end
 
-local function grant(hash, leases, member, count, lease)
-  redis.call('hset', hash, member, count)
+local function grant(hash, leases, member, hold, lease)
+  redis.call('hset', hash, member, hold)
   redis.call('zadd', leases, now + lease, member)
+end
+
+-- A hold '<count>:<tag>' (see acquire.lua): its count and its tag (0 for none).
+local function parse(hold)
+  local count, tag = string.match(hold, '^(%d+):?(%d*)$')
+  return tonumber(count), tonumber(tag) or 0
+end
+
+-- The tag of the hold ``member`` in ``hash``, or nil.
+local function tag_in(hash, member)
+  local hold = redis.call('hget', hash, member)
+  if not hold then return nil end
+  local _, tag = parse(hold)
+  return tag
 end
 
 if op == 'renew' then
   local lease = tonumber(ARGV[2])
   local out = {}
   for i = 1, #KEYS / 3 do
-    local hash, leases = KEYS[3 * i - 2], KEYS[3 * i - 1]
-    local member = ARGV[2 * i + 1] .. ':' .. ARGV[2 * i + 2]
-    if redis.pcall('hexists', hash, member) == 1 and redis.call('zscore', leases, member) then
-      redis.call('zadd', leases, now + lease, member)
-      tidy(hash, leases, KEYS[3 * i])
-      out[i] = 1
-    else
-      out[i] = 0
+    local hash, leases, writers = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+    local side, owner, hold = ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2]
+    local member = side .. ':' .. owner
+    local count, tag = parse(hold)
+    out[i] = 0
+    if not check_type(hash) then
+      tidy(hash, leases, writers)
+      if tag_in(hash, member) == tag and redis.call('zscore', leases, member) then
+        redis.call('zadd', leases, now + lease, member)
+        out[i] = 1
+      elseif count > 0 and not redis.call('hget', hash, member) then
+        local writer = redis.call('hget', hash, 'writer')
+        local upgrader = redis.call('hget', hash, 'upgradeable')
+        local free
+        if side == 'w' then
+          free = redis.call('zcard', leases) == 0
+          if free then redis.call('hset', hash, 'writer', owner) end
+        elseif side == 'u' then
+          free = not writer and not upgrader
+          if free then redis.call('hset', hash, 'upgradeable', owner) end
+        else
+          free = not writer
+        end
+        if free then
+          grant(hash, leases, member, hold, lease)
+          out[i] = 2
+        end
+      end
+      tidy(hash, leases, writers)
     end
   end
+  out[#out + 1] = now
   return out
 end
 
@@ -155,7 +200,7 @@ if op == 'extend' then
   tidy(hash, leases, writers)
   local member = ARGV[2] .. ':' .. ARGV[3]
   local score = redis.call('zscore', leases, member)
-  if redis.call('hexists', hash, member) == 0 or not score then
+  if tag_in(hash, member) ~= tonumber(ARGV[6]) or not score then
     return 0
   end
   local ends = now + tonumber(ARGV[4])
@@ -199,15 +244,16 @@ if op == 'release' then
     redis.call('zrem', writers, owner)
   end
   tidy(hash, leases, writers)
-  local left = tonumber(ARGV[4])
-  local held = redis.call('hexists', hash, member) == 1
+  local left, tag = parse(ARGV[4])
+  local mine = tag_in(hash, member)
+  local held = mine ~= nil and mine <= tag and (left == 0 or mine == tag)
   if held and left > 0 then
-    redis.call('hset', hash, member, left)
+    redis.call('hset', hash, member, ARGV[4])
     return 1
   end
   local gone = {}
   if held then gone[1] = member end
-  if side == 'u' and left == 0 and redis.call('hexists', hash, 'w:' .. owner) == 1 then
+  if held and side == 'u' and left == 0 and redis.call('hexists', hash, 'w:' .. owner) == 1 then
     -- The last release of the upgradeable lock ends its upgrade too.
     gone[#gone + 1] = 'w:' .. owner
   end
@@ -238,15 +284,18 @@ if op == 'release' then
 end
 
 -- op == 'acquire'
-local lease, count, wait = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local lease, wait = tonumber(ARGV[4]), tonumber(ARGV[6])
+local count, tag = parse(ARGV[5])
 tidy(hash, leases, writers)
-if redis.call('hexists', hash, member) == 1 then
-  grant(hash, leases, member, count, lease)
+local mine = tag_in(hash, member)
+if mine == tag or (mine and count == 1 and mine < tag) then
+  grant(hash, leases, member, ARGV[5], lease)
   tidy(hash, leases, writers)
-  return {1, count}
+  return {1, count, now}
 end
-if count > 1 then
-  return {0, -2}
+if count > 1 or mine then
+  -- A re-entry whose hold is gone, or a try of this owner's that a later one overtook.
+  return {0, -2, now}
 end
 local writer = redis.call('hget', hash, 'writer')
 local upgrader = redis.call('hget', hash, 'upgradeable')
@@ -262,18 +311,18 @@ if side == 'w' then
       redis.call('zadd', writers, now + wait, owner)
       tidy(hash, leases, writers)
     end
-    return {0, busy}
+    return {0, busy, now}
   end
   redis.call('hset', hash, 'writer', owner)
   redis.call('zrem', writers, owner)
 else
   if writer and (writer ~= owner or side == 'u') then
-    return {0, all_end(leases)}
+    return {0, all_end(leases), now}
   end
   if side == 'u' and upgrader then
     -- Another owner's (this owner's own is a re-entry): one at a time.
     local ends = redis.call('zscore', leases, 'u:' .. upgrader)
-    return {0, math.max(1, (tonumber(ends) or now) - now)}
+    return {0, math.max(1, (tonumber(ends) or now) - now), now}
   end
   if not writer and upgrader ~= owner and redis.call('zcard', writers) > 0 then
     -- A writer is waiting: no new reader until it has had its turn (or its wait ended).
@@ -281,12 +330,12 @@ else
     local holders = redis.call('zcard', leases)
     local retry = tonumber(first[2]) - now
     if holders > 0 then retry = math.min(retry, all_end(leases)) end
-    return {0, math.max(1, retry)}
+    return {0, math.max(1, retry), now}
   end
   if side == 'u' then
     redis.call('hset', hash, 'upgradeable', owner)
   end
 end
-grant(hash, leases, member, count, lease)
+grant(hash, leases, member, ARGV[5], lease)
 tidy(hash, leases, writers)
-return {1, count}
+return {1, count, now}

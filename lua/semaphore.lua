@@ -1,7 +1,9 @@
 -- name: semaphore
--- version: 1
+-- version: 2
 -- A semaphore of P permits kept as P slots (see docs/semaphore.md): each slot is a
--- hash owner -> hold count whose PTTL is the lease, as the plain lock keeps a lock, and
+-- hash owner -> hold ('<count>:<tag>', see acquire.lua: nothing sent for one try
+-- changes a hold made by a later one) whose PTTL is the lease, as the plain lock keeps
+-- a lock, and
 -- a permit is one slot held on a quorum of masters. An owner holds at most one slot
 -- here. The index (owner -> slot number) tells which slot each holder has; it lives as
 -- long as the longest of those holds. Refused owners register as waiters (owner -> end
@@ -12,35 +14,47 @@
 -- KEYS     the slots the operation names (slot hashes), then the waiters zset, then
 --          the index hash (renew: pairs of a slot and its index instead)
 -- ARGV[1]  the operation; the rest depends on it:
---   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] hold count to record (1 takes,
---            >1 re-enters), ARGV[5] ms the owner stays registered as a waiter if
---            refused (0: do not register), ARGV[6..] the slots to try, in order, as
---            positions in KEYS (1-based). A first hold takes the first slot that is
---            free or already the owner's, and lets go of any other the owner holds
---            among them; a re-entry re-enters the owner's hold on the first slot only.
---            Reply {1, count, position} granted; {0, ms} refused: ms until the first
---            of the tried slots' holds ends, -2 for a re-entry whose hold is gone
---   release  KEYS[1] the owner's slot; ARGV[2] owner, ARGV[3] hold count left (0
---            frees the slot), ARGV[4] the wake channel, ARGV[5] release id, ARGV[6]
+--   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] the hold to record,
+--            '<count>:<tag>' (count 1 takes, >1 re-enters the hold of that tag),
+--            ARGV[5] ms the owner stays registered as a waiter if refused (0: do not
+--            register), ARGV[6..] the slots to try, in order, as positions in KEYS
+--            (1-based). A first hold takes the first slot that is free or already the
+--            owner's, and lets go of any other the owner holds among them; it is
+--            refused where the owner holds one of them with a greater tag (a later
+--            try's). A re-entry re-enters the owner's hold on the first slot only.
+--            Reply {1, count, position, time} granted; {0, ms, time} refused: ms
+--            until the first of the tried slots' holds ends, -2 for a re-entry whose
+--            hold is gone (or a try that a later one overtook); time is the server's
+--            time in ms
+--   release  KEYS[1] the owner's slot; ARGV[2] owner, ARGV[3] the hold left,
+--            '<count>:<tag>' (a count above 0 is set on the hold of that tag only; 0
+--            frees a hold of that tag or a smaller one), ARGV[4] the wake channel,
+--            ARGV[5] release id, ARGV[6]
 --            home channel prefix, ARGV[7] '1' for a final release (it ends the owner's
 --            registration too, and a freed slot wakes a waiter) or '0' for an undo
 --            (nobody is woken). The count is absolute: a repeated call changes nothing.
 --            Reply {1, ''} still held; {0, woken, 0, 0} freed here; {-1, ''} the owner
 --            held nothing on that slot
---   drop     ARGV[2] owner, ARGV[3] the position of a slot to keep (0: none): lets go
---            of the owner's holds on every other slot named (the undo of a try),
---            waking nobody. Reply how many holds it let go of
+--   drop     ARGV[2] owner, ARGV[3] the position of a slot to keep (0: none), ARGV[4]
+--            a tag: lets go of the owner's holds of that tag or a smaller one on every
+--            other slot named (the undo of a try), waking nobody. Reply how many holds
+--            it let go of
 --   abandon  ARGV[2] owner, ARGV[3] wake channel, ARGV[4] release id, ARGV[5] home
---            prefix: a waiter gives up. Ends its registration, lets go of any hold a
---            try left it on the slots named, and where one of them is free wakes
---            another waiter. Reply {0, woken}
---   renew    KEYS pairs (a slot, its semaphore's index); ARGV[2] lease ms, ARGV[2+i]
---            the owner of the i-th pair. Reply array: 1 renewed, 0 not held there
+--            prefix, ARGV[6] a tag: a waiter gives up. Ends its registration, lets go
+--            of any hold a try left it on the slots named (of that tag or a smaller
+--            one), and where one of them is free wakes another waiter. Reply {0, woken}
+--   renew    KEYS pairs (a slot, its semaphore's index); ARGV[2] lease ms, ARGV[1+2i]
+--            the owner of the i-th pair, ARGV[2+2i] its hold '<count>:<tag>' (count
+--            0: renew only). The hold of that tag is renewed; where the slot is free
+--            and the owner holds no other slot here, it takes the slot again. Reply
+--            array: 1 renewed, 2 taken again, 0 not held there; then the server's
+--            time in ms
 --   extend   KEYS[1] the owner's slot; ARGV[2] owner, ARGV[3] ms, ARGV[4] 'add' (the
---            slot's PTTL grows by ms) or 'set' (it becomes ms). Reply the PTTL after
---            (> 0); 0 when the owner holds nothing there
+--            slot's PTTL grows by ms) or 'set' (it becomes ms), ARGV[5] the hold's
+--            tag. Reply the PTTL after (> 0); 0 when the owner holds nothing there
+--            with that tag
 --   probe    the slots named, or with none, those the index names. Reply
---            {{slot number, owner, count, pttl, ...}, {waiter, ...}}: every hold, and
+--            {{slot number, owner, hold count, pttl, ...}, {waiter, ...}}: every hold, and
 --            the registered waiters whose registration has not ended, in their order
 --   force    deletes the slots named (with none: those the index names) and the index,
 --            and wakes as many waiters as slots were held. Reply {1, woken} a slot was
@@ -60,6 +74,21 @@ local function check_types(first, last)
   end
 end
 
+-- A hold '<count>:<tag>': its count and its tag (0 for none).
+local function parse(hold)
+  local count, tag = string.match(hold, '^(%d+):?(%d*)$')
+  return tonumber(count), tonumber(tag) or 0
+end
+
+-- The tag of the owner's hold of slot ``key`` (a pcall: nil for none, or a key that is
+-- not a hash).
+local function tag_in(key, owner)
+  local hold = redis.pcall('hget', key, owner)
+  if type(hold) ~= 'string' then return nil end
+  local _, tag = parse(hold)
+  return tag
+end
+
 -- The slot number of a slot key, and the slot key of a number (next to the index).
 local function number_of(key)
   return tonumber(string.match(key, ':(%d+)$'))
@@ -74,7 +103,7 @@ local function tidy_index(index)
   local longest = 0
   for i = 1, #entries, 2 do
     local key = slot_key(index, entries[i + 1])
-    if redis.pcall('hexists', key, entries[i]) == 1 then
+    if tag_in(key, entries[i]) then
       longest = math.max(longest, redis.call('pttl', key))
     else
       redis.call('hdel', index, entries[i])
@@ -87,8 +116,13 @@ local function tidy_index(index)
   end
 end
 
-local function let_go(key, owner)
-  return redis.call('hdel', key, owner)
+-- Let go of the owner's hold of ``key`` if its tag is at most ``tag``: 1 if it did.
+local function let_go(key, owner, tag)
+  local mine = tag_in(key, owner)
+  if mine and mine <= tag then
+    return redis.call('hdel', key, owner)
+  end
+  return 0
 end
 
 local function manager_of(owner)
@@ -133,15 +167,26 @@ end
 if op == 'renew' then
   local out = {}
   for i = 1, #KEYS / 2 do
-    local key, index, owner = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 + i]
-    if redis.pcall('hexists', key, owner) == 1 then
+    local key, index = KEYS[2 * i - 1], KEYS[2 * i]
+    local owner, hold = ARGV[1 + 2 * i], ARGV[2 + 2 * i]
+    local count, tag = parse(hold)
+    out[i] = 0
+    if tag_in(key, owner) == tag then
       redis.call('pexpire', key, ARGV[2])
       tidy_index(index)
       out[i] = 1
-    else
-      out[i] = 0
+    elseif count > 0 and redis.call('exists', key) == 0 then
+      local other = redis.call('hget', index, owner)
+      if not other or not tag_in(slot_key(index, other), owner) then
+        redis.call('hset', key, owner, hold)
+        redis.call('pexpire', key, ARGV[2])
+        redis.call('hset', index, owner, number_of(key))
+        tidy_index(index)
+        out[i] = 2
+      end
     end
   end
+  out[#out + 1] = now
   return out
 end
 
@@ -169,7 +214,7 @@ if op == 'probe' or op == 'force' then
       local fields = redis.call('hgetall', key)
       local pttl = redis.call('pttl', key)
       for i = 1, #fields, 2 do
-        holds[#holds + 1] = {number_of(key), fields[i], tonumber(fields[i + 1]), pttl}
+        holds[#holds + 1] = {number_of(key), fields[i], (parse(fields[i + 1])), pttl}
       end
     end
     return {holds, redis.call('zrangebyscore', waiters, '(' .. now, '+inf')}
@@ -189,19 +234,26 @@ end
 local owner = ARGV[2]
 
 if op == 'acquire' then
-  local lease, count = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local lease = tonumber(ARGV[3])
+  local count, tag = parse(ARGV[4])
   local pick = nil
   if count > 1 then
     local position = tonumber(ARGV[6])
-    if redis.call('hexists', KEYS[position], owner) == 0 then
-      return {0, -2}
+    if tag_in(KEYS[position], owner) ~= tag then
+      return {0, -2, now}
     end
     pick = position
   else
     for i = 6, #ARGV do
+      local mine = tag_in(KEYS[tonumber(ARGV[i])], owner)
+      if mine and mine > tag then
+        return {0, -2, now}  -- a later try of this owner's holds a slot here
+      end
+    end
+    for i = 6, #ARGV do
       local position = tonumber(ARGV[i])
       local key = KEYS[position]
-      if redis.call('exists', key) == 0 or redis.call('hexists', key, owner) == 1 then
+      if redis.call('exists', key) == 0 or tag_in(key, owner) then
         pick = position
         break
       end
@@ -212,15 +264,15 @@ if op == 'acquire' then
       for i = 6, #ARGV do
         local position = tonumber(ARGV[i])
         if position ~= pick then
-          let_go(KEYS[position], owner)
+          let_go(KEYS[position], owner, tag)
         end
       end
     end
-    redis.call('hset', KEYS[pick], owner, count)
+    redis.call('hset', KEYS[pick], owner, ARGV[4])
     redis.call('pexpire', KEYS[pick], lease)
     redis.call('hset', index, owner, number_of(KEYS[pick]))
     tidy_index(index)
-    return {1, count, pick}
+    return {1, count, pick, now}
   end
   local wait = tonumber(ARGV[5])
   if wait > 0 then
@@ -237,7 +289,7 @@ if op == 'acquire' then
       soonest = pttl
     end
   end
-  return {0, soonest}
+  return {0, soonest, now}
 end
 
 if op == 'release' then
@@ -245,15 +297,16 @@ if op == 'release' then
     redis.call('zrem', waiters, owner)
   end
   local key = KEYS[1]
-  if redis.call('hexists', key, owner) == 0 then
+  local left, tag = parse(ARGV[3])
+  local mine = tag_in(key, owner)
+  if not mine or mine > tag or (left > 0 and mine ~= tag) then
     return {-1, ''}
   end
-  local left = tonumber(ARGV[3])
   if left > 0 then
-    redis.call('hset', key, owner, left)
+    redis.call('hset', key, owner, ARGV[3])
     return {1, ''}
   end
-  let_go(key, owner)
+  let_go(key, owner, tag)
   tidy_index(index)
   if ARGV[7] == '0' or redis.call('exists', key) == 1 then
     return {0, '', 0, 0}
@@ -262,11 +315,11 @@ if op == 'release' then
 end
 
 if op == 'drop' then
-  local keep = tonumber(ARGV[3])
+  local keep, tag = tonumber(ARGV[3]), tonumber(ARGV[4])
   local dropped = 0
   for i = 1, slots do
     if i ~= keep then
-      dropped = dropped + let_go(KEYS[i], owner)
+      dropped = dropped + let_go(KEYS[i], owner, tag)
     end
   end
   tidy_index(index)
@@ -276,8 +329,9 @@ end
 if op == 'abandon' then
   redis.call('zrem', waiters, owner)
   local free = false
+  local tag = tonumber(ARGV[6])
   for i = 1, slots do
-    let_go(KEYS[i], owner)
+    let_go(KEYS[i], owner, tag)
     free = free or redis.call('exists', KEYS[i]) == 0
   end
   tidy_index(index)
@@ -289,7 +343,7 @@ end
 
 if op == 'extend' then
   local key = KEYS[1]
-  if redis.call('hexists', key, owner) ~= 1 then
+  if tag_in(key, owner) ~= tonumber(ARGV[5]) then
     return 0
   end
   local ttl = tonumber(ARGV[3])

@@ -71,13 +71,21 @@ def lock_keys(ensemble: Any) -> dict[str, list[str]]:
     return {url: keys for url, keys in ensemble.keys(PREFIX + "*").items() if keys}
 
 
-def fields_on(ensemble: Any, name: str) -> list[dict[bytes, bytes]]:
-    """The plain lock ``name``'s hash (owner -> hold count) on each master."""
+def holds_on(ensemble: Any, name: str) -> list[dict[bytes, bytes]]:
+    """The plain lock ``name``'s hash on each master: owner -> hold, b"<count>:<tag>"."""
     out = []
     for server in ensemble.servers:
         with redis.Redis.from_url(server.url) as r:
             out.append(r.hgetall(lock_key(name)))
     return out
+
+
+def fields_on(ensemble: Any, name: str) -> list[dict[bytes, bytes]]:
+    """The plain lock ``name``'s hold counts (owner -> hold count) on each master."""
+    return [
+        {owner: hold.partition(b":")[0] for owner, hold in fields.items()}
+        for fields in holds_on(ensemble, name)
+    ]
 
 
 def registered(urls: Iterable[str], name: str) -> list[list[str]]:

@@ -8,6 +8,7 @@ the watchdog's verdicts."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import gc
 import importlib.util
@@ -42,7 +43,8 @@ from redreentrant._core.keys import (
 from redreentrant._core.kinds import EXCLUSIVE, FAIR
 from redreentrant._core.mock import AsyncMockTransport, FakeClock, MockTransport
 from redreentrant._core.packing import WireCache, evalsha_args
-from redreentrant._core.quorum import Quorum, lease_ms
+from redreentrant._core.quorum import Quorum, lease_ms, tally_grants
+from redreentrant._core.rounds import next_tag
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
 from redreentrant._core.turns import COURTESY_MS, GRACE, TENURE, Due
@@ -154,8 +156,8 @@ class Master:
         self.world = world
         #: the managers whose home channel a subscriber hears (for the record)
         self.managers = managers
-        #: lock hashes (owner -> count) and their expiries (ms)
-        self.hashes: dict[str, dict[str, int]] = {}
+        #: lock hashes (owner -> hold, "<count>:<tag>") and their expiries (ms)
+        self.hashes: dict[str, dict[str, str]] = {}
         self.expires: dict[str, int] = {}
         #: registered waiters per waiters key (owner -> end of registration, ms), and
         #: the expiry of each such key (ms)
@@ -209,9 +211,11 @@ class Master:
         if RECORDING is not None:
             RECORDING.after(self)
 
-    def hold(self, key: str, fields: dict[str, int], ttl: float) -> None:
-        """The lock hash ``key`` is ``fields`` (owner -> count) for ``ttl`` seconds."""
+    def hold(self, key: str, fields: dict[str, int | str], ttl: float) -> None:
+        """The lock hash ``key`` is ``fields`` (owner -> hold: a count, or
+        "<count>:<tag>") for ``ttl`` seconds."""
         ttl_ms = round(ttl * 1000)
+        fields = {owner: str(hold) for owner, hold in fields.items()}
 
         def change() -> None:
             self.hashes[key] = dict(fields)
@@ -248,7 +252,7 @@ class Master:
 
     # -- what the scripts see -------------------------------------------------------------
 
-    def _hash(self, key: str) -> dict[str, int]:
+    def _hash(self, key: str) -> dict[str, str]:
         """The lock hash ``key`` (empty: no such key)."""
         if key in self.hashes and (not self.hashes[key] or self.now() >= self.expires[key]):
             del self.hashes[key], self.expires[key]
@@ -325,24 +329,35 @@ class Master:
         if name == "release":
             return self._release(keys, args)
         if name == "renew":
-            out = []
-            for key, owner in zip(keys, args[1:], strict=True):
-                if str(owner) in self._hash(key):
+            out: list[int] = []
+            for key, owner, hold in zip(keys, args[1::2], args[2::2], strict=True):
+                count, tag = parse_hold(hold)
+                mine = tag_in(self._hash(key), str(owner))
+                if mine == tag:
                     self.expires[key] = self.now() + int(args[0])
                     out.append(1)
+                elif count > 0 and (
+                    not self._hash(key)
+                    or (mine is not None and mine < tag and len(self._hash(key)) == 1)
+                ):
+                    self.hashes.setdefault(key, {})[str(owner)] = str(hold)
+                    self.expires[key] = self.now() + int(args[0])
+                    out.append(2)
                 else:
                     out.append(0)
-            return out
+            return [*out, self.now()]
         raise AssertionError(f"unexpected script {name}")
 
     def _acquire(self, keys: Sequence[str], args: Sequence[Any]) -> Reply:
         """lua/acquire.lua."""
         key, waiters, reserved = keys
-        owner, lease, count, wait = str(args[0]), int(args[1]), int(args[2]), int(args[3])
+        owner, lease, hold, wait = str(args[0]), int(args[1]), str(args[2]), int(args[3])
+        count, tag = parse_hold(hold)
         polite = int(args[4]) if len(args) > 4 else 0
         now = self.now()
         free, pttl = False, -2
-        if count == 1 and not self._hash(key):
+        mine = tag_in(self._hash(key), owner)
+        if count == 1 and mine is None and not self._hash(key):
             holder = self.reservation(reserved)
             if holder is not None and holder != owner:
                 pttl = self.reserved[reserved][1] - now
@@ -358,14 +373,14 @@ class Master:
                             break
                 if free and holder is not None:
                     del self.reserved[reserved]
-        if free or owner in self._hash(key):
-            self.hashes.setdefault(key, {})[owner] = count
+        if free or (mine is not None and (mine == tag or (count == 1 and mine < tag))):
+            self.hashes.setdefault(key, {})[owner] = hold
             self.expires[key] = now + lease
             # The registration stays until the final release (lua/acquire.lua).
-            return [1, count]
+            return [1, count, now]
         if pttl == -2:
             pttl = self.pttl(key)
-        if count == 1 and wait > 0:
+        if count == 1 and wait > 0 and mine is None:
             self._purge(waiters, now)
             ends_at = now + wait
             place = int(args[5]) if len(args) > 5 else 0
@@ -374,7 +389,7 @@ class Master:
             zset = self.waiters.setdefault(waiters, {})
             zset.setdefault(owner, ends_at)  # NX: one registered already keeps its place
             self.waiters_expire[waiters] = now + max(1, max(zset.values()) - now)
-        return [0, pttl]
+        return [0, pttl, now]
 
     def _release(self, keys: Sequence[str], args: Sequence[Any]) -> Reply:
         """lua/release.lua."""
@@ -385,42 +400,52 @@ class Master:
                 return [0, ""]
             del self.hashes[key], self.expires[key]
             self.reserved.pop(reserved, None)
-            return [1, self._wake_next(keys, 0, "", 0, False)[0]]
+            return [1, self._wake_next(keys, 0, "", "", 0, False)[0]]
         if op == "abandon":
             owner = str(args[1])
             self._zrem(waiters, owner)
-            self._hash(key).pop(owner, None)
+            mine = tag_in(self._hash(key), owner)
+            if mine is not None and mine <= (int(args[5]) if len(args) > 5 else 0):
+                self._hash(key).pop(owner, None)
             if self.reservation(reserved) == owner:
                 del self.reserved[reserved]
             if self._hash(key):
                 return [0, ""]
-            return [0, self._wake_next(keys, 0, "", 0, False)[0]]
+            return [0, self._wake_next(keys, 0, "", "", 0, False)[0]]
         if op == "wake":
             if self._hash(key):
                 return [0, ""]
-            return [0, self._wake_next(keys, 0, "", int(args[4]), False)[0]]
-        owner, left, leave = str(args[1]), int(args[2]), args[6]
+            return [0, self._wake_next(keys, 0, "", "", int(args[4]), False)[0]]
+        owner, hold, leave = str(args[1]), str(args[2]), args[6]
+        left, tag = parse_hold(hold)
         if leave == "1":
             self._zrem(waiters, owner)
         held = self._hash(key)
-        if owner not in held:
+        mine = tag_in(held, owner)
+        if mine is None or mine > tag or (left > 0 and mine != tag):
             return [-1, ""]
         if left > 0:
-            held[owner] = left
+            held[owner] = hold
             return [1, ""]
         del held[owner]
         if self._hash(key) or leave == "0":  # an undo wakes no registered waiter
             return [0, "", 0, 0]
-        handover = int(args[7]) if len(args) > 7 else 0
+        handover, _, handed_tag = str(args[7] if len(args) > 7 else "0").partition(":")
         reserve = int(args[9]) if len(args) > 9 else 0
         defer = len(args) > 8 and args[8] == "1"
         woken, handed, deferred = self._wake_next(
-            keys, handover, owner.rpartition(":")[0], reserve, defer
+            keys, int(handover), handed_tag, owner.rpartition(":")[0], reserve, defer
         )
         return [0, woken, handed, deferred]
 
     def _wake_next(
-        self, keys: Sequence[str], handover: int, manager: str, reserve: int, defer: bool
+        self,
+        keys: Sequence[str],
+        handover: int,
+        handed_tag: str,
+        manager: str,
+        reserve: int,
+        defer: bool,
     ) -> tuple[str, int, int]:
         """``wake_next`` of lua/release.lua: wake (or hand the lock to) the registered
         waiter whose registration ends first; a woken one keeps its place, its end
@@ -435,7 +460,7 @@ class Master:
             owner = min(ends, key=lambda o: (ends[o], o))
             if handover > 0 and owner.rpartition(":")[0] == manager:
                 self._zrem(waiters, owner)
-                self.hashes.setdefault(key, {})[owner] = 1
+                self.hashes.setdefault(key, {})[owner] = f"1:{handed_tag}"
                 self.expires[key] = now + handover
                 return owner, handover, 0
             if self.listening(owner):
@@ -445,6 +470,18 @@ class Master:
                 return owner, 0, 0
             self._zrem(waiters, owner)  # its manager hears nothing: the next one
         return "", 0, 0
+
+
+def parse_hold(hold: object) -> tuple[int, int]:
+    """A hold "<count>:<tag>" (a bare count: tag 0), as the scripts read it."""
+    count, _, tag = str(hold).partition(":")
+    return int(count), int(tag or 0)
+
+
+def tag_in(fields: dict[str, str], owner: str) -> int | None:
+    """The tag of ``owner``'s hold in a lock hash, or None."""
+    hold = fields.get(owner)
+    return None if hold is None else parse_hold(hold)[1]
 
 
 class Hub:
@@ -894,9 +931,12 @@ def test_a_release_on_one_master_hands_the_lock_to_its_managers_next_waiter(worl
     w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
     # Granted to the waiter in the release's own call, and told to it with the lease and
     # a moment before the grant.
-    assert w.masters[0]._hash(lock_key("x")) == {waiter: 1}
+    handed = w.hub.handed_over[waiter]
+    assert w.masters[0]._hash(lock_key("x")) == {waiter: f"1:{handed.tag}"}
     assert w.hub.notices[-1] == ((wake_channel("x"),), (waiter,))
-    assert w.hub.handed_over[waiter] == Handover(lease_ms(LEASE), frozenset({0}), started)
+    assert handed == Handover(lease_ms(LEASE), frozenset({0}), started, handed.tag)
+    # The hand-over's hold has a tag of its own, later than the releasing hold's.
+    assert handed.tag > 0
 
 
 def test_a_release_whose_reply_is_lost_wakes_every_local_waiter(world: Worlds) -> None:
@@ -1036,7 +1076,8 @@ def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_
             assert all(not m._hash(lock_key("x")) for m in w.masters)  # still free
             seen.append([(set(m.registered(waiters_key("x"))), woken(m, other)) for m in w.masters])
             for m in w.masters:
-                assert m.run(EXCLUSIVE.acquire("x", other, lease_ms(LEASE), 1, 0)) == [1, 1]
+                granted = m.run(EXCLUSIVE.acquire("x", other, lease_ms(LEASE), "1:1", 0))
+                assert isinstance(granted, list) and granted[:2] == [1, 1]
 
     w.hub.on_wait = waiter_comes
     assert not w.acquire(blocking=True, timeout=COURTESY_MS / 1000 + 0.1)
@@ -1044,7 +1085,7 @@ def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_
     assert w.hub.pauses == [] and w.hub.waits[0] == pytest.approx(COURTESY_MS / 1000 + 0.001)
     # Once only: when the lock is free again, the owner's next acquire is a plain one.
     for m in w.masters:
-        m.run(EXCLUSIVE.release("x", other, 0, "r1"))
+        m.run(EXCLUSIVE.release("x", other, "0:1", "r1"))
     w.hub.on_wait = lambda: None
     assert w.acquire(blocking=True, timeout=1.0)
     assert [c.args[4] for per in w.transport.rounds[-1] for c in per] == [0] * 5
@@ -1152,19 +1193,20 @@ def test_a_waiter_renews_its_registration_when_its_place_ends_not_a_wait_later(
     assert w.hub.waits[:2] == [pytest.approx(LEASE - 1.0), pytest.approx(LEASE - 2.0)]
 
 
-def test_on_one_master_no_place_is_proposed_and_each_acquire_sends_the_same_call(
+def test_on_one_master_no_place_is_proposed_and_each_try_has_a_tag_of_its_own(
     world: Worlds,
 ) -> None:
-    # One master orders its waiters by itself; without a place (which changes with every
-    # acquire) the call is the same each time, and is packed once.
+    # One master orders its waiters by itself: no place is proposed. Each try's hold has
+    # a tag greater than every one before (nothing sent for it changes a later hold).
     w = world(1)
     for _ in range(2):
         assert w.acquire(blocking=True, timeout=10)
         w.run(w.engine.release(EXCLUSIVE, "x", w.engine.owner_id(), False))
         w.clock.advance(0.5)
     acquires = [r[0][0] for r in w.transport.rounds if r[0][0].script.name == "acquire"]
-    assert len(acquires) == 2 and acquires[0] == acquires[1]
-    assert len(acquires[0].args) < 6  # no place
+    assert len(acquires) == 2 and len(acquires[0].args) < 6  # no place
+    first, second = (parse_hold(call.args[2]) for call in acquires)
+    assert first[0] == second[0] == 1 and first[1] < second[1]
 
 
 def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_release_id(
@@ -1368,6 +1410,91 @@ def test_a_hold_gone_from_a_majority_is_lost_at_once(world: Worlds) -> None:
     assert lost == [hold] and hold.lost is not None
     with pytest.raises(LockLostError):
         w.run(w.engine.release(EXCLUSIVE, "x", hold.owner, quiet_if_lost=False))
+
+
+def test_a_renewal_takes_the_hold_again_where_it_is_gone_and_the_lock_is_free(
+    world: Worlds,
+) -> None:
+    # Masters 3 and 4 forgot the hold (a restart, an early expiry): the owner, still on
+    # a quorum, takes it again there, so it stands on every master, not a bare quorum.
+    w = world()
+    hold = managed_hold(w)
+    for i in (3, 4):
+        w.masters[i].drop_holds()
+    w.masters[4].hold(lock_key("x"), {"someone-else": 1}, LEASE)  # taken meanwhile there
+    before = hold.valid_until
+    lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True))
+    assert lost == [] and hold.lost is None and hold.valid_until > before
+    fields = [m._hash(lock_key("x")) for m in w.masters]
+    assert fields[:4] == [{hold.owner: f"1:{hold.tag}"}] * 4
+    assert fields[4] == {"someone-else": "1"}  # never another's hold
+
+
+def test_a_renewal_whose_hold_stood_on_a_bare_quorum_only_is_not_renewed(world: Worlds) -> None:
+    # Only masters 0 and 1 kept the hold: those taken again (2, 3, 4) do not count, for
+    # the hold was not on a quorum meanwhile. Not renewed; the deadline clock reports it.
+    w = world()
+    hold = managed_hold(w)
+    for i in (2, 3, 4):
+        w.masters[i].drop_holds()
+    before = hold.valid_until
+    lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True))
+    assert lost == [hold] and hold.valid_until == before  # gone from 3: lost at once
+
+
+def test_a_release_that_a_quorum_neither_confirms_nor_refuses_is_not_a_loss() -> None:
+    from redreentrant._core.rounds import release_steps
+
+    q = Quorum(tuple(f"m{i}" for i in range(5)), 0.01, 0.05, FakeClock())
+    held, none = [0, "", 0, 0], [-1, ""]
+
+    def release(replies: list[list[object]]) -> None:
+        steps = release_steps(q, EXCLUSIVE, "x", "o", 0, 1)
+        assert isinstance(next(steps), Fanout)
+        with contextlib.suppress(StopIteration):
+            assert isinstance(steps.send(replies), Notify)  # wake local waiters
+            steps.send(None)
+
+    # Two held it, two did not, one did not answer: it may be on a quorum.
+    release([[held], [held], [none], [none], [ConnectionError()]])
+    # Three did not: it was not on a quorum any more.
+    with pytest.raises(LockLostError):
+        release([[held], [held], [none], [none], [none]])
+
+
+def test_a_master_whose_clock_steps_is_counted_out_for_the_quarantine_and_reported() -> None:
+    from redreentrant._core.clockwatch import ClockWatch
+
+    clock = FakeClock()  # the client's monotonic clock, at 1000 s
+    watch = ClockWatch(3, 0.01, clock, quarantine=lambda: 3.0)
+    steps: list[tuple[int, float]] = []
+    watch.on_step = lambda master, seconds: steps.append((master, seconds))
+    offset = 1_700_000_000_000 - 1_000_000  # the masters' wall clock, ms, less the client's
+
+    def observe(jump_ms: int = 0, took: float = 0.002) -> None:
+        sent = clock()
+        clock.advance(took)
+        at = offset + server_ms(sent + took / 2)
+        watch.observe([[[1, 1, at + (jump_ms if i == 1 else 0)]] for i in range(3)], sent, clock())
+
+    for _ in range(5):  # in step, over 50 s (well within the drift allowance)
+        observe()
+        clock.advance(10.0)
+    assert steps == [] and all(watch.counts(i) for i in range(3))
+    observe(jump_ms=10_000)  # master 1's clock stepped 10 s forward
+    assert [m for m, _ in steps] == [1] and 9.8 < steps[0][1] <= 10.0  # beyond the drift
+    assert [watch.counts(i) for i in range(3)] == [True, False, True]
+    clock.advance(2.0)
+    observe(jump_ms=10_000)  # in step with its new self: still out for the quarantine
+    assert not watch.counts(1) and len(steps) == 1
+    clock.advance(1.5)
+    assert watch.counts(1)  # the quarantine is over
+    # A grant from a master counted out is a refusal.
+    q = Quorum(("a", "b", "c"), 0.01, 0.05, clock)
+    q.watch.out_until[2] = clock() + 1.0
+    q.watch.anyone_out = True
+    tally = tally_grants(q, "k", [[[1, 1, 0]], [[1, 1, 0]], [[1, 1, 0]]])
+    assert tally.granted == [0, 1] and tally.refused == [2]
 
 
 def test_a_dead_owners_hold_is_released_everywhere_and_reported(world: Worlds) -> None:
@@ -1777,12 +1904,12 @@ def test_a_master_health_record_turns_suspect_is_probed_at_intervals_and_rejoins
     assert not m.lagging(behind, 10.1, timeout=0.2)  # late, not overdue: still waited for
     assert m.lagging(behind, 10.25, timeout=0.2) and m.suspect  # overdue: suspect
     # A suspect is sent no new acquire: the connection goes back, nothing is sent.
-    assert m.queue_for_suspect(behind, 1, cleanup=False) == ([], []) and m.behind == [behind]
+    assert m.queue_behind(behind, 1, cleanup=False) == ([], []) and m.behind == [behind]
     # A clean-up goes on every connection behind; one that would owe too much is closed.
     full = Behind(conn=object(), owed=MAX_OWED, since=10.0)
     m.behind.append(full)
     taken = m.behind.pop(0)
-    assert m.queue_for_suspect(taken, 1, cleanup=True) == ([behind], [full]) and not m.behind
+    assert m.queue_behind(taken, 1, cleanup=True) == ([behind], [full]) and not m.behind
     m.queued(behind, 1, 10.3)
     assert behind.owed == 3 and m.behind == [behind]
     m.behind.clear()
@@ -2019,7 +2146,7 @@ def test_an_extension_is_valid_while_a_quorum_keeps_the_hold() -> None:
 
     clock = FakeClock()
     q = Quorum(tuple(f"m{i}" for i in range(5)), 0.01, 0.05, clock)
-    steps = extend_steps(q, EXCLUSIVE, "x", "o", 3000, True)
+    steps = extend_steps(q, EXCLUSIVE, "x", "o", 3000, True, 1)
     # Masters left with 9, 8, 7, 2 s and one that held nothing: the hold stays on a
     # quorum (3) for 7 s, from before the round, less the drift allowance.
     valid_until = _drive_once(steps, [[9000], [8000], [0], [7000], [2000]])
@@ -2040,7 +2167,7 @@ def test_an_extension_short_of_a_quorum_raises(
 
     q = Quorum(tuple(f"m{i}" for i in range(5)), 0.01, 0.05)
     with pytest.raises(error):
-        _drive_once(extend_steps(q, EXCLUSIVE, "x", "o", 3000, False), replies)
+        _drive_once(extend_steps(q, EXCLUSIVE, "x", "o", 3000, False, 1), replies)
 
 
 def test_max_hold_stops_renewals_and_names_itself_in_the_verdict() -> None:
@@ -2069,7 +2196,7 @@ def test_a_semaphore_try_sends_every_slot_in_an_order_drawn_from_the_injected_so
 
     draws = iter([0.2, 3.9, 1.5])  # j for i = 3, 2, 1 (Fisher-Yates)
     q = Quorum(("a", "b", "c"), 0.01, 0.1, FakeClock(), lambda lo, hi: next(draws))
-    call = semaphore_kind(4).attempt(q, "s", "o", 1000, 1, 0)
+    call = semaphore_kind(4).attempt(q, "s", "o", 1000, "1:1", 0)
     order = call.args[5:]
     assert sorted(order) == [1, 2, 3, 4]  # positions of the four slots' keys
     assert order == (4, 2, 3, 1)  # i=3 swaps with 0; i=2 and i=1 stay
@@ -2086,17 +2213,18 @@ def test_a_semaphore_grant_is_a_slot_a_quorum_granted_and_the_rest_is_taken_back
     tally, held = front.judge(q, "s", replies)
     assert held is semaphore_kind(2, 1) and tally.granted == [0, 1, 3]
     assert sorted(tally.refused) == [2, 4]
-    back = front.kept(q, "s", "o", tally, held)
+    back = front.kept(q, "s", "o", tally, held, 7)
     assert back is not None and back.early is not None and back.early.needed == 0
     assert [bool(calls) for calls in back.calls] == [False, False, True, False, True]
-    assert back.calls[2][0].args[:3] == ("drop", "o", 2)  # keep slot 1 (position 2)
+    # Keep slot 1 (position 2); drop what the same try (tag 7) or an earlier one took.
+    assert back.calls[2][0].args == ("drop", "o", 2, 7)
     # Split: no slot on a quorum (two masters each for slots 0 and 1, one refused).
     split: list[list[object]] = [[[1, 1, 1]], [[1, 1, 2]], [[1, 1, 1]], [[1, 1, 2]], [[0, 9]]]
     tally, _ = front.judge(q, "s", split)
     assert len(tally.granted) == 2 < q.needed
     everyone: list[list[object]] = [[[1, 1, 1]]] * 5
     tally, held = front.judge(q, "s", everyone)
-    assert front.kept(q, "s", "o", tally, held) is None  # nothing to take back
+    assert front.kept(q, "s", "o", tally, held, 7) is None  # nothing to take back
 
 
 # -- the upgradeable reader of the read/write lock (replies of rwlock.lua, canned) ----------
@@ -2111,7 +2239,10 @@ def rw_answers(w: World, answer: Callable[[int, Call], Reply]) -> list[list[Call
         if master == 0:
             w.clock.advance(w.round_time)
             rounds.append([call])
-        return answer(master, call)
+        reply = answer(master, call)
+        if call.args[0] == "acquire" and isinstance(reply, list):
+            reply = [*reply, server_ms(w.clock())]  # a try's reply ends with the time
+        return reply
 
     mock = w.transport if isinstance(w.transport, MockTransport) else w.transport._mock
     mock.handler = handler
@@ -2131,7 +2262,7 @@ def rw_granting(refused: int, ms: int = 0) -> Callable[[int, Call], Reply]:
             if tries[master] <= refused:
                 return [0, ms]
         if op == "acquire":
-            return [1, int(call.args[4])]
+            return [1, parse_hold(call.args[4])[0]]
         return 0
 
     return answer
@@ -2191,12 +2322,14 @@ def test_the_last_upgradeable_release_ends_the_upgrade_in_the_same_call(world: W
     write = engine.hold(WRITE, "x")
     assert write is not None and write.count == 2
     w.run(engine.downgrade("x", owner))
-    assert rounds[-1][0].args[:4] == ("release", "w", owner, 1)
+    assert rounds[-1][0].args[:4] == ("release", "w", owner, f"1:{write.tag}")
     w.run(engine.release(UPGRADEABLE, "x", owner, False))  # not the last: still upgraded
     assert engine.hold(WRITE, "x") is write and write.count == 1
     sent = len(rounds)
     w.run(engine.release(UPGRADEABLE, "x", owner, False))
-    assert len(rounds) == sent + 1 and rounds[-1][0].args[:4] == ("release", "u", owner, 0)
+    up = rounds[-1][0].args[3]
+    assert len(rounds) == sent + 1 and rounds[-1][0].args[:3] == ("release", "u", owner)
+    assert parse_hold(up)[0] == 0 and parse_hold(up)[1] < write.tag  # the upgrade came later
     assert rounds[-1][0].args[-1] == aux_key("x", "rw:wake:u")
     assert engine.hold(UPGRADEABLE, "x") is None and engine.hold(WRITE, "x") is None
 
@@ -2273,11 +2406,15 @@ class ScriptMaster:
     """A master running the real scripts (on a fakeredis server of its own), for the
     kinds :class:`Master` does not model (the fair lock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: FakeClock) -> None:
         self.r = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        self.clock = clock
 
     def run(self, call: Call) -> Reply:
         reply: Reply = self.r.eval(call.script.source, len(call.keys), *call.keys, *call.args)
+        if call.args[0] in ("acquire", "renew") and isinstance(reply, list):
+            # The server's time a try's reply ends with, as the world's clock has it.
+            reply[-1] = server_ms(self.clock())
         return reply
 
 
@@ -2303,7 +2440,7 @@ def test_a_fair_waiter_does_not_yield_to_a_head_that_left_and_queued_again(
     # p0's release reaches m1..m3 and p0 asks again: a new arrival, behind p3 on every
     # master. The yield was meant for p0's earlier place: p3 keeps its own, goes first.
     w = world()
-    masters = [ScriptMaster() for _ in w.masters]
+    masters = [ScriptMaster(w.clock) for _ in w.masters]
     w.masters = masters  # type: ignore[assignment]
     engine = w.engine
     z, p0, p3 = (engine.owner_of(token) for token in ("z", "p0", "p3"))
@@ -2312,19 +2449,25 @@ def test_a_fair_waiter_does_not_yield_to_a_head_that_left_and_queued_again(
         for i in at:
             masters[i].run(call)
 
+    def freed(owner: str) -> str:
+        """The hold of ``owner``, released."""
+        hold = engine.holds.get(FAIR, "x", owner)
+        assert hold is not None
+        return f"0:{hold.tag}"
+
     assert w.run(engine.acquire(FAIR, "x", z, False, -1, None))
     # p0 queues behind z, which releases while p0 waits: p0 holds it, at the head.
-    w.hub.on_wait = lambda: everywhere(FAIR.release("x", z, 0, "z:1"))
+    w.hub.on_wait = lambda: everywhere(FAIR.release("x", z, freed(z), "z:1"))
     assert w.run(engine.acquire(FAIR, "x", p0, True, 10, None))
 
     def released_on_m0() -> None:
         w.hub.on_wait = lambda: None
-        everywhere(FAIR.release("x", p0, 0, "p0:1"), [0])
+        everywhere(FAIR.release("x", p0, freed(p0), "p0:1"), [0])
         w.failing[4] = redis.TimeoutError("frozen")
 
     def p0_again() -> None:
-        everywhere(FAIR.release("x", p0, 0, "p0:1"), [1, 2, 3])
-        call = FAIR.acquire("x", p0, lease_ms(LEASE), 1, lease_ms(LEASE))
+        everywhere(FAIR.release("x", p0, freed(p0), "p0:1"), [1, 2, 3])
+        call = FAIR.acquire("x", p0, lease_ms(LEASE), f"1:{next_tag()}", lease_ms(LEASE))
         everywhere(Call(call.script, call.keys, (*call.args[:5], "p0-again")), range(4))
 
     w.hub.on_wait = released_on_m0

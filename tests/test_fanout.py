@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,12 +73,14 @@ class Master:
         self.ran.append((SHAS[str(command[1])], *command[3:]))
         return self.answer(self, command)
 
-    def speak(self) -> None:
-        """A silent master answers: what it withheld comes, in order."""
+    def speak(self, limit: int | None = None) -> None:
+        """A silent master answers: what it withheld comes, in order (at most ``limit``
+        replies per connection: the rest is still on its way)."""
         self.mode = "ok"
         for conn in self.conns:
-            conn.queue.extend(conn.held)
-            conn.held.clear()
+            while conn.held and (limit is None or limit > 0):
+                conn.queue.append(conn.held.popleft())
+                limit = None if limit is None else limit - 1
             conn.woken()
 
     def hang_up(self) -> None:
@@ -319,11 +322,14 @@ def counter(m: Master, command: tuple[object, ...]) -> object:
 def test_a_round_reaches_every_master_and_keeps_its_connections(harness: Any) -> None:
     h = harness(3)
     assert h.round(release(3)) == [[[1, 1]]] * 3
-    # A new connection is sent every script first, then the round's calls.
-    assert all(m.scripts == {s.sha for s in LOCK_SCRIPTS} for m in h.masters)
+    # A new connection is sent the scripts of the round's calls first, then the calls;
+    # a later round on it, the calls only.
+    assert all(m.scripts == {RELEASE.sha} for m in h.masters)
     assert h.round(release(3)) == [[[1, 1]]] * 3
+    assert h.round(Fanout(acquire(3).calls)) == [[[1, 1]]] * 3
+    assert all(m.scripts == {RELEASE.sha, ACQUIRE.sha} for m in h.masters)
     assert [m.connects for m in h.masters] == [1, 1, 1]
-    assert [len(m.ran) for m in h.masters] == [2, 2, 2]
+    assert [len(m.ran) for m in h.masters] == [3, 3, 3]
 
 
 def test_a_round_decided_early_reads_past_the_replies_it_left(harness: Any) -> None:
@@ -357,6 +363,26 @@ def test_a_silent_master_is_waited_for_once_then_failed_at_once_until_it_answers
     assert h.round(release(3))[2] == [[1, 1]]
     assert not h.protocol.masters[2].suspect
     assert h.protocol.masters[2].behind == []
+
+
+def test_a_master_that_answers_slowly_is_sent_the_next_round_on_another_connection(
+    harness: Any,
+) -> None:
+    h = harness(3)
+    h.round(release(3))
+    h.masters[2].mode = "silent"
+    h.round(release(3))  # waited for, in vain: suspect
+    h.round(release(3))  # not waited for: queued behind the first, on its connection
+    assert h.protocol.masters[2].suspect
+    time.sleep(TIMEOUT)  # what the connection still owes is overdue
+    h.masters[2].speak(limit=1)  # the first reply comes; the second is on its way
+    # It answers, only late: not suspect. Its connection still owes a reply, overdue:
+    # the round goes out on a new connection, and is answered there.
+    assert h.round(Fanout(acquire(3).calls))[2] == [[1, 1]]
+    assert not h.protocol.masters[2].suspect
+    assert h.masters[2].connects == 2 and len(h.protocol.masters[2].behind) == 1
+    h.masters[2].speak()
+    assert h.round(release(3))[2] == [[1, 1]]
 
 
 def test_a_suspect_is_sent_no_acquire(harness: Any) -> None:
@@ -512,10 +538,14 @@ def test_a_round_sends_to_kept_connections_before_it_connects_the_missing_ones()
     new = [SyncConn(Master(1)), SyncConn(Master(2))]
     effect = steps.send(new)
     assert effect[0] == io.SEND and [s[0] for s in effect[1]] == [1, 2]
-    preload = [c for c in effect[1][0][2] if c[0] == "SCRIPT"]
-    assert len(preload) == len(LOCK_SCRIPTS)  # every script, ahead of the calls
+    loads = [c for c in effect[1][0][2] if c[0] == "SCRIPT"]
+    # The script of the round's call, ahead of it, in the same send: no round trip
+    # of its own, and not every script at once.
+    assert loads == [("SCRIPT", "LOAD", RELEASE.source)]
+    assert effect[1][0][2][-1][0] == "EVALSHA"
     effect = steps.send(None)
-    assert effect[0] == io.READ and effect[1] == 0 and effect[3] == 1
-    effect = steps.send(([[1, 1]], None))
-    # The new connection owes the scripts' replies, read (and dropped) first.
-    assert effect[0] == io.READ and effect[1] == 1 and effect[3] == len(LOCK_SCRIPTS) + 1
+    # A kept connection that this protocol did not make is sent the script too.
+    assert effect[0] == io.READ and effect[1] == 0 and effect[3] == 2
+    effect = steps.send(([RELEASE.sha, [1, 1]], None))
+    # The new connection owes the script's reply, read (and dropped) first.
+    assert effect[0] == io.READ and effect[1] == 1 and effect[3] == 2

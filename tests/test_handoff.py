@@ -245,13 +245,13 @@ def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
             # A first wait makes the manager hear its home channel (until every master
             # confirmed it, a wait counts as woken at once: a wake-up may be missed).
             for url in urls:
-                assert run_call(url, EXCLUSIVE.acquire("warm-up", slow, 200, 1, 0)) == [1, 1]
+                assert run_call(url, EXCLUSIVE.acquire("warm-up", slow, 200, "1", 0))[:2] == [1, 1]
             with mgr.lock("warm-up"):
                 pass
             lock = mgr.lock(name)
             lock.acquire()
             for url in urls:  # refused, registered as a waiter
-                assert run_call(url, EXCLUSIVE.acquire(name, slow, 30_000, 1, 30_000))[0] == 0
+                assert run_call(url, EXCLUSIVE.acquire(name, slow, 30_000, "1", 30_000))[0] == 0
             time.sleep(turns.TENURE * 3)  # the turn is over: the release wakes the waiter
             lock.release()
             for p in listeners:
@@ -268,10 +268,11 @@ def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
                     )
                     time.sleep(0.1)  # the waiter is slow
                     outcome.extend(
-                        run_call(url, EXCLUSIVE.acquire(name, slow, 30_000, 1, 0)) for url in urls
+                        run_call(url, EXCLUSIVE.acquire(name, slow, 30_000, "1", 0))[:2]
+                        for url in urls
                     )
                     for url in urls:  # its release wakes the owner, registered behind it
-                        run_call(url, EXCLUSIVE.release(name, slow, 0, "slow-manager:1"))
+                        run_call(url, EXCLUSIVE.release(name, slow, "0", "slow-manager:1"))
                 except BaseException as error:
                     outcome.append(error)
 

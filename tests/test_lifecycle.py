@@ -437,7 +437,7 @@ def test_reentry_cannot_set_the_lease_of_a_managed_hold(
         assert lock.hold_count == 1
         with redis.Redis.from_url(ensemble[0].url) as r:
             assert r.pttl(lock_key("reenter")) > 2000  # still the manager's 5 s lease
-            assert r.hget(lock_key("reenter"), manager.owner_id()) == b"1"
+            assert fields_on(ensemble, "reenter")[0] == {manager.owner_id().encode(): b"1"}
 
 
 def test_reentry_of_a_fixed_hold_sets_its_fixed_lease(

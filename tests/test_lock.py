@@ -8,7 +8,7 @@ import time
 
 import pytest
 import redis
-from helpers import fields_on, registered, wait_until
+from helpers import fields_on, holds_on, registered, wait_until
 
 from redreentrant import (
     LockKeyTypeError,
@@ -43,6 +43,9 @@ def test_every_master_records_the_hold_count(manager: LockManager, ensemble: Loc
     with lock, lock, lock:
         owner = manager.owner_id().encode()
         assert fields_on(ensemble, "counted") == [{owner: b"3"}] * 5
+        # The hold is "<count>:<tag>", the tag that of the try that took it: the same on
+        # every master.
+        assert len({str(fields) for fields in holds_on(ensemble, "counted")}) == 1
         assert lock.hold_count == 3 and lock.is_owned() and lock.locked()
         assert 0 < lock.remaining() <= manager.lease
     assert fields_on(ensemble, "counted") == [{}] * 5

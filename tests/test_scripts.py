@@ -22,17 +22,17 @@ from redreentrant._core.keys import (
 #: name -> (version, first 16 hex digits of the text's SHA-256). A script edit must bump
 #: its version and then update this table; an edit without a bump fails the test below.
 PINS: dict[str, tuple[int, str]] = {
-    "acquire": (7, "0fdb1e34ed434125"),
-    "release": (14, "60407d0aed575f34"),
-    "renew": (1, "25bd8edda58852a6"),
+    "acquire": (8, "4a18dc00f3f22461"),
+    "release": (15, "6fc4429697ebf4ec"),
+    "renew": (2, "4b4373812b601ec3"),
     "probe": (2, "b8f2fbe2e1a0c00a"),
-    "rwlock": (3, "915d464559dc70b0"),
-    "fairlock": (5, "9a5ccdf3ac52a7a2"),
+    "rwlock": (4, "8fca34d36d7d11d0"),
+    "fairlock": (6, "957c6af0053a5dbc"),
     "fence": (2, "86b825c3d1994952"),
     "fenced_write": (2, "51208ad8a45b1b4b"),
-    "extend": (1, "e0f678db4903b1d5"),
-    "semaphore": (1, "af44e59278e9d56f"),
-    "multilock": (1, "7fd97793fb76582e"),
+    "extend": (2, "a9828b0fca9a03b3"),
+    "semaphore": (2, "05239873b55833a9"),
+    "multilock": (2, "428bfb15e9a33091"),
 }
 
 
@@ -75,25 +75,31 @@ RESERVED = reserved_key("job")
 KEYS = [KEY, WAITERS, RESERVED]
 
 
+def timed(reply: object) -> list[Any]:
+    """A try's reply less the server's time (ms) that ends it, checked to be there."""
+    assert isinstance(reply, list) and isinstance(reply[-1], int) and reply[-1] > 1e12, reply
+    return reply[:-1]
+
+
 def acquire(
     r: fakeredis.FakeRedis,
     owner: str,
-    count: int = 1,
+    count: int | str = 1,
     wait: int = 0,
     polite: int = 0,
     place: int = 0,
 ) -> object:
     extra = [polite, place] if place else [polite] if polite else []
-    return run(r, scripts.ACQUIRE, KEYS, owner, 5000, count, wait, *extra)
+    return timed(run(r, scripts.ACQUIRE, KEYS, owner, 5000, count, wait, *extra))
 
 
 def release(
     r: fakeredis.FakeRedis,
     owner: str,
-    left: int,
+    left: int | str,
     rid: str,
     leave: str = "1",
-    handover: int = 0,
+    handover: int | str = 0,
     defer: str = "0",
     reserve: int = 0,
 ) -> object:
@@ -145,7 +151,7 @@ def test_reentry_records_the_count_and_never_recreates_a_lost_hold(
     r: fakeredis.FakeRedis,
 ) -> None:
     acquire(r, "a")
-    assert run(r, scripts.ACQUIRE, KEYS, "a", 9000, 2, 0) == [1, 2]
+    assert timed(run(r, scripts.ACQUIRE, KEYS, "a", 9000, 2, 0)) == [1, 2]
     assert r.hget(KEY, "a") == b"2" and r.pttl(KEY) > 5000
     r.delete(KEY)
     assert acquire(r, "a", count=3, wait=5000) == [0, -2]
@@ -238,18 +244,21 @@ def test_a_release_with_a_hand_over_grants_the_lock_to_its_own_managers_waiter(
     acquire(r, "dead:x", wait=2000)  # its manager hears nothing: skipped, not granted
     acquire(r, "m1:b", wait=3000)
     acquire(r, "m1:c", wait=4000)
-    assert release(r, "m1:a", 0, "r1", handover=7000) == [0, b"m1:b", 7000, 0]
-    # Granted to b as a first hold, with the lease handed over; its wait is over.
-    assert r.hgetall(KEY) == {b"m1:b": b"1"} and 5000 < r.pttl(KEY) <= 7000
+    assert release(r, "m1:a", 0, "r1", handover="7000:9") == [0, b"m1:b", 7000, 0]
+    # Granted to b as a first hold, with the lease and the tag handed over; its wait is
+    # over.
+    assert r.hgetall(KEY) == {b"m1:b": b"1:9"} and 5000 < r.pttl(KEY) <= 7000
     assert r.zrange(WAITERS, 0, -1) == [b"m1:c"]
     # Nothing published: the releasing manager reads the reply and tells b itself.
     assert hub1.get_message(timeout=0.05) is None
     # The releasing owner coming back is refused (and registers behind c).
     assert acquire(r, "m1:a", wait=5000)[0] == 0  # type: ignore[index]
-    # b holds it as its own: its next try is a grant, and so is its release.
-    assert acquire(r, "m1:b", wait=3000) == [1, 1]
-    assert release(r, "m1:b", 0, "r2", handover=7000) == [0, b"m1:c", 7000, 0]
-    assert r.hgetall(KEY) == {b"m1:c": b"1"}
+    # b holds it as its own: its next try (a later tag) is a grant, and so is its
+    # release; a try of b's that was sent before the hand-over changes nothing.
+    assert acquire(r, "m1:b", "1:8", wait=3000)[0] == 0  # type: ignore[index]
+    assert acquire(r, "m1:b", "1:10", wait=3000) == [1, 1]
+    assert release(r, "m1:b", "0:10", "r2", handover="7000:11") == [0, b"m1:c", 7000, 0]
+    assert r.hgetall(KEY) == {b"m1:c": b"1:11"}
 
 
 def test_a_hand_over_only_wakes_a_waiter_of_another_manager(r: fakeredis.FakeRedis) -> None:
@@ -485,8 +494,9 @@ def test_renew_resets_ttls_only_where_the_owner_holds(r: fakeredis.FakeRedis) ->
     run(r, scripts.ACQUIRE, KEYS, "a", 1000, 1, 0)
     run(r, scripts.ACQUIRE, [other, waiters_key("other"), reserved_key("other")], "b", 1000, 1, 0)
     r.set(lock_key("string"), "x")
-    reply = run(r, scripts.RENEW, [KEY, other, lock_key("string")], 60000, "a", "a", "a")
-    assert reply == [1, 0, 0]
+    keys = [KEY, other, lock_key("string")]
+    reply = run(r, scripts.RENEW, keys, 60000, "a", "0:0", "a", "0:0", "a", "0:0")
+    assert timed(reply) == [1, 0, 0]
     assert r.pttl(KEY) > 1000 and r.pttl(other) <= 1000
 
 
@@ -520,3 +530,99 @@ def test_probe_reads_without_changing(r: fakeredis.FakeRedis) -> None:
     assert r.zcard(WAITERS) == 3  # nothing purged: a probe changes nothing
     _, same, none = run(r, scripts.PROBE, [KEY])  # type: ignore[misc]
     assert same == fields and none == []  # no waiters' key given: none read
+
+
+# -- tags: nothing sent for one try changes a hold a later try made ------------------------
+
+
+def test_a_later_try_takes_over_an_earlier_ones_hold_and_an_earlier_one_changes_nothing(
+    r: fakeredis.FakeRedis,
+) -> None:
+    assert acquire(r, "m:a", "1:5") == [1, 1]
+    assert acquire(r, "m:a", "1:7") == [1, 1]  # the owner's hold of tag 5: taken over
+    assert r.hgetall(KEY) == {b"m:a": b"1:7"}
+    # The try of tag 5 (or 6), come late: refused, and registers nothing.
+    assert acquire(r, "m:a", "1:6", wait=3000)[0] == 0  # type: ignore[index]
+    assert r.hgetall(KEY) == {b"m:a": b"1:7"} and not r.exists(WAITERS)
+    # A re-entry changes the hold of its own tag only.
+    assert acquire(r, "m:a", "2:5")[0] == 0  # type: ignore[index]
+    assert acquire(r, "m:a", "2:7") == [1, 2]
+    assert r.hgetall(KEY) == {b"m:a": b"2:7"}
+
+
+def test_a_release_frees_its_own_hold_or_an_earlier_one_never_a_later_one(
+    r: fakeredis.FakeRedis,
+) -> None:
+    acquire(r, "m:a", "1:7")
+    acquire(r, "m:a", "2:7")
+    # An undo of the try of tag 5, or a release of the hold of tag 6, come late.
+    assert release(r, "m:a", "0:5", "r1", leave="0") == [-1, b""]
+    assert release(r, "m:a", "0:6", "r2") == [-1, b""]
+    assert release(r, "m:a", "1:6", "r3") == [-1, b""]  # a count: the same tag only
+    assert r.hgetall(KEY) == {b"m:a": b"2:7"}
+    assert release(r, "m:a", "1:7", "r4") == [1, b""]
+    assert r.hgetall(KEY) == {b"m:a": b"1:7"}
+    # A later try's undo (or the give-up of a later acquire) frees an earlier hold.
+    assert release(r, "m:a", "0:8", "r5", leave="0") == [0, b"", 0, 0]
+    assert not r.exists(KEY)
+
+
+def test_abandon_takes_back_only_holds_of_its_tag_or_an_earlier_one(
+    r: fakeredis.FakeRedis,
+) -> None:
+    abandon = ("abandon", "m:a", CHANNEL, "r1", HOME_PREFIX)
+    acquire(r, "m:a", "1:9")
+    assert run(r, scripts.RELEASE, KEYS, *abandon, 8) == [0, b""]
+    assert r.hgetall(KEY) == {b"m:a": b"1:9"}  # an acquire's give-up, come late
+    assert run(r, scripts.RELEASE, KEYS, *abandon, 9) == [0, b""]
+    assert not r.exists(KEY)
+
+
+def test_renew_takes_a_hold_again_where_the_lock_is_free(r: fakeredis.FakeRedis) -> None:
+    other, gone, mine = (lock_key(n) for n in ("other", "gone", "mine"))
+    acquire(r, "m:a", "1:3")  # KEY: held by the owner, tag 3
+    run(r, scripts.ACQUIRE, [other, waiters_key("other"), RESERVED], "m:b", 9000, "1:1", 0)
+    run(r, scripts.ACQUIRE, [mine, waiters_key("mine"), RESERVED], "m:a", 9000, "1:2", 0)
+    keys = [KEY, other, gone, mine, lock_key("only-renewed")]
+    args = ["m:a", "2:3", "m:a", "1:3", "m:a", "1:3", "m:a", "1:3", "m:a", "0:3"]
+    # Renewed (its tag); another's (not taken); free (taken again, with the hold given);
+    # the owner's own hold of an earlier tag, alone (taken over); count 0: renew only.
+    assert timed(run(r, scripts.RENEW, keys, 60000, *args)) == [1, 0, 2, 2, 0]
+    assert r.hgetall(gone) == {b"m:a": b"1:3"} and r.pttl(gone) > 50000
+    assert r.hgetall(mine) == {b"m:a": b"1:3"}
+    assert r.hgetall(other) == {b"m:b": b"1:1"} and r.pttl(other) <= 9000
+    assert not r.exists(lock_key("only-renewed"))
+
+
+def test_every_kinds_renewal_takes_its_hold_again_where_the_lock_is_free(
+    r: fakeredis.FakeRedis,
+) -> None:
+    from redreentrant._core.kinds import (
+        ELECTION,
+        FAIR,
+        READ,
+        WRITE,
+        multi_kind,
+        semaphore_kind,
+    )
+
+    owner = "m:a"
+    renewals = {
+        "fair": FAIR.renew([("f", owner, "1:4")], 60000),
+        "election": ELECTION.renew([("e", owner, "1:4")], 60000),
+        "read": READ.renew([("rw", owner, "1:4")], 60000),
+        "write": WRITE.renew([("rw2", owner, "1:4")], 60000),
+        "permit": semaphore_kind(2, 1).renew([("s", owner, "1:4")], 60000),
+        "multi": multi_kind(("m1", "m2")).renew([("m", owner, "1:4")], 60000),
+    }
+    for kind, call in renewals.items():
+        reply = timed(r.eval(call.script.source, len(call.keys), *call.keys, *call.args))
+        assert reply == [2], kind  # free: taken again
+        reply = timed(r.eval(call.script.source, len(call.keys), *call.keys, *call.args))
+        assert reply == [1], kind  # now renewed
+    # What each took is the owner's hold, as that kind keeps it.
+    assert r.hgetall(FAIR.key("f")) == {b"m:a": b"1:4"}
+    assert r.hget(READ.key("rw"), "r:m:a") == b"1:4"
+    assert r.hget(WRITE.key("rw2"), "writer") == b"m:a"
+    assert r.hgetall(semaphore_kind(2, 1).key("s")) == {b"m:a": b"1:4"}
+    assert r.hgetall(lock_key("m1")) == r.hgetall(lock_key("m2")) == {b"m:a": b"1:4"}

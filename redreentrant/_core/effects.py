@@ -135,12 +135,13 @@ class Wait:
 class Handover:
     """A grant that a release made in this process to a waiter of its manager directly
     (see :class:`Handed`): the lease in ms the waiter was granted with, the masters
-    that granted it, and when the release went out (before the grants), on the
-    monotonic clock."""
+    that granted it, when the release went out (before the grants), on the monotonic
+    clock, and the tag of the hold it made (see :func:`~.kinds.hold_value`)."""
 
     lease_ms: int
     masters: frozenset[int]
     since: float
+    tag: int = 0
 
 
 class Notify(NamedTuple):

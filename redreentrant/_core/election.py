@@ -139,7 +139,7 @@ def proclaim(
     term = engine.token(kind, name, owner)
     part = own_part(value, OWNERS.name(hold.token) or hold.token)
     q = engine.quorum
-    replies = yield q.everywhere(kind.proclaim(name, owner, term, part))
+    replies = yield q.everywhere(kind.proclaim(name, owner, term, part, hold.tag))
     written = sum(1 for (r,) in replies if r == 1)
     if written >= q.needed:
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 import random
 import sys
@@ -63,6 +64,8 @@ from .turns import RESERVE_MS, Due, Turns
 from .views import MasterView
 
 S = TypeVar("S", bound=Signal)
+
+log = logging.getLogger(__name__)
 
 #: how many owners' ids an engine keeps made (then it starts afresh)
 OWNER_ID_CACHE_SIZE = 1024
@@ -153,6 +156,12 @@ class Engine:
         #: called with when a deferred wake-up is due (the flavour's timer then sends
         #: :meth:`send_wakes` of :meth:`Turns.due`)
         self.on_deferred_wake: Callable[[float], None] = lambda due: None
+        #: the longest lease this manager has handed out (fixed leases included): how
+        #: long a master whose clock was seen to jump is counted out
+        self.longest_lease = settings.lease
+        watch = self.quorum.watch
+        watch.quarantine = lambda: self.longest_lease
+        watch.on_step = self._clock_stepped
 
     @classmethod
     def connect(
@@ -204,6 +213,20 @@ class Engine:
     def is_closed(self) -> bool:
         return self.closed
 
+    def _clock_stepped(self, master: int, seconds: float) -> None:
+        """Master ``master``'s clock was seen to jump: it is counted out for a lease
+        (see :mod:`.clockwatch`); say so."""
+        name = self.quorum.masters[master]
+        out = self.longest_lease
+        log.warning(
+            "redreentrant: the clock of %s moved %+.3fs beyond the drift allowance: its"
+            " votes do not count for %.3fs",
+            name, seconds, out,
+        )  # fmt: skip
+        listener = self.settings.listener
+        if listener is not None:
+            tell(partial(listener.clock_stepped, name, seconds, out))
+
     def check_open(self) -> None:
         if self.closed:
             raise ManagerClosedError("the lock manager is closed")
@@ -251,6 +274,8 @@ class Engine:
         q = self.quorum
         settings = self.settings
         lease_s = settings.lease if lease is None else settings.acquire_lease(lease)
+        if lease_s > self.longest_lease:
+            self.longest_lease = lease_s
         hold = self.holds.get(kind, name, owner)
         if hold is not None:
             if max_hold is not None:
@@ -284,7 +309,7 @@ class Engine:
         )  # fmt: skip
         grant = yield from steps
         if grant is not None and self.closed:
-            yield from self._closed_meanwhile(grant.kind or kind, name, owner)
+            yield from self._closed_meanwhile(grant.kind or kind, name, owner, grant.tag)
         return self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
 
     def _side(self, kind: LockKind, name: str, owner: str) -> LockKind:
@@ -358,7 +383,7 @@ class Engine:
         try:
             grant = yield from steps
             if grant is not None and self.closed:
-                yield from self._closed_meanwhile(grant.kind or kind, name, owner)
+                yield from self._closed_meanwhile(grant.kind or kind, name, owner, grant.tag)
             got = self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
         except BaseException as error:
             if isinstance(error, QuorumUnavailableError):
@@ -406,6 +431,7 @@ class Engine:
             acquired_at=now,
             renew_until=None if cap is None else now + cap,
             signal=signal,
+            tag=grant.tag,
         )
         self.holds.add(hold)
         if hold.managed:
@@ -414,11 +440,11 @@ class Engine:
             self.turns.granted(kind, name)
         return True
 
-    def _closed_meanwhile(self, kind: LockKind, name: str, owner: str) -> Steps[None]:
+    def _closed_meanwhile(self, kind: LockKind, name: str, owner: str, tag: int) -> Steps[None]:
         """A first hold granted while the manager was closing: nothing would renew or
         report it, so it is released, and the acquire fails."""
         with contextlib.suppress(Exception):
-            yield from release_steps(self.quorum, kind, name, owner, 0)
+            yield from release_steps(self.quorum, kind, name, owner, 0, tag)
         raise ManagerClosedError("the lock manager was closed during the acquire")
 
     def lose(self, hold: Hold, why: str) -> None:
@@ -449,8 +475,9 @@ class Engine:
         renewed = hold.lease if lease is None else lease_s
         count = hold.count + 1
         steps = acquire_steps(
-            self.quorum, hold.kind, hold.name, hold.owner, count, renewed, True, None
-        )
+            self.quorum, hold.kind, hold.name, hold.owner, count, renewed, True, None,
+            tag=hold.tag,
+        )  # fmt: skip
         try:
             grant = yield from steps
         except LockLostError as error:
@@ -563,7 +590,8 @@ class Engine:
             raise LockLostError(
                 f"lock {name!r} may be held by another owner now: its fixed lease ran out"
             )
-        steps = extend_steps(self.quorum, kind, name, owner, lease_ms(seconds_s), not replace)
+        ms = lease_ms(seconds_s)
+        steps = extend_steps(self.quorum, kind, name, owner, ms, not replace, hold.tag)
         try:
             valid_until = yield from steps
         except LockLostError as error:
@@ -593,7 +621,9 @@ class Engine:
                 # Already reported as lost: remove what is left where it still is; what
                 # cannot be removed now expires with its lease.
                 with contextlib.suppress(Exception):
-                    yield from release_steps(self.quorum, kind, name, owner, 0, hold.lease)
+                    yield from release_steps(
+                        self.quorum, kind, name, owner, 0, hold.tag, hold.lease
+                    )
             if quiet_if_lost:
                 return
             raise LockLostError(f"lock {name!r} was lost: {hold.lost}")
@@ -603,7 +633,7 @@ class Engine:
         several = self.quorum.size > 1
         defer = turns and not self.closed and self.turns.may_defer(kind, name)
         steps = release_steps(
-            self.quorum, kind, name, owner, hold.count, hold.lease, defer,
+            self.quorum, kind, name, owner, hold.count, hold.tag, hold.lease, defer,
             RESERVE_MS if turns and not several else 0,
         )  # fmt: skip
         try:

@@ -11,8 +11,11 @@ becomes of a master that stops answering is decided here:
 
 - A round sends to the masters with a kept connection first, then connects the
   missing ones, all at once (so k unreachable masters cost one connect time-out, not
-  k). A new connection is sent ``SCRIPT LOAD`` of every script before the round's calls
-  (:func:`~.packing.preload_commands`), pipelined, so a master that restarted knows them all.
+  k). A connection is sent ``SCRIPT LOAD`` of each script before its first call of it
+  (:func:`~.packing.load_commands`), pipelined with that call: a master that restarted
+  (which a new connection may have met) knows every script it is sent, also where a
+  round does not read the reply (an undo, a release decided without it), and loading
+  costs no round trip of its own, nor a payload of every script at once.
 - It reads the masters in the order they were sent to, masters that are behind last,
   under one deadline (the master timeout from when the last request went out), and
   stops once its outcome is decided (:class:`~.effects.Early`). A master it did not
@@ -26,17 +29,25 @@ becomes of a master that stops answering is decided here:
   not wait for a suspect: it fails at once. It is sent no new acquire, but clean-ups
   (undo, release: ``Fanout.cleanup``) are still sent, queued in order on its
   connections behind the calls they clean up after (on each of them: see
-  :meth:`~.health.MasterHealth.queue_for_suspect`), while a connection owes at most
+  :meth:`~.health.MasterHealth.queue_behind`), while a connection owes at most
   :data:`~.health.MAX_OWED` replies (then the connection is given up and later calls are not
-  sent). A suspect rejoins as soon as it answers: when its owed replies have come in
+  sent). A suspect rejoins as soon as it answers: when a reply it owed has come in
   (checked without waiting at the start of every round), or when a probe (a PING on a
   fresh connection, in the background, at most every ``probe_interval``) is answered.
+- A master that answers, but later than the master timeout on a connection (its owed
+  replies come in, yet one is overdue), is sent the round on another connection
+  (idle, or new), the clean-ups queued on the slow one too. Requests for one lock may
+  then reach a master out of order, which changes nothing: a script changes a hold
+  only for a request of the try that made it or a later one (see
+  :func:`~.kinds.hold_value`), so a master whose round trip nears the master timeout
+  stays usable.
 - A master that has not answered for :data:`~.health.IDLE_CHECK` has its idle
   connections looked at, without waiting, before a round sends on them: one the master
   closed meanwhile (a restart, an idle time-out, ``CLIENT KILL``) is replaced by a new
   one instead of failing the round.
-- A master that answers NOSCRIPT (restarted or flushed while a connection was kept) is
-  sent ``SCRIPT LOAD`` and the calls again, pipelined on the same connection.
+- A master that answers NOSCRIPT (its scripts flushed while a connection was kept) is
+  sent ``SCRIPT LOAD`` and the calls again, pipelined, in a round trip of its own; every
+  connection then loads the scripts again before it uses them.
 - A round interrupted (an asyncio cancellation, a ``KeyboardInterrupt``) leaves its
   connections behind: what it sent is read, and dropped, before anything sent later.
 - The usual round on one master (one call, to a master that owes nothing and answers,
@@ -55,8 +66,7 @@ from .cluster import Endpoints, NodeCommands, NodeRound, route
 from .effects import UNREAD, Call, Early, Fanout, Reply
 from .health import IDLE_CHECK, Behind, MasterHealth, suspect_error_text
 from .masters import master_name
-from .packing import WireCache, evalsha_args, pack_calls, preload_commands
-from .scripts import LOCK_SCRIPTS
+from .packing import WireCache, evalsha_args, load_commands, pack_calls
 
 T = TypeVar("T")
 
@@ -117,8 +127,9 @@ Packing = Callable[[Any], tuple[object, Callable[[list[tuple[object, ...]]], Any
 #: calls (None: nothing), when the round's calls went out on it)
 _Pending = tuple[int, Any, "Behind | None", float]
 #: what a round sends: (endpoint, connection, packed commands, what the connection owed
-#: before (None: nothing), how the replies are read: _FIRST, _LAST or _QUEUED)
-_Send = tuple[int, Any, Any, "Behind | None", int]
+#: before (None: nothing), how the replies are read: _FIRST, _LAST or _QUEUED, the SHAs
+#: of the scripts loaded ahead of the calls: their replies are owed too)
+_Send = tuple[int, Any, Any, "Behind | None", int, tuple[str, ...]]
 #: read first; read last (behind replies owed); not read (a clean-up queued on a suspect)
 _FIRST, _LAST, _QUEUED = range(3)
 
@@ -281,6 +292,9 @@ class FanoutProtocol:
         self._wire = WireCache()
         self._packings: dict[object, tuple[object, Any]] = {}
         self._guard = guard()
+        #: per connection (by id; a connection is entered when it is made): the SHAs of
+        #: the scripts loaded on it, which its master knows while the connection lasts
+        self._loaded: dict[int, set[str]] = {}
 
     def lone(self, fanout: Fanout, clock: Callable[[], float]) -> tuple[Any, Any, float] | None:
         """The usual round on one master, if ``fanout`` is one: one call, to a master
@@ -298,6 +312,10 @@ class FanoutProtocol:
         try:
             conn = m.idle.pop()  # list.pop is atomic: safe across threads
         except IndexError:
+            return None
+        loaded = self._loaded.get(id(conn))
+        if loaded is None or calls[0][0].script.sha not in loaded:
+            m.idle.append(conn)  # its script is to be loaded first: a full round
             return None
         packing = m.packing or self._packing_of(0, conn)
         packed = pack_calls(
@@ -372,6 +390,7 @@ class FanoutProtocol:
             for i in fan.targets:
                 m = self.masters[i]
                 behind = None
+                heard = False
                 if m.behind:
                     try:
                         behind = m.behind.pop()  # atomic: safe across threads
@@ -379,19 +398,28 @@ class FanoutProtocol:
                         pass
                     else:
                         if m.catch_up_due(behind, now, self.timeout):
-                            behind = yield from self._catch_up(i, behind, now)
-                if behind is not None and m.lagging(behind, now, self.timeout):
+                            behind, heard = yield from self._catch_up(i, behind, now)
+                slow = heard and behind is not None and m.overdue(behind, now, self.timeout)
+                if slow or (behind is not None and m.lagging(behind, now, self.timeout)):
                     # Clean-ups are queued behind the owed replies (they reach the master
-                    # in order), not waited for; nothing else is sent to a suspect.
-                    send, close = m.queue_for_suspect(behind, len(calls[i]), cleanup)
+                    # in order after the calls they clean up after), not waited for.
+                    assert behind is not None
+                    send, close = m.queue_behind(behind, len(calls[i]), cleanup)
                     for b in close:
                         yield (DROP, i, b.conn)
                     for b in send:
-                        sends.append((i, b.conn, self._packed(fan, i, b.conn), b, _QUEUED))
-                    yield from self._suspect(fan, i, now, clock)
-                    continue
+                        packed, loads = self._loading(fan, i, b.conn)
+                        sends.append((i, b.conn, packed, b, _QUEUED, loads))
+                    behind = None
+                    if not slow:  # nothing else is sent to a suspect
+                        yield from self._suspect(fan, i, now, clock)
+                        continue
+                    # It answers, later than the master timeout on that connection: the
+                    # round is sent on another one. Their order does not matter: nothing
+                    # sent for a try changes what a later try made (see kinds.hold_value).
                 if behind is not None:
-                    sends.append((i, behind.conn, self._packed(fan, i, behind.conn), behind, _LAST))
+                    packed, loads = self._loading(fan, i, behind.conn)
+                    sends.append((i, behind.conn, packed, behind, _LAST, loads))
                 elif m.suspect_since is not None:
                     yield from self._suspect(fan, i, now, clock)
                 else:
@@ -402,7 +430,8 @@ class FanoutProtocol:
                     except IndexError:
                         unconnected.append(i)
                     else:
-                        sends.append((i, conn, self._packed(fan, i, conn), None, _FIRST))
+                        packed, loads = self._loading(fan, i, conn)
+                        sends.append((i, conn, packed, None, _FIRST, loads))
             if sends:
                 self._sent(fan, sends, (yield (SEND, sends)), reads, late, now)
             if unconnected:
@@ -413,9 +442,10 @@ class FanoutProtocol:
                             self.masters[i].timed_out(now)
                         fan.failed(i, conn.error)
                         continue
-                    # Every script first, then the calls: the first replies are owed.
-                    packed = self._preload(conn) + self._packed(fan, i, conn)
-                    sends.append((i, conn, packed, Behind(conn, len(LOCK_SCRIPTS), now), _FIRST))
+                    # The calls' scripts first (their replies are owed), then the calls.
+                    self._made(conn)
+                    packed, loads = self._loading(fan, i, conn)
+                    sends.append((i, conn, packed, None, _FIRST, loads))
                 self._sent(fan, sends, (yield (SEND, sends)), reads, late, clock())
             reads += late
             late = []
@@ -442,7 +472,10 @@ class FanoutProtocol:
                     got = yield (READ, i, conn, prior.owed + count, deadline)
                 fan.answered(i, self._settle(i, conn, prior, count, at, got, clock))
             if fan.noscript:
-                # A redo is a round trip of its own, with a time-out of its own.
+                # A master forgot its scripts: no connection is known to have loaded
+                # any now. A redo is a round trip of its own, with a time-out of its own.
+                for loaded in list(self._loaded.values()):
+                    loaded.clear()
                 redo_deadline = clock() + self.timeout
                 for i in fan.targets:
                     redo = fan.reload(i)
@@ -469,7 +502,9 @@ class FanoutProtocol:
         """``sends`` went out ``at``, but for ``failures`` (see :data:`SEND`): what went
         out is to be read (``reads``, ``late``) or is queued on a suspect."""
         if failures is None:  # the usual case: every send went out
-            for i, conn, _, prior, how in sends:
+            for i, conn, _, prior, how, loads in sends:
+                if loads:
+                    prior = self._owing(conn, prior, loads, at)
                 if how == _FIRST:
                     reads.append((i, conn, prior, at))
                 elif how == _LAST:
@@ -479,9 +514,11 @@ class FanoutProtocol:
                     self.masters[i].queued(prior, len(fan.calls[i]), at)
             return
         stop: object = None
-        for k, (i, conn, _, prior, how) in enumerate(sends):
+        for k, (i, conn, _, prior, how, loads) in enumerate(sends):
             failure = None if failures is None else failures[k]
             if failure is None:
+                if loads:
+                    prior = self._owing(conn, prior, loads, at)
                 if how == _FIRST:
                     reads.append((i, conn, prior, at))
                 elif how == _LAST:
@@ -559,29 +596,33 @@ class FanoutProtocol:
             m.idle += good
         m.answered_at = now
 
-    def _catch_up(self, i: int, behind: Behind, now: float) -> Steps[Behind | None]:
+    def _catch_up(self, i: int, behind: Behind, now: float) -> Steps[tuple[Behind | None, bool]]:
         """``behind`` (a connection of endpoint ``i``, due a catch-up: see
         :meth:`MasterHealth.catch_up_due`) and those behind it, caught up as far as the
         replies that have come allow, without waiting: the first that still owes, or
-        None when they caught up (their connections are idle again) or broke."""
+        None when they caught up (their connections are idle again) or broke; and
+        whether a reply came (the master answers: it is not suspect)."""
         m = self.masters[i]
+        heard = False
         while True:
             replies, failed = yield (READ, i, behind.conn, behind.owed, None)
             behind.read(len(replies))
+            if replies:
+                heard = True
+                m.answered()
             if failed is not None and failed.kind == STOPPED:
                 m.behind.append(behind)
                 raise failed.error
             if failed is None or failed.kind != BROKEN:
                 if behind.owed:
-                    return behind
-                m.answered()
+                    return behind, heard
                 m.idle.append(behind.conn)
             try:
                 behind = m.behind.pop()
             except IndexError:
-                return None
+                return None, heard
             if not m.catch_up_due(behind, now, self.timeout):
-                return behind
+                return behind, heard
 
     def _suspect(
         self, fan: FanoutRound, i: int, now: float, clock: Callable[[], float]
@@ -594,17 +635,18 @@ class FanoutProtocol:
             yield (SPAWN, self._probe(i, clock))
 
     def _probe(self, i: int, clock: Callable[[], float]) -> Steps[None]:
-        """PING endpoint ``i`` on a fresh connection: when it answers in time, it
-        rejoins at once."""
+        """PING endpoint ``i`` on a fresh connection: when it answers in time (one
+        round trip, within the master timeout), it rejoins at once."""
         m = self.masters[i]
         answered = False
         (conn,) = yield (CONNECT, [i])
         if not isinstance(conn, Failed):
-            ping = self._preload(conn) + self._packing(conn)[1]([("PING",)])
+            self._made(conn)
+            ping = self._packing(conn)[1]([("PING",)])
             failed: Failed | None = None
             if (yield (SEND, [(i, conn, ping)])) is None:
                 deadline = clock() + self.timeout
-                replies, failed = yield (READ, i, conn, len(LOCK_SCRIPTS) + 1, deadline)
+                replies, failed = yield (READ, i, conn, 1, deadline)
                 pong = replies[-1] if failed is None else None
                 answered = bool(pong) and not isinstance(pong, Exception)
                 if answered and not self.closed:
@@ -634,8 +676,8 @@ class FanoutProtocol:
                 if conn.kind == LATE:
                     m.timed_out(clock())
                 return read_failed([], len(commands), conn.error)
-            packed = self._preload(conn) + self._packing(conn)[1](commands)
-            prior = Behind(conn, len(LOCK_SCRIPTS), clock())
+            self._made(conn)
+            packed = self._packing(conn)[1](commands)
         failures = yield (SEND, [(i, conn, packed)])
         if failures is not None:
             if not isinstance(failures[0], Exception):
@@ -694,5 +736,35 @@ class FanoutProtocol:
         packing = self.masters[i].packing = self._packings.setdefault(found[0], found)
         return packing
 
-    def _preload(self, conn: Any) -> Any:
-        return self._packing(conn)[1](preload_commands())
+    #: how many connections' loaded scripts are kept at most (then forgotten: their
+    #: scripts are loaded again, which a master takes as a no-op)
+    LOADED_KEPT = 4096
+
+    def _made(self, conn: Any) -> None:
+        """``conn`` is a new connection: it has loaded no script yet."""
+        loaded = self._loaded
+        if len(loaded) >= self.LOADED_KEPT:
+            loaded.clear()  # connections gone long ago among them
+        loaded[id(conn)] = set()
+
+    def _loading(self, fan: FanoutRound, i: int, conn: Any) -> tuple[Any, tuple[str, ...]]:
+        """Endpoint ``i``'s calls packed for ``conn``, after ``SCRIPT LOAD`` of each of
+        their scripts the connection has not loaded yet (the usual round has none), and
+        the SHAs of those (see :meth:`_owing`)."""
+        packed = self._packed(fan, i, conn)
+        loaded = self._loaded.get(id(conn), ())
+        calls = fan.calls[i]
+        if all(c.script.sha in loaded for c in calls):
+            return packed, ()
+        scripts = {c.script.sha: c.script for c in calls if c.script.sha not in loaded}
+        loads = self._packing(conn)[1](load_commands(list(scripts.values())))
+        return loads + packed, tuple(scripts)
+
+    def _owing(self, conn: Any, prior: Behind | None, loads: tuple[str, ...], at: float) -> Behind:
+        """``conn`` was sent ``SCRIPT LOAD`` of ``loads`` (after what ``prior`` owed), at
+        ``at``: it has loaded them, and owes their replies ahead of the calls."""
+        self._loaded.setdefault(id(conn), set()).update(loads)
+        if prior is None:
+            return Behind(conn, len(loads), at)
+        prior.sent(len(loads), at)
+        return prior

@@ -10,8 +10,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-#: the most replies a suspect master's connection may owe: then it is given up, and
-#: calls are not sent to that master until it answers a probe
+#: the most replies a connection may owe (clean-ups queued behind replies that did not
+#: come): then it is given up
 MAX_OWED = 128
 
 #: how old (a share of the master timeout) the oldest reply a healthy master's connection
@@ -127,25 +127,33 @@ class MasterHealth:
         behind."""
         return self.suspect or now - behind.since >= CATCH_UP_AFTER * timeout
 
+    @staticmethod
+    def overdue(behind: Behind, now: float, timeout: float) -> bool:
+        """Whether the oldest reply ``behind`` owes is overdue."""
+        return now - behind.since >= timeout
+
     def lagging(self, behind: Behind, now: float, timeout: float) -> bool:
         """Whether ``behind`` (not caught up) shows the master stopped answering: its
         oldest owed reply is overdue."""
-        if now - behind.since >= timeout:
+        if self.overdue(behind, now, timeout):
             self.timed_out(now)
         return self.suspect
 
-    def queue_for_suspect(
+    def queue_behind(
         self, first: Behind, count: int, cleanup: bool
     ) -> tuple[list[Behind], list[Behind]]:
-        """Where a round's ``count`` calls go on a suspect, given ``first``, the
-        connection it took (not caught up): ``(send on these, close these)``.
+        """Where a round's ``count`` calls go on the connections that owe this master's
+        replies, given ``first``, the one it took (not caught up): ``(send on these,
+        close these)``; a round sends nothing else there (a suspect is sent nothing
+        else at all, a master that answers slowly is sent the round on another
+        connection).
 
-        A suspect is sent no new acquire: unless the calls are a ``cleanup``, ``first``
-        goes back behind and nothing is sent. A clean-up goes on *every* connection
-        behind, so that it runs after whichever carried the call it cleans up after (it
-        may run more than once: releases and undos set absolute hold counts, so a repeat
-        changes nothing); a connection that would then owe more than :data:`MAX_OWED`
-        replies is given up instead. Call :meth:`queued` for each one sent."""
+        Unless the calls are a ``cleanup``, ``first`` goes back behind and nothing is
+        sent. A clean-up goes on *every* connection behind, so that it runs after
+        whichever carried the call it cleans up after (it may run more than once:
+        releases and undos set absolute holds, so a repeat changes nothing); a
+        connection that would then owe more than :data:`MAX_OWED` replies is given up
+        instead. Call :meth:`queued` for each one sent."""
         if not cleanup:
             self.behind.append(first)
             return [], []

@@ -53,6 +53,9 @@ class Hold:
     renew_until: float | None = None
     #: told once the hold is lost (see :meth:`lose`)
     signal: Signal | None = None
+    #: the tag of the try (or hand-over) that made it: every call about the hold
+    #: carries it (see :func:`~.kinds.hold_value`)
+    tag: int = 0
     #: the hold's key in the table: ``(kind label, name, owner)``
     ident: tuple[str, str, str] = field(init=False, repr=False)
     #: the owner's thread or task token (the last part of the owner id)

@@ -20,9 +20,33 @@ from .effects import Call, Early, Fanout, Groups
 from .quorum import NO_WAIT, Quorum, Tally, tally_grants
 from .views import LockView, MasterView, pairs, text, ttl_of
 
+#: one hold to renew: ``(name, owner, hold)``, the hold as :func:`hold_value` makes it
+#: (count 0: renew it only, never take it again)
+Renewal = tuple[str, str, str]
+
+
+def hold_value(count: int, tag: int) -> str:
+    """A hold as the masters keep it and the scripts are sent it: ``"<count>:<tag>"``,
+    its hold count and the tag of the try that made it. Tags grow with every try (see
+    :func:`~.rounds.next_tag`), and a script changes an owner's hold only with a call
+    of its own tag (or, to free it, of a later one): nothing sent for one try, however
+    late it reaches a master, changes a hold that a later try made."""
+    return f"{count}:{tag}"
+
+
+def count_of(hold: object) -> int:
+    """The hold count of a hold a probe read (``"<count>:<tag>"``, or a bare count)."""
+    return int(text(hold).partition(":")[0])
+
+
+def tag_of(hold: str) -> int:
+    """The tag of a hold (see :func:`hold_value`)."""
+    return int(hold.rpartition(":")[2])
+
 
 class LockKind:
-    """An exclusive, reentrant lock: a hash ``owner -> hold count`` under one key.
+    """An exclusive, reentrant lock: a hash ``owner -> hold`` under one key, the hold
+    ``"<count>:<tag>"`` (see :func:`hold_value`).
 
     Its waiters register on the masters (a zset under the name's hash tag), and a
     release wakes one of them by name on its manager's home channel (see
@@ -83,7 +107,7 @@ class LockKind:
         name: str,
         owner: str,
         lease_ms: int,
-        count: int,
+        hold: str,
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
@@ -93,7 +117,7 @@ class LockKind:
         that needs to. ``ticket`` names the acquire, the same in each of its tries: a
         kind that queues its waiters in order (the fair lock) tags the owner's place
         with it."""
-        return self.acquire(name, owner, lease_ms, count, wait_ms, polite_ms, place_ms)
+        return self.acquire(name, owner, lease_ms, hold, wait_ms, polite_ms, place_ms)
 
     def judge(
         self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
@@ -101,9 +125,12 @@ class LockKind:
         """A try's replies judged, and the kind a grant is held as: this one."""
         return tally_grants(q, self.key(name), replies), self
 
-    def kept(self, q: Quorum, name: str, owner: str, tally: Tally, held: LockKind) -> Fanout | None:
-        """After a grant (``held``): the round that takes back what the masters outside
-        ``tally.granted`` may have granted besides; None: nothing to take back."""
+    def kept(
+        self, q: Quorum, name: str, owner: str, tally: Tally, held: LockKind, tag: int
+    ) -> Fanout | None:
+        """After a grant (``held``, by the try of ``tag``): the round that takes back what
+        the masters outside ``tally.granted`` may have granted besides; None: nothing to
+        take back."""
         return None
 
     def acquire(
@@ -111,19 +138,21 @@ class LockKind:
         name: str,
         owner: str,
         lease_ms: int,
-        count: int,
+        hold: str,
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
     ) -> Call:
-        """Take (count 1) or re-enter (count > 1); replies ``{1, n}`` or ``{0, ms}``.
+        """Take (count 1) or re-enter (count > 1) with ``hold``, ``"<count>:<tag>"``
+        (see :func:`hold_value`); replies ``{1, n, time}`` or ``{0, ms, time}`` (the
+        server's time in ms last, as every try's reply has it).
 
         A refused take registers the owner as a waiter for ``wait_ms`` (0: not at all),
         until ``place_ms`` if given (the end the owner proposes, in ms since the epoch,
         the same on every master: see ``lua/acquire.lua``). A ``polite_ms`` take (see
         :mod:`.turns`) is refused, although the lock is free, while another owner is
         registered, and told what is left of that registration, at most ``polite_ms``."""
-        args: tuple[str | int, ...] = (owner, lease_ms, count, wait_ms)
+        args: tuple[str | int, ...] = (owner, lease_ms, hold, wait_ms)
         if place_ms:
             args = (*args, polite_ms, place_ms)
         elif polite_ms:
@@ -131,25 +160,28 @@ class LockKind:
         return Call(scripts.ACQUIRE, self._keys(name), args)
 
     def release(
-        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
     ) -> Call:
-        """Set the owner's count to ``count_left`` (0 frees); replies ``{1, ''}``,
-        ``{0, woken, ms, 0}`` or ``{-1, ''}``, where ``woken`` is the waiter the masters
-        woke and ``ms`` the lease it was handed the lock with (0: only woken).
+        """Set the owner's hold to ``left``, ``"<count>:<tag>"`` (count 0 frees a hold
+        of that tag or an earlier one); replies ``{1, ''}``, ``{0, woken, ms, 0}`` or
+        ``{-1, ''}``, where ``woken`` is the waiter the masters woke and ``ms`` the lease
+        it was handed the lock with (0: only woken).
 
         ``release_id`` is the payload of the wake-up sent when the lock is freed;
-        ``handover_ms`` > 0 hands the lock over to the waiter woken, with that lease."""
-        return self._release_call(name, owner, count_left, release_id, "1", handover_ms)
+        ``handover``, ``"<ms>:<tag>"`` (``"0"``: none), hands the lock over to the
+        waiter woken, with that lease and tag."""
+        return self._release_call(name, owner, left, release_id, "1", handover)
 
     def release_in_turn(
-        self, name: str, owner: str, release_id: str, handover_ms: int, defer: bool, reserve_ms: int
-    ) -> Call:
+        self, name: str, owner: str, left: str, release_id: str, handover: str, defer: bool,
+        reserve_ms: int,
+    ) -> Call:  # fmt: skip
         """A final release by a manager taking turns (see :mod:`.turns`; only for a
         kind that :attr:`hands_over`): as :meth:`release`, and ``defer`` wakes (or hands
         the lock to) nobody, replying ``{0, '', 0, 1}`` when there was a waiter to wake,
         while ``reserve_ms`` > 0 reserves the lock that long for the waiter woken."""
         extra = ("1" if defer else "0", reserve_ms)
-        return self._release_call(name, owner, 0, release_id, "1", handover_ms, extra)
+        return self._release_call(name, owner, left, release_id, "1", handover, extra)
 
     def wake(self, name: str, release_id: str, reserve_ms: int) -> Call:
         """A deferred wake-up: where the lock is free, wake the next waiter, reserving
@@ -157,30 +189,32 @@ class LockKind:
         args = ("wake", keys.wake_channel(name), release_id, keys.HOME_PREFIX, reserve_ms)
         return Call(scripts.RELEASE, self._keys(name), args)
 
-    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
-        """Take back a try that failed to reach a quorum, keeping any place the owner
-        holds as a waiter (it is still waiting)."""
-        return self._release_call(name, owner, count_left, release_id, "0")
+    def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
+        """Take back a try that failed to reach a quorum (``left``: the try's hold less
+        one level, see :meth:`release`), keeping any place the owner holds as a waiter
+        (it is still waiting)."""
+        return self._release_call(name, owner, left, release_id, "0")
 
     def _release_call(
         self,
         name: str,
         owner: str,
-        left: int,
+        left: str,
         rid: str,
         leave: str,
-        handover_ms: int = 0,
+        handover: str = "0",
         extra: tuple[str | int, ...] = (),
     ) -> Call:
         channel = keys.wake_channel(name)
-        args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, leave, handover_ms)
+        args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, leave, handover)
         return Call(scripts.RELEASE, self._keys(name), args + extra)
 
-    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+    def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
         """Remove a waiter's place when its acquire gives up (and, where the lock is
-        free, hand a wake-up it may have had on to the next waiter); None if the kind
-        keeps no place for waiters."""
-        args = ("abandon", owner, keys.wake_channel(name), release_id, keys.HOME_PREFIX)
+        free, hand a wake-up it may have had on to the next waiter), and any hold of
+        ``tag`` or an earlier one that a try left or a release handed it; None if the
+        kind keeps no place for waiters."""
+        args = ("abandon", owner, keys.wake_channel(name), release_id, keys.HOME_PREFIX, tag)
         return Call(scripts.RELEASE, self._keys(name), args)
 
     def settle(
@@ -217,18 +251,21 @@ class LockKind:
         """The write-back of :meth:`fence_calls`' tokens."""
         return [self.fence_raise(name, tokens[0], ttl_ms)]
 
-    def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
-        """Extend ``owner``'s hold where it still holds it: by ``ms`` (``add``) or to
-        ``ms`` from now; replies the hold's milliseconds left, 0 where it holds nothing."""
-        args = (owner, ms, "add" if add else "set")
+    def extend(self, name: str, owner: str, ms: int, add: bool, tag: int) -> Call:
+        """Extend ``owner``'s hold of ``tag`` where it still holds it: by ``ms``
+        (``add``) or to ``ms`` from now; replies the hold's milliseconds left, 0 where
+        it holds nothing."""
+        args = (owner, ms, "add" if add else "set", tag)
         return Call(scripts.EXTEND, (self.key(name),), args)
 
-    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
-        """Renew many ``(name, owner)`` holds of this kind in one call."""
+    def renew(self, entries: Sequence[Renewal], lease_ms: int) -> Call:
+        """Renew many ``(name, owner, hold)`` holds of this kind in one call, taking
+        each again where the lock is free (unless its hold's count is 0); replies a
+        flag per hold (1 renewed, 2 taken again, 0 not held), then the server's time."""
         return Call(
             scripts.RENEW,
-            tuple(keys.lock_key(name) for name, _ in entries),
-            (lease_ms, *(owner for _, owner in entries)),
+            tuple(keys.lock_key(name) for name, _, _ in entries),
+            (lease_ms, *(x for _, owner, hold in entries for x in (owner, hold))),
         )
 
     def force_unlock(self, name: str, release_id: str) -> Call:
@@ -243,7 +280,7 @@ class LockKind:
         master."""
         if not isinstance(reply, list) or len(reply) < 3 or not isinstance(reply[2], list):
             raise ValueError(f"unexpected probe reply {reply!r}")
-        holders = {owner: int(count) for owner, count in pairs(reply[1]).items()}
+        holders = {owner: count_of(hold) for owner, hold in pairs(reply[1]).items()}
         # A holder keeps its registration until its final release: not a waiter.
         queue = [owner for owner in map(text, reply[2]) if owner not in holders]
         if not holders and not queue:
@@ -294,7 +331,7 @@ class _ReadWriteKind(LockKind):
         name: str,
         owner: str,
         lease_ms: int,
-        count: int,
+        hold: str,
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
@@ -304,34 +341,34 @@ class _ReadWriteKind(LockKind):
         return Call(
             scripts.RWLOCK,
             self._keys(name),
-            ("acquire", self.side, owner, lease_ms, count, wait_ms),
+            ("acquire", self.side, owner, lease_ms, hold, wait_ms),
         )
 
     def release(
-        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
     ) -> Call:
-        return self._release(name, owner, count_left, release_id, "1")
+        return self._release(name, owner, left, release_id, "1")
 
-    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
-        return self._release(name, owner, count_left, release_id, "0")
+    def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
+        return self._release(name, owner, left, release_id, "0")
 
-    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+    def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
         return None  # readers keep no place as waiters
 
-    def _release(self, name: str, owner: str, left: int, rid: str, stop_waiting: str) -> Call:
+    def _release(self, name: str, owner: str, left: str, rid: str, stop_waiting: str) -> Call:
         readers, writers, upgrade = self._channels(name)
         args = ("release", self.side, owner, left, readers, writers, rid, stop_waiting, upgrade)
         return Call(scripts.RWLOCK, self._keys(name), args)
 
-    def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
-        args = ("extend", self.side, owner, ms, "add" if add else "set")
+    def extend(self, name: str, owner: str, ms: int, add: bool, tag: int) -> Call:
+        args = ("extend", self.side, owner, ms, "add" if add else "set", tag)
         return Call(scripts.RWLOCK, self._keys(name), args)
 
-    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
+    def renew(self, entries: Sequence[Renewal], lease_ms: int) -> Call:
         return Call(
             scripts.RWLOCK,
-            tuple(k for name, _ in entries for k in self._keys(name)),
-            ("renew", lease_ms, *(x for _, owner in entries for x in (self.side, owner))),
+            tuple(k for name, _, _ in entries for k in self._keys(name)),
+            ("renew", lease_ms, *(x for _, o, hold in entries for x in (self.side, o, hold))),
         )
 
     def force_unlock(self, name: str, release_id: str) -> Call:
@@ -348,8 +385,8 @@ class _ReadWriteKind(LockKind):
         fields = pairs(reply[1])
         waiting = [text(x) for x in reply[2]]
         holders = {
-            f"{owner[2:]} ({_SIDES[owner[:2]]})": int(count)
-            for owner, count in fields.items()
+            f"{owner[2:]} ({_SIDES[owner[:2]]})": count_of(hold)
+            for owner, hold in fields.items()
             if owner[:2] in _SIDES
         }
         if not holders and not waiting:
@@ -392,7 +429,8 @@ class WriteKind(_ReadWriteKind):
     def holder_field(self, owner: str) -> str:
         return f"w:{owner}"
 
-    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+    def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
+        # A waiting writer leaves no hold behind (a try that was granted is undone).
         readers = self._channels(name)[0]
         return Call(scripts.RWLOCK, self._keys(name), ("abandon", owner, readers, release_id))
 
@@ -472,20 +510,20 @@ class FairKind(LockKind):
         name: str,
         owner: str,
         lease_ms: int,
-        count: int,
+        hold: str,
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
         ticket: int = 0,
     ) -> Call:
-        return self.acquire(name, owner, lease_ms, count, wait_ms, ticket=ticket)
+        return self.acquire(name, owner, lease_ms, hold, wait_ms, ticket=ticket)
 
     def acquire(
         self,
         name: str,
         owner: str,
         lease_ms: int,
-        count: int,
+        hold: str,
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
@@ -493,24 +531,24 @@ class FairKind(LockKind):
     ) -> Call:
         # Never polite, and no proposed place: fairlock.lua keeps its own queue, each
         # place in it tagged with the ticket of the acquire that took it (see settle).
-        # A try that does not queue sends none: its call stays the same (packed once).
-        tag = ticket if ticket and wait_ms > 0 and count == 1 else ""
-        args = ("acquire", owner, lease_ms, count, wait_ms, tag)
+        queued = ticket if ticket and wait_ms > 0 and hold.startswith("1:") else ""
+        args = ("acquire", owner, lease_ms, hold, wait_ms, queued)
         return Call(scripts.FAIRLOCK, self._keys(name), args)
 
     def release(
-        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
     ) -> Call:
-        return self._release(name, owner, count_left, release_id, "1")
+        return self._release(name, owner, left, release_id, "1")
 
-    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
-        return self._release(name, owner, count_left, release_id, "0")
+    def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
+        return self._release(name, owner, left, release_id, "0")
 
-    def _release(self, name: str, owner: str, left: int, rid: str, leave_queue: str) -> Call:
+    def _release(self, name: str, owner: str, left: str, rid: str, leave_queue: str) -> Call:
         args = ("release", owner, left, self._prefix(name), rid, leave_queue)
         return Call(scripts.FAIRLOCK, self._keys(name), args)
 
-    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+    def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
+        # Leaves the queue only: a try that was granted is undone, holding nothing.
         return Call(
             scripts.FAIRLOCK, self._keys(name), ("abandon", owner, self._prefix(name), release_id)
         )
@@ -544,12 +582,12 @@ class FairKind(LockKind):
         args = ("yield", owner, first, self._prefix(name), release_id, ticket)
         return Call(scripts.FAIRLOCK, self._keys(name), args)
 
-    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
-        # The held lock is a plain owner -> count hash: the plain renewal serves.
+    def renew(self, entries: Sequence[Renewal], lease_ms: int) -> Call:
+        # The held lock is a plain owner -> hold hash: the plain renewal serves.
         return Call(
             scripts.RENEW,
-            tuple(self.key(name) for name, _ in entries),
-            (lease_ms, *(owner for _, owner in entries)),
+            tuple(self.key(name) for name, _, _ in entries),
+            (lease_ms, *(x for _, owner, hold in entries for x in (owner, hold))),
         )
 
     def force_unlock(self, name: str, release_id: str) -> Call:
@@ -561,7 +599,7 @@ class FairKind(LockKind):
     def view(self, reply: object) -> LockView | None:
         if not isinstance(reply, list) or len(reply) < 3:
             raise ValueError(f"unexpected probe reply {reply!r}")
-        holders = {owner: int(count) for owner, count in pairs(reply[1]).items()}
+        holders = {owner: count_of(hold) for owner, hold in pairs(reply[1]).items()}
         # The holder keeps its place at the head until it releases: not a waiter.
         queue = [w for w in map(text, reply[2]) if w not in holders]
         if not holders and not queue:
@@ -585,18 +623,19 @@ class ElectionKind(FairKind):
         """The channel a change of the leader record is published on."""
         return keys.aux_key(name, "election:leader")
 
-    def proclaim(self, name: str, owner: str, term: int, part: str) -> Call:
-        """Where ``owner`` holds the lock, make its record (``term``, and ``part``, its
-        own part: see :mod:`.election`) the leader record; replies 1 (written) or 0
-        (not held there)."""
-        return Call(scripts.FAIRLOCK, self._keys(name), ("proclaim", owner, term, part))
+    def proclaim(self, name: str, owner: str, term: int, part: str, tag: int) -> Call:
+        """Where ``owner`` holds the lock (its hold of ``tag``), make its record
+        (``term``, and ``part``, its own part: see :mod:`.election`) the leader record;
+        replies 1 (written) or 0 (not held there)."""
+        args = ("proclaim", owner, term, part, tag)
+        return Call(scripts.FAIRLOCK, self._keys(name), args)
 
-    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
+    def renew(self, entries: Sequence[Renewal], lease_ms: int) -> Call:
         # The lock and its leader record, renewed together.
         return Call(
             scripts.FAIRLOCK,
-            tuple(k for name, _ in entries for k in (self.key(name), self.changes(name))),
-            ("renew", lease_ms, *(owner for _, owner in entries)),
+            tuple(k for name, _, _ in entries for k in (self.key(name), self.changes(name))),
+            ("renew", lease_ms, *(x for _, owner, hold in entries for x in (owner, hold))),
         )
 
 
@@ -663,19 +702,19 @@ class SemaphoreKind(LockKind):
         name: str,
         owner: str,
         lease_ms: int,
-        count: int,
+        hold: str,
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
         ticket: int = 0,
     ) -> Call:
         if self.slot is not None:
-            return self.acquire(name, owner, lease_ms, count, wait_ms)
+            return self.acquire(name, owner, lease_ms, hold, wait_ms)
         order = list(range(1, self.permits + 1))  # positions in the keys, 1-based
         for i in range(len(order) - 1, 0, -1):  # Fisher-Yates, on the injected source
             j = min(i, int(q.uniform(0.0, i + 1)))
             order[i], order[j] = order[j], order[i]
-        args: tuple[str | int, ...] = ("acquire", owner, lease_ms, count, wait_ms, *order)
+        args: tuple[str | int, ...] = ("acquire", owner, lease_ms, hold, wait_ms, *order)
         return Call(scripts.SEMAPHORE, self._all(name), args)
 
     def acquire(
@@ -683,13 +722,13 @@ class SemaphoreKind(LockKind):
         name: str,
         owner: str,
         lease_ms: int,
-        count: int,
+        hold: str,
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
     ) -> Call:
         # This slot: a re-entry (see attempt for a first acquire).
-        args = ("acquire", owner, lease_ms, count, wait_ms, 1)
+        args = ("acquire", owner, lease_ms, hold, wait_ms, 1)
         return Call(scripts.SEMAPHORE, self._own(name), args)
 
     def judge(
@@ -707,49 +746,54 @@ class SemaphoreKind(LockKind):
         tally.granted = granted
         return tally, semaphore_kind(self.permits, slot)
 
-    def kept(self, q: Quorum, name: str, owner: str, tally: Tally, held: LockKind) -> Fanout | None:
+    def kept(
+        self, q: Quorum, name: str, owner: str, tally: Tally, held: LockKind, tag: int
+    ) -> Fanout | None:
         if len(tally.granted) == q.size:
             return None
         # Not waited for: each master runs it after the try, on the same connection.
         assert isinstance(held, SemaphoreKind) and held.slot is not None
-        drop = self._drop(name, owner, held.slot)
+        drop = self._drop(name, owner, held.slot, tag)
         calls = tuple(() if i in tally.granted else (drop,) for i in range(q.size))
         return Fanout(calls, NO_WAIT, cleanup=True)
 
-    def _drop(self, name: str, owner: str, keep: int | None) -> Call:
-        args = ("drop", owner, 0 if keep is None else keep + 1)
+    def _drop(self, name: str, owner: str, keep: int | None, tag: int) -> Call:
+        args = ("drop", owner, 0 if keep is None else keep + 1, tag)
         return Call(scripts.SEMAPHORE, self._all(name), args)
 
     def release(
-        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
     ) -> Call:
-        return self._release(name, owner, count_left, release_id, "1")
+        return self._release(name, owner, left, release_id, "1")
 
-    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
+    def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
         if self.slot is None:
-            return self._drop(name, owner, None)  # a first acquire's try
-        return self._release(name, owner, count_left, release_id, "0")
+            return self._drop(name, owner, None, tag_of(left))  # a first acquire's try
+        return self._release(name, owner, left, release_id, "0")
 
-    def _release(self, name: str, owner: str, left: int, rid: str, final: str) -> Call:
+    def _release(self, name: str, owner: str, left: str, rid: str, final: str) -> Call:
         channel = keys.aux_key(name, "sem:wake")
         args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, final)
         return Call(scripts.SEMAPHORE, self._own(name), args)
 
-    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+    def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
         channel = keys.aux_key(name, "sem:wake")
-        args = ("abandon", owner, channel, release_id, keys.HOME_PREFIX)
+        args = ("abandon", owner, channel, release_id, keys.HOME_PREFIX, tag)
         return Call(scripts.SEMAPHORE, self._all(name), args)
 
-    def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
-        args = ("extend", owner, ms, "add" if add else "set")
+    def extend(self, name: str, owner: str, ms: int, add: bool, tag: int) -> Call:
+        args = ("extend", owner, ms, "add" if add else "set", tag)
         return Call(scripts.SEMAPHORE, self._own(name), args)
 
-    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
+    def renew(self, entries: Sequence[Renewal], lease_ms: int) -> Call:
         assert self.slot is not None, "a permit's own calls need its slot"
         pairs_ = tuple(
-            k for name, _ in entries for k in (self._slot_key(name, self.slot), self._tail(name)[1])
+            k
+            for name, _, _ in entries
+            for k in (self._slot_key(name, self.slot), self._tail(name)[1])
         )
-        return Call(scripts.SEMAPHORE, pairs_, ("renew", lease_ms, *(o for _, o in entries)))
+        args = (x for _, owner, hold in entries for x in (owner, hold))
+        return Call(scripts.SEMAPHORE, pairs_, ("renew", lease_ms, *args))
 
     def force_unlock(self, name: str, release_id: str) -> Call:
         channel = keys.aux_key(name, "sem:wake")
@@ -867,12 +911,12 @@ class MultiKind(LockKind):
         name: str,
         owner: str,
         lease_ms: int,
-        count: int,
+        hold: str,
         wait_ms: int,
         polite_ms: int = 0,
         place_ms: int = 0,
     ) -> Call:
-        return self._call(("acquire", owner, lease_ms, count, wait_ms), _all_granted)
+        return self._call(("acquire", owner, lease_ms, hold, wait_ms), _all_granted)
 
     def judge(
         self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
@@ -888,29 +932,33 @@ class MultiKind(LockKind):
         return tally, held
 
     def release(
-        self, name: str, owner: str, count_left: int, release_id: str, handover_ms: int = 0
+        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
     ) -> Call:
-        args = ("release", owner, count_left, release_id, keys.HOME_PREFIX, "1")
+        args = ("release", owner, left, release_id, keys.HOME_PREFIX, "1")
         return self._call(args, _least_status)
 
-    def undo(self, name: str, owner: str, count_left: int, release_id: str) -> Call:
-        args = ("release", owner, count_left, release_id, keys.HOME_PREFIX, "0")
+    def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
+        args = ("release", owner, left, release_id, keys.HOME_PREFIX, "0")
         return self._call(args, _least_status)
 
-    def abandon(self, name: str, owner: str, release_id: str) -> Call | None:
+    def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
+        # Ends the registrations only: a try that was granted is undone, holding nothing.
         return self._call(("abandon", owner, release_id, keys.HOME_PREFIX), _least_status)
 
-    def extend(self, name: str, owner: str, ms: int, add: bool) -> Call:
-        return self._call(("extend", owner, ms, "add" if add else "set"), _least_ttl)
+    def extend(self, name: str, owner: str, ms: int, add: bool, tag: int) -> Call:
+        return self._call(("extend", owner, ms, "add" if add else "set", tag), _least_ttl)
 
-    def renew(self, entries: Sequence[tuple[str, str]], lease_ms: int) -> Call:
-        # Every hold's every name: its owner and the hold's number (one flag per hold).
+    def renew(self, entries: Sequence[Renewal], lease_ms: int) -> Call:
+        # Every hold's every name: its owner, the hold's number and the hold (one flag
+        # per hold).
         names = self.names
-        args = tuple(x for n, (_, owner) in enumerate(entries) for _ in names for x in (owner, n))
+        args = tuple(
+            x for n, (_, owner, hold) in enumerate(entries) for _ in names for x in (owner, n, hold)
+        )
         all_keys = self._all() * len(entries)
         per = len(names)
         merge = functools.partial(_renewed, [n for n in range(len(entries)) for _ in range(per)])
-        return Call(scripts.MULTILOCK, all_keys, ("renew", lease_ms, *args), Groups(3, 2, 2, merge))
+        return Call(scripts.MULTILOCK, all_keys, ("renew", lease_ms, *args), Groups(3, 2, 3, merge))
 
     def fence_calls(self, name: str, owner: str, ttl_ms: int) -> list[tuple[str, Call]]:
         return [(n, EXCLUSIVE.fence_next(n, owner, ttl_ms)) for n in self.names]
@@ -933,13 +981,14 @@ Merge = Callable[[list[tuple[list[int], object]]], object]
 
 def _all_granted(parts: list[tuple[list[int], object]]) -> object:
     """An acquire's parts: granted if every part granted, else refused, marked partial
-    (``[0, ms, [1]]``) when some part granted (see :meth:`MultiKind.judge`)."""
+    (``[0, ms, [1], time]``) when some part granted (see :meth:`MultiKind.judge`)."""
     replies = [r for _, r in parts]
     granted = [isinstance(r, list) and r[:1] == [1] for r in replies]
     if all(granted):
         return replies[0]
     waits = [int(r[1]) for r in replies if isinstance(r, list) and r[:1] == [0]]
-    return [0, max(waits, default=-2), [1] if any(granted) else []]
+    times = [r[-1] for r in replies if isinstance(r, list) and len(r) >= 4]
+    return [0, max(waits, default=-2), [1] if any(granted) else [], *times[:1]]
 
 
 def _partial(reply: object) -> bool:
@@ -962,13 +1011,18 @@ def _least_ttl(parts: list[tuple[list[int], object]]) -> object:
 
 def _renewed(hold_of: list[int], parts: list[tuple[list[int], object]]) -> object:
     """A renewal's parts: a hold is renewed where every part that has its names
-    renewed them (``hold_of``: the hold of each name in the call)."""
+    renewed them (``hold_of``: the hold of each name in the call), taken again where
+    one part took it again and none failed it; the first part's time last."""
     flags: dict[int, int] = {}
+    times: list[object] = []
     for groups, reply in parts:
         seen = list(dict.fromkeys(hold_of[g] for g in groups))
-        for hold, flag in zip(seen, reply if isinstance(reply, list) else [], strict=False):
-            flags[hold] = min(flags.get(hold, 1), int(flag))
-    return [flags.get(h, 0) for h in range(max(hold_of, default=-1) + 1)]
+        replied = reply if isinstance(reply, list) else []
+        times += replied[len(seen) :][:1]
+        for hold, flag in zip(seen, replied, strict=False):
+            old, new = flags.get(hold, 1), int(flag)
+            flags[hold] = 0 if 0 in (old, new) else max(old, new)
+    return [*(flags.get(h, 0) for h in range(max(hold_of, default=-1) + 1)), *times[:1]]
 
 
 @functools.lru_cache(maxsize=4096)

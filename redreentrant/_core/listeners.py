@@ -69,6 +69,11 @@ class LockListener:
         """``action`` failed because too many masters failed (``errors`` by master);
         :class:`QuorumUnavailableError` is raised to the caller."""
 
+    def clock_stepped(self, master: str, seconds: float, counted_out: float) -> None:
+        """``master``'s clock moved ``seconds`` (negative: back) more than drift allows,
+        as its replies' times showed against this process's monotonic clock: it is
+        counted out of every quorum for the next ``counted_out`` seconds."""
+
 
 def tell(call: Callable[[], object]) -> None:
     """Run one listener call; log what it raises."""

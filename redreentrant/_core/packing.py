@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .effects import Call
-from .scripts import LOCK_SCRIPTS
+from .scripts import Script
 
 T = TypeVar("T")
 
@@ -40,12 +40,12 @@ def wire_packer(
     return pack
 
 
-def preload_commands() -> list[tuple[object, ...]]:
-    """``SCRIPT LOAD`` of every script the masters run, sent on each new connection
-    before anything else: a master that restarted (or never ran a script) then knows
-    them all, so a call whose reply a round does not read (an undo, a release decided
-    without it) cannot be dropped there as NOSCRIPT."""
-    return [("SCRIPT", "LOAD", script.source) for script in LOCK_SCRIPTS]
+def load_commands(scripts: Sequence[Script]) -> list[tuple[object, ...]]:
+    """``SCRIPT LOAD`` of ``scripts``, sent on a connection ahead of its first call of
+    each (see :mod:`.fanout`): its master then knows every script it is sent, so a
+    call whose reply a round does not read (an undo, a release decided without it)
+    cannot be dropped there as NOSCRIPT."""
+    return [("SCRIPT", "LOAD", script.source) for script in scripts]
 
 
 def evalsha_args(call: Call) -> tuple[object, ...]:

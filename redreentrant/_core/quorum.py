@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from .clockwatch import ClockWatch
 from .effects import UNREAD, Call, Early, Fanout, Handover, Reply
 from .errors import LockKeyTypeError, QuorumUnavailableError
 
@@ -53,6 +54,11 @@ class Quorum:
     def tolerated(self) -> int:
         """How many masters may fail while a quorum stays reachable."""
         return len(self.masters) - self.needed
+
+    @cached_property
+    def watch(self) -> ClockWatch:
+        """The masters' clocks, and which ones are counted out (see :mod:`.clockwatch`)."""
+        return ClockWatch(len(self.masters), self.drift_factor, self.clock)
 
     def drift(self, lease: float) -> float:
         """Clock drift allowance for a lease: a fraction of it plus 2 ms."""
@@ -139,14 +145,18 @@ class Tally:
 
 
 def tally_grants(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tally:
-    """Judge ``{1, n}`` (granted) / ``{0, pttl}`` (refused) replies of the first call."""
+    """Judge ``{1, n, ...}`` (granted) / ``{0, pttl, ...}`` (refused) replies of the first
+    call. A master whose clock was seen to jump (see :mod:`.clockwatch`) refuses."""
     t = Tally()
+    watch = q.watch
     for i, per_master in enumerate(replies):
         reply = per_master[0]
         if reply is UNREAD:
             t.unread.append(i)
         elif isinstance(reply, list) and len(reply) >= 2:
-            if int(reply[0]) == 1:
+            if not watch.counts(i):
+                t.refused.append(i)
+            elif int(reply[0]) == 1:
                 t.granted.append(i)
             else:
                 t.refused.append(i)
@@ -162,13 +172,14 @@ def tally_holds(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tall
     """Judge release-style replies: ``-1`` (held nothing) is a refusal, ``0``/``1`` grants
     (a reply may also be ``{status, woken}``, see :func:`status_of`)."""
     t = Tally()
+    watch = q.watch
     for i, per_master in enumerate(replies):
         reply = per_master[0]
         status = status_of(reply)
         if reply is UNREAD:
             t.unread.append(i)
         elif status is not None:
-            (t.granted if status >= 0 else t.refused).append(i)
+            (t.granted if status >= 0 and watch.counts(i) else t.refused).append(i)
         else:
             note_failure(q, t, i, key, per_master[0])
     return t
@@ -194,10 +205,10 @@ def woken_by(replies: Sequence[Sequence[Reply]], call: int = 0) -> tuple[str, ..
     return tuple(out)
 
 
-def handed_over(replies: Sequence[Sequence[Reply]], since: float) -> dict[str, Handover]:
+def handed_over(replies: Sequence[Sequence[Reply]], since: float, tag: int) -> dict[str, Handover]:
     """The waiters the masters handed the lock over to, from release replies
     ``{0, woken, ms}`` with ``ms > 0``: per waiter, its lease and the masters that
-    granted it; ``since``: when the release went out."""
+    granted it; ``since``: when the release went out; ``tag``: the hold's tag."""
     out: dict[str, tuple[int, set[int]]] = {}
     for i, per_master in enumerate(replies):
         reply = per_master[0] if per_master else None
@@ -207,7 +218,7 @@ def handed_over(replies: Sequence[Sequence[Reply]], since: float) -> dict[str, H
             ms, masters = out.setdefault(owner, (int(reply[2]), set()))
             if int(reply[2]) == ms:
                 masters.add(i)
-    return {o: Handover(ms, frozenset(masters), since) for o, (ms, masters) in out.items()}
+    return {o: Handover(ms, frozenset(masters), since, tag) for o, (ms, masters) in out.items()}
 
 
 def note_failure(q: Quorum, t: Tally, i: int, key: str, reply: Reply) -> None:

@@ -31,7 +31,7 @@ from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .fencing import FENCE_TTL_MS, integer_of, kept_counter, token_of
 from .holds import Hold
 from .keys import key_slot
-from .kinds import LockKind
+from .kinds import LockKind, Renewal, hold_value
 from .quorum import (
     Quorum,
     Tally,
@@ -47,6 +47,15 @@ from .views import MasterView
 _release_ids = itertools.count(1)
 #: names each acquire (an owner id and one of these name it uniquely: see kinds.attempt)
 _tickets = itertools.count(1)
+#: tags each try of an acquire, each hand-over and each give-up (see kinds.hold_value):
+#: they grow across the process, so whatever is sent later carries a greater tag
+_tags = itertools.count(1)
+
+
+def next_tag() -> int:
+    """A tag greater than every tag handed out before in this process."""
+    return next(_tags)
+
 
 #: how many times a split vote's back-off bound doubles (then it stays):
 #: ``retry_jitter * 2``, 0.1 s with the default jitter
@@ -66,6 +75,8 @@ class Grant(NamedTuple):
     #: the kind the hold is of, where it is not the acquired kind's own (a semaphore's
     #: slot: see :meth:`.kinds.LockKind.judge`)
     kind: LockKind | None = None
+    #: the tag of the try (or the hand-over) that made the hold (see kinds.hold_value)
+    tag: int = 0
 
 
 class Freed(NamedTuple):
@@ -97,8 +108,12 @@ def acquire_steps(
     fencing: bool = False,
     contended: Callable[[Tally], None] | None = None,
     polite_ms: int = 0,
+    tag: int = 0,
 ) -> Steps[Grant | None]:
-    """Take (``count == 1``) or re-enter (``count > 1``) a lock.
+    """Take (``count == 1``) or re-enter (``count > 1``, the hold of ``tag``) a lock.
+
+    Each try of a first hold has a tag of its own (:func:`next_tag`), which its calls
+    and its undo carry: nothing sent for one try changes a hold a later try made.
 
     Returns the :class:`Grant` when granted, ``None`` when the lock was not free in
     time. Re-entry never waits: it succeeds, or raises :class:`LockLostError` because
@@ -167,26 +182,29 @@ def acquire_steps(
                 wall_ms = int(q.wall() * 1000)
                 if place <= wall_ms:  # the first try, or the place ended: a new one
                     place = wall_ms + wait_ms
+            try_tag = tag if count > 1 else next(_tags)
             attempt = kind.attempt(
-                q, name, owner, ms, count, wait_ms, polite, place if propose else 0, ticket
-            )
+                q, name, owner, ms, hold_value(count, try_tag), wait_ms, polite,
+                place if propose else 0, ticket,
+            )  # fmt: skip
             polite = 0
             acquire = q.everywhere(attempt, *fence_calls, early=early)
             try:
                 replies = yield acquire
             except BaseException:
                 # Interrupted mid-round: some masters may have granted.
-                yield _undo(q, kind, name, owner, count)
+                yield _undo(q, kind, name, owner, count, try_tag)
                 raise
+            now = q.clock()
+            q.watch.observe(replies, started, now)
             tally, held = kind.judge(q, name, replies)
             valid_until = started + lease - q.drift(lease)
-            now = q.clock()
             if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
                 if not fenced:
-                    taken_back = kind.kept(q, name, owner, tally, held)
+                    taken_back = kind.kept(q, name, owner, tally, held, try_tag)
                     if taken_back is not None:
                         yield taken_back
-                    return Grant(valid_until, None, len(tally.granted), held)
+                    return Grant(valid_until, None, len(tally.granted), held, try_tag)
                 try:
                     proofs = [
                         token_of(q, label, tally.granted, replies, 1 + j)
@@ -197,19 +215,19 @@ def acquire_steps(
                         yield from _write_back(q, kind, name, tokens)
                     )
                 except BaseException:  # FencingError, or interrupted: held nowhere after
-                    yield _undo(q, kind, name, owner, count)
+                    yield _undo(q, kind, name, owner, count, try_tag)
                     raise
                 now = q.clock()
                 if proven and valid_until > now:
                     token = tokens[0] if len(tokens) == 1 else tuple(tokens)
-                    return Grant(valid_until, token, len(tally.granted), held)
+                    return Grant(valid_until, token, len(tally.granted), held, try_tag)
                 # Not proven in time: undone below, and tried again.
             if contended is not None:
                 contended(tally)
             if tally.granted or tally.failed or tally.unread:
                 # Undo everywhere, also where the reply was lost or not read: such a
                 # master may have granted.
-                yield _undo(q, kind, name, owner, count)
+                yield _undo(q, kind, name, owner, count, try_tag)
                 settle = None
                 if tally.granted:
                     settle = kind.settle(name, owner, replies, release_id(owner))
@@ -220,7 +238,11 @@ def acquire_steps(
             if len(tally.failed) > q.tolerated:
                 raise q.unavailable(f"acquire {name!r}", tally.failed)
             if count > 1:
-                raise LockLostError(f"lock {name!r} was lost: re-entry found no hold on a quorum")
+                if len(tally.refused) > q.tolerated:  # gone from so many: not on a quorum
+                    raise LockLostError(
+                        f"lock {name!r} was lost: re-entry found no hold on a quorum"
+                    )
+                raise q.unavailable(f"re-enter {name!r}", tally.failed)  # held? not known
             remaining = float("inf") if deadline is None else deadline - now
             if not blocking or remaining <= 0:
                 yield from _give_up(q, kind, name, owner, channel, woken, registered)
@@ -276,15 +298,16 @@ def acquire_steps(
         raise
 
 
-def _undo(q: Quorum, kind: LockKind, name: str, owner: str, count: int) -> Fanout:
-    """The round that takes back a try that did not win (see :func:`acquire_steps`).
+def _undo(q: Quorum, kind: LockKind, name: str, owner: str, count: int, tag: int) -> Fanout:
+    """The round that takes back a try (of ``tag``) that did not win (see
+    :func:`acquire_steps`).
 
     Its replies are read before the owner's next round: a master that forgot the
     scripts (NOSCRIPT) is then sent the undo again rather than left holding the grant,
     and the owner's next try, which may go out on another connection, cannot reach a
     master before this undo did. (A master that does not answer in time fails fast from
     then on: see .fanout.)"""
-    undo_call = kind.undo(name, owner, count - 1, release_id(owner))
+    undo_call = kind.undo(name, owner, hold_value(count - 1, tag), release_id(owner))
     return q.everywhere(undo_call, cleanup=True)
 
 
@@ -304,7 +327,7 @@ def _handed_grant(q: Quorum, handover: Handover, first_try: float | None, ms: in
     valid_until = since + lease - q.drift(lease)
     if valid_until - q.clock() < lease * 2 / 3:
         return None
-    return Grant(valid_until, None, len(handover.masters))
+    return Grant(valid_until, None, len(handover.masters), tag=handover.tag)
 
 
 def _write_back(q: Quorum, kind: LockKind, name: str, tokens: Sequence[int]) -> Steps[bool]:
@@ -329,7 +352,7 @@ def _give_up(
     woken: bool,
     registered: bool,
 ) -> Steps[None]:
-    call = kind.abandon(name, owner, release_id(owner)) if registered else None
+    call = kind.abandon(name, owner, release_id(owner), next(_tags)) if registered else None
     passed_on = False
     if call is not None:
         replies = yield q.everywhere(call, cleanup=True)
@@ -345,11 +368,13 @@ def release_steps(
     name: str,
     owner: str,
     count_left: int,
+    tag: int,
     lease: float = 0.0,
     defer: bool = False,
     reserve_ms: int = 0,
 ) -> Steps[Freed]:
-    """Release one hold level; at ``count_left == 0`` free the owner's hold everywhere.
+    """Release one level of the owner's hold of ``tag``; at ``count_left == 0`` free it
+    everywhere.
 
     A final release on a single master (with the hold's ``lease``, of a kind that
     :attr:`~.kinds.LockKind.hands_over`) hands the lock over when the registered waiter
@@ -367,18 +392,24 @@ def release_steps(
 
     Returns what it did besides (:class:`Freed`): whether a master deferred the
     wake-up (the caller sends it later, see :func:`wake_steps`), and whether a master
-    woke a waiter. Raises
-    :class:`LockLostError` when the owner's hold was no longer on a quorum, and
-    :class:`QuorumUnavailableError` when too many masters failed to tell.
+    woke a waiter. Raises :class:`LockLostError` when the owner's hold was gone from so
+    many masters that it was not on a quorum any more, and
+    :class:`QuorumUnavailableError` when too many masters failed to tell; a release
+    that a quorum neither confirmed nor refused (masters that did not answer may hold
+    the lock) returns, the rest expiring with its lease.
     """
     rid = release_id(owner)
     final = count_left == 0 and lease > 0 and kind.hands_over
     handover_ms = lease_ms(lease) if final and q.size == 1 else 0
+    # A hold handed over is made by this release: it gets a tag of its own.
+    handed_tag = next(_tags) if handover_ms else 0
+    handover = f"{handover_ms}:{handed_tag}" if handover_ms else "0"
+    left = hold_value(count_left, tag)
     started = q.clock()
     if final and (defer or reserve_ms):
-        release = kind.release_in_turn(name, owner, rid, handover_ms, defer, reserve_ms)
+        release = kind.release_in_turn(name, owner, left, rid, handover, defer, reserve_ms)
     else:
-        release = kind.release(name, owner, count_left, rid, handover_ms)
+        release = kind.release(name, owner, left, rid, handover)
     replies = yield q.everywhere(release, early=q.until_held, cleanup=True)
     tally = tally_holds(q, kind.key(name), replies)
     channels = kind.notify_channels(name) if count_left == 0 else ()
@@ -388,7 +419,9 @@ def release_steps(
         woken = woken_by(replies)
         # A master hands the lock over only to a waiter it woke.
         handed: tuple[tuple[str, Handover], ...] = (
-            tuple(handed_over(replies, started).items()) if woken and handover_ms else ()
+            tuple(handed_over(replies, started, handed_tag).items())
+            if woken and handover_ms
+            else ()
         )
         # On one master, a lost reply may hide a hand-over to any of our waiters: all
         # of them are told, and find out by trying.
@@ -403,9 +436,14 @@ def release_steps(
         return Freed(deferred, bool(woken))
     if tally.wrong_type is not None:
         raise tally.wrong_type
+    if len(tally.refused) > q.tolerated:
+        # Gone from so many masters that it was not on a quorum any more.
+        raise LockLostError(f"lock {name!r} was lost before its release: no hold on a quorum")
     if len(tally.failed) > q.tolerated:
         raise q.unavailable(f"release {name!r}", tally.failed)
-    raise LockLostError(f"lock {name!r} was lost before its release: no hold on a quorum")
+    # Not confirmed on a quorum, but not shown gone from one either (masters that did
+    # not answer may hold it): released where it could be; what is left expires.
+    return Freed(deferred, bool(woken))
 
 
 def _deferred(replies: Sequence[Sequence[Reply]]) -> bool:
@@ -422,22 +460,28 @@ def wake_steps(q: Quorum, kind: LockKind, name: str, reserve_ms: int, manager: s
 
 
 def extend_steps(
-    q: Quorum, kind: LockKind, name: str, owner: str, ms: int, add: bool
+    q: Quorum, kind: LockKind, name: str, owner: str, ms: int, add: bool, tag: int
 ) -> Steps[float]:
-    """Extend ``owner``'s hold everywhere it still holds it (by ``ms``, or to ``ms`` from
-    now); returns the new end of the validity, judged as an acquire's: from before the
-    first send, by the time the hold stays on a quorum, less the drift allowance.
+    """Extend ``owner``'s hold of ``tag`` everywhere it still holds it (by ``ms``, or to
+    ``ms`` from now); returns the new end of the validity, judged as an acquire's: from
+    before the first send, by the time the hold stays on a quorum, less the drift
+    allowance.
 
-    Raises :class:`LockLostError` when the hold is no longer on a quorum, or the round
-    ended too late, and :class:`QuorumUnavailableError` when too many masters failed.
+    Raises :class:`LockLostError` when the hold is gone from so many masters that it is
+    not on a quorum any more, or the round ended too late, and
+    :class:`QuorumUnavailableError` when too few masters extended it to tell.
     """
     started = q.clock()
 
     def extended(replies: Sequence[Reply]) -> bool:
         return isinstance(replies[0], int) and replies[0] > 0
 
-    replies = yield q.everywhere(kind.extend(name, owner, ms, add), early=Early(q.needed, extended))
-    left = sorted((int(str(r[0])) for r in replies if extended(r)), reverse=True)
+    call = kind.extend(name, owner, ms, add, tag)
+    replies = yield q.everywhere(call, early=Early(q.needed, extended))
+    left = sorted(
+        (int(str(r[0])) for i, r in enumerate(replies) if extended(r) and q.watch.counts(i)),
+        reverse=True,
+    )
     if len(left) >= q.needed:
         # The time the hold stays on a quorum of masters (the needed-th longest).
         ttl = left[q.needed - 1] / 1000.0
@@ -449,9 +493,9 @@ def extend_steps(
     for i, error in failed.items():
         if is_wrong_type(error):
             raise LockKeyTypeError(kind.key(name), q.masters[i], str(error))
-    if len(failed) > q.tolerated:
-        raise q.unavailable(f"extend {name!r}", failed)
-    raise LockLostError(f"lock {name!r} was lost: the extension found no hold on a quorum")
+    if sum(1 for r in replies if r[0] == 0) > q.tolerated:  # gone from so many masters
+        raise LockLostError(f"lock {name!r} was lost: the extension found no hold on a quorum")
+    raise q.unavailable(f"extend {name!r}", failed)  # extended on too few to tell
 
 
 def force_unlock_steps(
@@ -531,32 +575,46 @@ def renew_steps(
     q: Quorum, holds: Sequence[Hold], lease: float, cluster: set[int]
 ) -> Steps[Renewals]:
     """Renew many holds in one round: per master one call per kind (per hash slot on
-    the masters in ``cluster``, which a CROSSSLOT reply adds to that set)."""
+    the masters in ``cluster``, which a CROSSSLOT reply adds to that set).
+
+    A hold whose validity still runs when the round starts is also taken again where
+    it is gone and the lock is free (a master that forgot it, or that could not be
+    reached when it was granted), so that it stands on every master that answers, not
+    on a bare quorum, and one later fault on one master cannot open the lock to a
+    rival. Only masters that kept the hold count toward its renewal: one taken again
+    counts as gone (the hold was not there for a while), so a hold that was gone from
+    a majority is lost, as before, whatever was taken again."""
     ms = lease_ms(lease)
     started = q.clock()
-    plain = _renew_calls(holds, ms, False)  # the same for every master outside a cluster
-    per_master = [_renew_calls(holds, ms, True) if i in cluster else plain for i in range(q.size)]
+    plain = _renew_calls(holds, ms, False, started)  # the same for every master outside a cluster
+    per_master = [
+        _renew_calls(holds, ms, True, started) if i in cluster else plain for i in range(q.size)
+    ]
     replies = yield Fanout(tuple(calls for calls, _ in per_master))
     crossed = [i for i, rs in enumerate(replies) if any(map(_cross_slot, rs))]
     if crossed:
         cluster.update(crossed)
         for i in crossed:
-            per_master[i] = _renew_calls(holds, ms, True)
+            per_master[i] = _renew_calls(holds, ms, True, started)
         again = yield Fanout(tuple(per_master[i][0] if i in crossed else () for i in range(q.size)))
         for i in crossed:
             replies[i] = again[i]
-    # Votes per hold, by its place in ``holds``.
+    q.watch.observe(replies, started, q.clock())
+    # Votes per hold, by its place in ``holds``; a master whose clock was seen to jump
+    # does not vote.
     place = {id(h): n for n, h in enumerate(holds)}
     renewed = [0] * len(holds)
     gone = [0] * len(holds)
     for i, (_, order) in enumerate(per_master):
+        if not q.watch.counts(i):
+            continue
         for reply, group in zip(replies[i], order, strict=False):
             if not isinstance(reply, list):
                 continue  # failed: neither renewed nor gone there
-            for h, flag in zip(group, reply, strict=False):
+            for h, flag in zip(group, reply, strict=False):  # the time, last, is left out
                 if flag == 1:
                     renewed[place[id(h)]] += 1
-                elif flag == 0:
+                elif flag is not None:  # gone there (2: and taken again)
                     gone[place[id(h)]] += 1
     valid_until = started + lease - q.drift(lease)
     needed = q.needed if valid_until > q.clock() else q.size + 1  # too late: none
@@ -584,7 +642,7 @@ def _cross_slot(reply: Reply) -> bool:
 
 
 def _renew_calls(
-    holds: Sequence[Hold], ms: int, by_slot: bool
+    holds: Sequence[Hold], ms: int, by_slot: bool, started: float
 ) -> tuple[tuple[Call, ...], list[list[Hold]]]:
     # Per kind object: a semaphore's slots are kinds of their own (one per slot).
     groups: dict[tuple[LockKind, int], list[Hold]] = defaultdict(list)
@@ -593,6 +651,13 @@ def _renew_calls(
         groups[(h.kind, slot)].append(h)
     order = list(groups.values())
     calls = tuple(
-        kind.renew([(h.name, h.owner) for h in group], ms) for (kind, _), group in groups.items()
+        kind.renew([_renewal(h, started) for h in group], ms) for (kind, _), group in groups.items()
     )
     return calls, order
+
+
+def _renewal(hold: Hold, started: float) -> Renewal:
+    """What a renewal round sends for ``hold``: taken again where the lock is free only
+    while its validity runs (count 0 says renew only)."""
+    count = hold.count if hold.valid_until > started else 0
+    return hold.name, hold.owner, hold_value(count, hold.tag)

@@ -151,7 +151,7 @@ def _free_dead(q: Quorum, holds: Holds, alive: Callable[[str], bool]) -> Steps[l
     for h in dead:
         # Best effort: what cannot be freed now lapses within one lease.
         with contextlib.suppress(Exception):
-            yield from release_steps(q, h.kind, h.name, h.owner, 0, h.lease)
+            yield from release_steps(q, h.kind, h.name, h.owner, 0, h.tag, h.lease)
     return dead
 
 
