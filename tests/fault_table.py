@@ -1,5 +1,8 @@
-"""Render the fault suite's outcomes (the JSON that ``test_fault_suite.py`` writes to
-``$REDREENTRANT_FAULT_REPORT``) as the Markdown table of docs/safety.md.
+"""Render the fault suites' outcomes (the JSON that a pytest session of
+``test_fault_suite.py`` and ``test_real_faults.py`` writes to
+``$REDREENTRANT_FAULT_REPORT``, see ``faultkit.py``) as the Markdown tables of
+docs/safety.md: one table per group of rows (the module that made them), in the order
+the groups first appear.
 
     python tests/fault_table.py faults.json                        # print the table
     python tests/fault_table.py faults.json --update docs/safety.md  # replace it there
@@ -19,6 +22,25 @@ from typing import Any
 
 START = "<!-- fault-table:start -->"
 END = "<!-- fault-table:end -->"
+
+#: what each group of rows (``faultkit.PROCESS_AND_PROXY``, ``faultkit.REAL``) ran
+GROUPS = {
+    "process and proxy faults": (
+        "`tests/test_fault_suite.py`: masters and holders killed, frozen and restarted;"
+        " network faults through a loopback TCP proxy; a clock jump stood for by"
+        " deleting keys"
+    ),
+    "real network and clock faults": (
+        "`tests/test_real_faults.py`: each client process on a path of its own in a"
+        " network namespace (nftables cuts and loss, NFQUEUE delay and jitter), and a"
+        " clock shim preloaded into each master (its clocks' rate, jumps of its wall"
+        " clock); a rival that saw the masters had tried for the lock before the fault"
+    ),
+}
+HEADER = [
+    "| scenario | fault | expected | observed | violations | time to detect loss |",
+    "|---|---|---|---|---|---|",
+]
 
 
 def cell(text: object) -> str:
@@ -44,30 +66,33 @@ def detect(row: dict[str, Any]) -> str:
     return text
 
 
+def line(row: dict[str, Any]) -> str:
+    cells = (
+        row["scenario"],
+        row["fault"],
+        row["expected"],
+        row["observed"],
+        violations(row),
+        detect(row),
+    )
+    return "| " + " | ".join(cell(x) for x in cells) + " |"
+
+
 def render(rows: list[dict[str, Any]], server: str) -> str:
     lines = [
         f"Last run: {len(rows)} scenarios, Python {platform.python_version()},"
         f" {server}, 5 masters, lease 1.5 s.",
-        "",
-        "| scenario | fault | expected | observed | violations | time to detect loss |",
-        "|---|---|---|---|---|---|",
     ]
+    groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        lines.append(
-            "| "
-            + " | ".join(
-                cell(x)
-                for x in (
-                    row["scenario"],
-                    row["fault"],
-                    row["expected"],
-                    row["observed"],
-                    violations(row),
-                    detect(row),
-                )
-            )
-            + " |"
-        )
+        groups.setdefault(row.get("group") or "", []).append(row)
+    for group, members in groups.items():
+        lines.append("")
+        if group:  # rows of a report without groups: one table, as before groups
+            about = f"; {GROUPS[group]}" if group in GROUPS else ""
+            lines += [f"**{group.capitalize()}** ({len(members)} scenarios{about}).", ""]
+        lines += HEADER
+        lines += [line(row) for row in members]
     return "\n".join(lines)
 
 

@@ -5,7 +5,19 @@ Run as ``python fault_worker.py SPEC_JSON``; the spec's keys are documented in
 :class:`Spec`. It prints ``ready`` once its manager is open, ``held TOKEN`` when a
 ``hold`` worker holds the lock, and ``done`` at the end. A ``hold`` worker waits for
 one line on stdin before it writes (with its token) and releases: the test freezes or
-kills it in between.
+kills it in between. A ``gate`` worker prints ``gated`` once its manager is made, and
+waits for one line on stdin before it runs a round: the test starts it with the
+others, and lets it begin when it should (e.g. a client that never saw the masters
+before a fault).
+
+Run as ``python fault_worker.py --fork-server FD``, it is a fork server: loaded once,
+it forks a worker for each request on the Unix socket ``FD`` (see :func:`fork_server`
+and ``faultkit.ForkServer``).
+
+Kind ``multi`` is a multi-lock (``mgr.multi_lock``) of the names ``LOCK`` and
+``LOCK:2``, recorded as mode ``x`` of ``LOCK`` with the token of ``LOCK``: a multi-lock
+excludes the plain lock of each of its names, so the checker judges workers of kinds
+``x`` and ``multi`` of one name together.
 
 Kind ``lead`` is a candidate of an election (``mgr.election``): it campaigns (with its
 client name as the value), records the grant with the term as its token, writes under
@@ -16,19 +28,31 @@ and prints ``held TERM`` once it leads.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
+import os
 import select
+import signal
+import socket
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 import redreentrant
-import redreentrant.asyncio as aio
-from redreentrant import Election, FencedStore, LockError, LockTimeoutError
+from redreentrant import (
+    Election,
+    FencedStore,
+    LockError,
+    LockListener,
+    LockTimeoutError,
+    MultiLock,
+)
+from redreentrant.cli._process import die_with_parent
 from redreentrant.testing.history import Recorder
 
 
@@ -39,7 +63,8 @@ class Spec:
     resource: str
     #: the lock's name, and kind: "x" lock, "r"/"w" the rw lock's sides, "u" its
     #: upgradeable side (which upgrades to write, see :meth:`Client.upgrade`), "fair",
-    #: "sem" a permit of a semaphore of ``permits``, "lead" the leadership of an election
+    #: "sem" a permit of a semaphore of ``permits``, "lead" the leadership of an
+    #: election, "multi" a multi-lock of ``lock`` and ``lock + ":2"`` (module docstring)
     lock: str
     kind: str = "x"
     permits: int = 2
@@ -58,6 +83,12 @@ class Spec:
     timeout: float = 1.0
     #: seconds between the counter's read and its write (a non-atomic increment)
     work: float = 0.002
+    #: wait for a line on stdin before the first round (see the module docstring)
+    gate: bool = False
+    #: record each master whose clock the manager saw step (``LockListener``'s
+    #: ``clock_stepped``) as a ``clock-step`` event: ``owner`` the master, ``value``
+    #: the step in ms (the checker ignores them)
+    clock_steps: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -69,6 +100,7 @@ MODE_OF_KIND = {
     "fair": "fair",
     "sem": "sem",
     "lead": "lead",
+    "multi": "x",
 }
 #: kinds whose holds have no fencing token (the upgradeable side: its upgrades have)
 SHARED = ("r", "u", "sem")
@@ -78,6 +110,16 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+class ClockSteps(LockListener):
+    """Records the clock steps a manager saw (``Spec.clock_steps``)."""
+
+    def __init__(self, rec: Recorder, lock: str, mode: str) -> None:
+        self.rec, self.lock, self.mode = rec, lock, mode
+
+    def clock_stepped(self, master: str, seconds: float, counted_out: float) -> None:
+        self.rec.ok("clock-step", self.lock, self.mode, owner=master, value=round(seconds * 1000))
+
+
 class Client:
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
@@ -85,6 +127,8 @@ class Client:
         options: dict[str, Any] = {"lease": spec.manager_lease, "fencing": spec.fencing}
         if spec.master_timeout is not None:
             options["master_timeout"] = spec.master_timeout
+        if spec.clock_steps:
+            options["listener"] = ClockSteps(self.rec, spec.lock, MODE_OF_KIND[spec.kind])
         self.mgr = redreentrant.LockManager(spec.urls, on_lost=self.lost, **options)
         self.resource = redis.Redis.from_url(spec.resource)
         self.store = FencedStore(self.resource, f"{{{spec.lock}}}:fenced")
@@ -104,7 +148,20 @@ class Client:
             return self.mgr.semaphore(self.spec.lock, self.spec.permits)
         if kind == "lead":
             return self.mgr.election(self.spec.lock)
+        if kind == "multi":
+            return self.mgr.multi_lock([self.spec.lock, f"{self.spec.lock}:2"])
         return self.mgr.lock(self.spec.lock)
+
+    def token_of(self, lock: redreentrant.Lock) -> int | None:
+        """The calling owner's fencing token (an election's term), or None without one
+        (fencing off, or a kind whose holders share the lock)."""
+        if isinstance(lock, Election):
+            return lock.term  # always fenced: the term
+        if not self.spec.fencing or self.spec.kind in SHARED:
+            return None
+        if isinstance(lock, MultiLock):
+            return lock.tokens[self.spec.lock]
+        return lock.token
 
     def lost(self, lock: object) -> None:
         mode = MODE_OF_KIND[self.spec.kind]
@@ -139,10 +196,7 @@ class Client:
         if not got:
             rec.fail("acquire", self.spec.lock, mode)
             return None
-        if isinstance(lock, Election):
-            token: int | None = lock.term  # always fenced: the term
-        else:
-            token = lock.token if self.spec.fencing and self.spec.kind not in SHARED else None
+        token = self.token_of(lock)
         valid_until = time.monotonic_ns() + int(lock.remaining() * 1e9)
         owner = self.mgr.owner_id()
         if isinstance(lock, Election):
@@ -182,7 +236,7 @@ class Client:
         if isinstance(lock, Election):  # the leader's work, fenced by its term
             self.increment(rec, lock.term, mode, fenced=True)
             return
-        self.increment(rec, lock.token if self.spec.fencing else 0, mode)
+        self.increment(rec, self.token_of(lock) or 0, mode)
 
     def increment(self, rec: Recorder, token: int, mode: str, fenced: bool = False) -> None:
         value = int(self.resource.get(self.counter) or 0) + 1
@@ -256,10 +310,7 @@ class Client:
         valid_until = None
         while valid_until is None:
             valid_until = self.acquire(self.rec, lock)
-        if isinstance(lock, Election):
-            token = lock.term
-        else:
-            token = lock.token if self.spec.fencing and self.spec.kind not in SHARED else 0
+        token = self.token_of(lock) or 0
         say(f"held {token}")
         # Frozen or killed here by the test, then told to go on; meanwhile the renewals
         # are recorded, from this thread (the owner's).
@@ -284,6 +335,7 @@ class Client:
 
     def task_dies(self) -> None:
         """An asyncio task takes the lock and ends without releasing it."""
+        import redreentrant.asyncio as aio  # only here: the other workers start faster
 
         async def main() -> None:
             async with aio.LockManager(
@@ -305,6 +357,9 @@ class Client:
         asyncio.run(main())
 
     def run(self) -> None:
+        if self.spec.gate:  # its manager made, and no round run yet
+            say("gated")
+            sys.stdin.readline()
         say("ready")
         mode = self.spec.mode
         if mode == "hold":
@@ -328,5 +383,75 @@ class Client:
         say("done")
 
 
+def main(spec: Spec) -> None:
+    Client(spec).run()
+
+
+# -- the fork server ----------------------------------------------------------------------
+
+_CLONE_NEWNET = 0x40000000  # <sched.h>
+
+
+def enter_netns(name: str) -> None:
+    """Move this (single-threaded) process into the network namespace ``name``."""
+    setns = ctypes.CDLL(None, use_errno=True).setns
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if setns(fd, _CLONE_NEWNET) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"setns: {os.strerror(error)}")
+    finally:
+        os.close(fd)
+
+
+def fork_server(fd: int) -> None:
+    """Serve requests for workers on the Unix socket ``fd`` (``SOCK_SEQPACKET``): each
+    is a JSON message ``{"spec": SPEC_JSON, "netns": NAME or null}`` with two file
+    descriptors, the worker's stdin and stdout. This process forks a worker for it (in
+    that network namespace, when named) and answers its pid. A fork costs a few ms,
+    where a new interpreter costs most of a second of CPU (the imports). The server
+    never starts a thread, so forking it is safe; it ends when the socket closes, and
+    its workers die with it (they die with the test otherwise, as it does)."""
+    server = socket.socket(fileno=fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped as they end
+    with_parent = die_with_parent()
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(server, 1 << 16, 2)
+        except OSError:
+            return
+        if not message:
+            return
+        request = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                server.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                if with_parent is not None:
+                    with_parent()
+                if request["netns"]:
+                    enter_netns(request["netns"])
+                os.dup2(fds[0], 0)
+                os.dup2(fds[1], 1)
+                for f in fds:
+                    os.close(f)
+                sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+                sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+                main(Spec(**json.loads(request["spec"])))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        for f in fds:
+            os.close(f)
+        server.send(str(pid).encode())
+
+
 if __name__ == "__main__":
-    Client(Spec(**json.loads(sys.argv[1]))).run()
+    if sys.argv[1] == "--fork-server":
+        fork_server(int(sys.argv[2]))
+    else:
+        main(Spec(**json.loads(sys.argv[1])))

@@ -42,7 +42,7 @@ from redreentrant._core.keys import (
 )
 from redreentrant._core.kinds import EXCLUSIVE, FAIR
 from redreentrant._core.mock import AsyncMockTransport, FakeClock, MockTransport
-from redreentrant._core.packing import WireCache, evalsha_args
+from redreentrant._core.packing import evalsha_args
 from redreentrant._core.quorum import Quorum, lease_ms, tally_grants
 from redreentrant._core.rounds import next_tag
 from redreentrant._core.settings import Settings
@@ -1495,6 +1495,33 @@ def test_a_master_whose_clock_steps_is_counted_out_for_the_quarantine_and_report
     q.watch.anyone_out = True
     tally = tally_grants(q, "k", [[[1, 1, 0]], [[1, 1, 0]], [[1, 1, 0]]])
     assert tally.granted == [0, 1] and tally.refused == [2]
+    # ... so a round that may end early waits for one more vote.
+    round_ = q.everywhere(EXCLUSIVE.release("k", "o", "0:1", "r"), early=q.until_granted)
+    assert round_.early is not None and round_.early.needed == 3
+
+
+def test_a_master_seen_seldom_may_drift_by_the_allowance_of_the_time_between() -> None:
+    from redreentrant._core.clockwatch import ClockWatch
+
+    clock = FakeClock()
+    watch = ClockWatch(1, 0.01, clock, quarantine=lambda: 3.0)
+    steps: list[float] = []
+    watch.on_step = lambda master, seconds: steps.append(seconds)
+    drift = 0.0  # ms the master's clock ran ahead: 0.5 % of the time passed (a slew)
+
+    def observe(jump_ms: float = 0.0) -> None:
+        sent = clock()
+        clock.advance(0.002)
+        at = 1_700_000_000_000 + round(server_ms(sent + 0.001) + drift + jump_ms)
+        watch.observe([[[1, 1, at]]], sent, clock())
+
+    for _ in range(5):  # once a minute: 300 ms ahead each time, within 1 % of a minute
+        observe()
+        clock.advance(60.0)
+        drift += 300.0
+    assert steps == [] and watch.counts(0)
+    observe(jump_ms=2_000)  # a step beyond a minute's allowance is still seen
+    assert len(steps) == 1 and 1.0 < steps[0] < 2.0 and not watch.counts(0)
 
 
 def test_a_dead_owners_hold_is_released_everywhere_and_reported(world: Worlds) -> None:
@@ -1532,6 +1559,23 @@ def test_holds_are_keyed_by_kind_name_and_owner() -> None:
     assert holds.get(EXCLUSIVE, "x", "o1") is a and holds.get(EXCLUSIVE, "x", "o2") is None
     holds.remove(a)
     assert holds.all() == []
+
+
+def test_an_owner_that_ends_while_the_holds_table_is_locked_deadlocks_nothing() -> None:
+    # The cyclic garbage collector ends an ``owner=`` object wherever it runs: here while
+    # the same thread holds the table's lock (``alive`` is called under it).
+    holds = Holds(threading.Lock())
+    fixed = Hold(EXCLUSIVE, "x", "o1", 1, LEASE, False, 10.0)
+    holds.add(fixed)
+    told: list[bool] = []
+    worker = threading.Thread(
+        target=holds.take_dead, args=(lambda token: told.append(holds.ended(token)) or False,)
+    )
+    worker.daemon = True
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), "deadlocked"
+    assert told == [True] and holds.all() == []  # the ended owner's hold is forgotten
 
 
 # -- the subscription state machine ----------------------------------------------------------
@@ -1901,8 +1945,9 @@ def test_a_master_health_record_turns_suspect_is_probed_at_intervals_and_rejoins
 
     m = MasterHealth(probe_interval=0.5)
     behind = Behind(conn=object(), owed=2, since=10.0)
-    assert not m.lagging(behind, 10.1, timeout=0.2)  # late, not overdue: still waited for
-    assert m.lagging(behind, 10.25, timeout=0.2) and m.suspect  # overdue: suspect
+    assert not m.overdue(behind, 10.1, timeout=0.2)  # late, not overdue: still waited for
+    assert m.overdue(behind, 10.25, timeout=0.2)  # overdue: a round makes it suspect
+    m.timed_out(10.25)
     # A suspect is sent no new acquire: the connection goes back, nothing is sent.
     assert m.queue_behind(behind, 1, cleanup=False) == ([], []) and m.behind == [behind]
     # A clean-up goes on every connection behind; one that would owe too much is closed.
@@ -1951,7 +1996,7 @@ def test_a_round_looks_for_owed_replies_only_once_they_are_due_or_the_master_is_
     behind.sent(1, due)
     behind.read()
     assert not m.catch_up_due(behind, due + 0.001, timeout=0.2)
-    assert not m.lagging(behind, 10.0 + 0.2, timeout=0.2)  # the oldest owed is young now
+    assert not m.overdue(behind, 10.0 + 0.2, timeout=0.2)  # the oldest owed is young now
     # A suspect is looked at every round: it rejoins as soon as its replies came.
     m.timed_out(due)
     assert m.catch_up_due(behind, due + 0.001, timeout=0.2)
@@ -2086,35 +2131,8 @@ def test_released_holds_are_not_kept_alive_by_the_deadline_clock(world: Worlds) 
     assert sum(1 for ref in released if ref() is not None) < 100
 
 
-def test_the_wire_cache_packs_a_repeated_call_once_and_never_mixes_calls_up() -> None:
-    packs: list[list[tuple[object, ...]]] = []
-
-    def pack(commands: list[tuple[object, ...]]) -> list[bytes]:
-        packs.append(commands)
-        typed = [tuple((type(a).__name__, a) for a in c) for c in commands]
-        return [repr(typed).encode()]
-
-    cache = WireCache(size=4)
-    call = EXCLUSIVE.acquire("x", "m:t1", 30000, 1, 0)
-    first = cache.packed("utf-8", [call], pack)
-    assert first == pack([evalsha_args(call)])  # the bytes a fresh packing gives
-    packs.clear()
-    assert cache.packed("utf-8", [call], pack) == first and packs == []  # kept
-    # Equal as keys of a dict, but other bytes: packed on their own.
-    as_bool = Call(call.script, call.keys, (*call.args[:2], True, call.args[3]))
-    assert cache.packed("utf-8", [as_bool], pack) != first
-    # Another way of packing (another encoding): packed on its own.
-    cache.packed("latin-1", [call], pack)
-    assert len(packs) == 2
-    # Bounded: once full it starts afresh, and packs the call again.
-    for n in range(4):
-        cache.packed("utf-8", [EXCLUSIVE.acquire(f"y{n}", "m:t1", 30000, 1, 0)], pack)
-    packs.clear()
-    assert cache.packed("utf-8", [call], pack) == first and len(packs) == 1
-
-
 def test_the_c_packer_packs_a_round_as_redis_py_would() -> None:
-    from redreentrant._core.packing import evalsha_args, wire_packer
+    from redreentrant._core.packing import wire_packer
 
     pack = wire_packer("utf-8", "strict")
     assert wire_packer("latin-1", "strict") is None  # the client's own packer then

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import PY, delete_everywhere, drop_counters, run, wait_until
+from helpers import PY, delete_everywhere, drop_counters, heal, run, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import (
@@ -26,6 +26,7 @@ from redreentrant import (
     LockNotOwnedError,
     LockTimeoutError,
     ManagerClosedError,
+    QuorumUnavailableError,
 )
 from redreentrant._core.kinds import ELECTION
 from redreentrant.testing import LocalEnsemble
@@ -186,6 +187,26 @@ def test_a_lost_leadership_is_reported_like_a_lock(ensemble: LocalEnsemble) -> N
         with pytest.raises(LockLostError):
             e.resign()
     ensemble.flushall()
+
+
+def test_a_proclaim_written_on_too_few_to_tell_keeps_the_leadership(
+    ensemble: LocalEnsemble,
+) -> None:
+    # Two masters down and the record gone from one (its key deleted): written on two,
+    # refused by one. The hold may still stand on a quorum: not a loss.
+    urls = ensemble.urls
+    with LockManager(urls, lease=10.0, master_timeout=0.3) as mgr:
+        e = mgr.election("shaky")
+        e.campaign(value=b"x")
+        ensemble.servers[3].stop()
+        ensemble.servers[4].stop()
+        delete_everywhere(urls[2:3], ELECTION.key("shaky"), ELECTION.changes("shaky"))
+        with pytest.raises(QuorumUnavailableError):
+            e.proclaim(b"y")
+        e.ensure_held()  # still the leader
+        e.resign()
+    heal(ensemble)
+    drop_counters(ensemble)
 
 
 def test_a_listener_is_told_of_an_election_by_its_label(masters: list[str]) -> None:

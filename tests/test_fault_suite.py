@@ -4,204 +4,61 @@ records a history (``history.py``) and the checker judges it afterwards.
 
 Each scenario asserts what docs/safety.md promises for it: no violation where the
 assumptions hold, and the documented violation where they do not (so the docs stay
-true). Each one appends a row to the outcome table; with ``REDREENTRANT_FAULT_REPORT``
-set to a path, the rows are written there as JSON, and ``tests/fault_table.py`` turns
-them into the table of docs/safety.md::
+true). Each one appends a row to the outcome table (``faultkit.py``, the harness this
+module shares with ``test_real_faults.py``); with ``REDREENTRANT_FAULT_REPORT`` set to
+a path, the session's rows are written there as JSON at its end (``conftest.py``), and
+``tests/fault_table.py`` turns them into the table of docs/safety.md::
 
-    REDREENTRANT_FAULT_REPORT=faults.json python -m pytest -m faults tests/test_fault_suite.py
+    REDREENTRANT_FAULT_REPORT=faults.json python -m pytest -m faults \\
+        tests/test_fault_suite.py tests/test_real_faults.py
     python tests/fault_table.py faults.json --update docs/safety.md
+
+The network faults here go through a loopback TCP proxy, and a clock jump is stood for
+by deleting keys: they run anywhere (macOS, a user without root). ``test_real_faults.py``
+runs the network and clock scenarios on real faults (Linux, root).
 
 Every scenario is bounded in time (a few seconds); the workers die with the test.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
-import os
-import queue
 import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
-from helpers import heal, wait_until
+from faultkit import (
+    LEASE,
+    MS,
+    OUTCOMES,
+    PERMITS,
+    Outcome,
+    Run,
+    contend,
+    counter_of,
+    during,
+    errors_of,
+    judge,
+    judge_permits,
+    leaders_of,
+    most_at_once,
+    record,
+    terms_of,
+    tokens_increase,
+)
+from helpers import heal
 
 from redreentrant import LockManager
-from redreentrant.cli._process import die_with_parent
 from redreentrant.testing import LocalEnsemble, LocalServer
-from redreentrant.testing.history import Event, Report, check, load
 from redreentrant.testing.proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
-WORKER = Path(__file__).with_name("fault_worker.py")
-REPORT_ENV = "REDREENTRANT_FAULT_REPORT"
-#: the manager lease of the workers: short, so that expiry happens within a scenario
-LEASE = 1.5
-MS = 1_000_000  # ns
-
-
-# -- the outcome table ------------------------------------------------------------------
-
-
-@dataclass
-class Outcome:
-    """One row of the outcome table in docs/safety.md."""
-
-    scenario: str
-    fault: str
-    expected: str
-    observed: str = ""
-    violations: dict[str, int] = field(default_factory=dict)
-    #: from the fault to the holder's loss report, in ms (None: no loss to detect)
-    detect_ms: float | None = None
-    #: the holder's validity left when the loss was reported, in ms
-    margin_ms: float | None = None
-    grants: int = 0
-    seconds: float = 0.0
-
-
-OUTCOMES: list[Outcome] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _report() -> Iterator[None]:
-    yield
-    path = os.environ.get(REPORT_ENV)
-    if path and OUTCOMES:
-        rows = [asdict(o) for o in OUTCOMES]
-        Path(path).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-
-
-# -- processes ----------------------------------------------------------------------------
-
-
-class Worker:
-    """A client process (``fault_worker.py``): its stdout lines arrive on a queue."""
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.spec = spec
-        self.process = subprocess.Popen(
-            [sys.executable, str(WORKER), json.dumps(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=die_with_parent(),  # it dies with the test, SIGKILL included
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.put(line.strip())
-        self.lines.put("<eof>")
-
-    def expect(self, prefix: str, timeout: float = 15.0) -> str:
-        """The next line starting with ``prefix`` (failing after ``timeout``)."""
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, end - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"worker {self.spec['client']} did not say {prefix!r}")
-            if line.startswith(prefix):
-                return line
-            if line == "<eof>":
-                pytest.fail(f"worker {self.spec['client']} ended before saying {prefix!r}")
-
-    def send(self, line: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-
-    def go(self) -> None:
-        """Tell a ``hold`` worker to go on (write, release), and wait for its end."""
-        self.send("go")
-        self.finish()
-
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    def finish(self, timeout: float = 20.0) -> None:
-        self.expect("done", timeout)
-        self.process.wait(timeout)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-        self.process.wait()
-
-
-class Run:
-    """One scenario's workers, history files, and the times of its faults."""
-
-    def __init__(self, tmp: Path, urls: list[str], resource: str, lock: str) -> None:
-        self.tmp = tmp
-        self.urls = urls
-        self.resource = resource
-        self.lock = lock
-        self.workers: list[Worker] = []
-        self.faults: dict[str, int] = {}
-        self.started = time.monotonic()
-
-    def worker(self, client: str, **spec: Any) -> Worker:
-        full = {
-            "urls": self.urls,
-            "resource": self.resource,
-            "lock": self.lock,
-            "client": client,
-            "history": str(self.tmp / f"{client}.jsonl"),
-            "manager_lease": LEASE,
-            **spec,
-        }
-        w = Worker(full)
-        self.workers.append(w)
-        return w
-
-    def holder(self, **spec: Any) -> Worker:
-        """A ``hold`` worker that took the lock (and waits to be told to go on)."""
-        w = self.worker("holder", mode="hold", **spec)
-        w.expect("ready")
-        w.expect("held")
-        return w
-
-    def rival(self, **spec: Any) -> None:
-        """A ``loop`` worker run to its end."""
-        w = self.worker("rival", **spec)
-        w.expect("ready")
-        w.finish()
-
-    def mark(self, fault: str) -> None:
-        """Note when a fault was injected (monotonic ns, the histories' clock)."""
-        self.faults[fault] = time.monotonic_ns()
-
-    def events(self) -> list[Event]:
-        return load(sorted(self.tmp.glob("*.jsonl")))
-
-    def wait_lost(self, client: str, limit: float = 10.0) -> None:
-        """Return once ``client`` recorded a loss report (``on_lost``). A holder resumed
-        after a pause is told by its watchdog at once, from a thread of its own: told to
-        go on before that, it could release and end before the report is recorded."""
-        wait_until(
-            lambda: any(e.op == "lost" and e.client == client for e in self.events()),
-            f"{client}'s loss reported",
-            limit,
-        )
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.close()
+#: a holder's manager lease where a rival must come before its watchdog's next renewal
+#: (every lease/3), which would take the hold again on masters that lost it
+SLOW_RENEWAL = 6.0
 
 
 @pytest.fixture(scope="module")
@@ -241,110 +98,6 @@ def run(
         yield r
     finally:
         r.close()
-
-
-def counter_of(run: Run) -> int:
-    client = redis.Redis.from_url(run.resource)
-    try:
-        return int(client.get(f"{{{run.lock}}}:counter") or 0)
-    finally:
-        client.close()
-
-
-def judge(run: Run, *, late_writes: bool = False, **options: Any) -> Report:
-    """The checker's report on the run's history. Fencing tokens never go backwards,
-    in any scenario (also where exclusion is expected to break): asserted here."""
-    events = run.events()
-    regressions = token_regressions(events)
-    assert not regressions, f"fencing tokens did not grow: {regressions[:3]}"
-    return check(
-        events,
-        final_counter={run.lock: counter_of(run)},
-        late_writes=late_writes,
-        **options,
-    )
-
-
-def record(
-    run: Run,
-    fault: str,
-    expected: str,
-    report: Report,
-    observed: str,
-    detect: tuple[str, str] | None = None,
-) -> Outcome:
-    """Add a row to the outcome table."""
-    events = run.events()
-    kinds: dict[str, int] = {}
-    for v in report.violations:
-        kinds[v.kind] = kinds.get(v.kind, 0) + 1
-    outcome = Outcome(
-        scenario=run.lock,
-        fault=fault,
-        expected=expected,
-        observed=observed,
-        violations=kinds,
-        grants=sum(1 for e in events if e.op == "acquire" and e.phase == "ok"),
-        seconds=round(time.monotonic() - run.started, 1),
-    )
-    if detect is not None:
-        fault_name, client = detect
-        lost = [e for e in events if e.op == "lost" and e.client.startswith(client)]
-        if lost and fault_name in run.faults:
-            outcome.detect_ms = round((lost[0].t - run.faults[fault_name]) / MS, 1)
-            validity = holder_validity(events, client, lost[0].t)
-            if validity is not None:
-                outcome.margin_ms = round((validity - lost[0].t) / MS, 1)
-    OUTCOMES.append(outcome)
-    return outcome
-
-
-def holder_validity(events: list[Event], client: str, at: int) -> int | None:
-    """The validity end ``client`` last knew before ``at`` (its acquire or renewal)."""
-    known = [
-        e.valid_until
-        for e in events
-        if e.client.startswith(client)
-        and e.op in ("acquire", "renew")
-        and e.phase == "ok"
-        and e.valid_until is not None
-        and e.t <= at
-    ]
-    return known[-1] if known else None
-
-
-def tokens_increase(events: list[Event]) -> bool:
-    """Tokens of the grants, in the order the holds began, strictly increase."""
-    return not token_regressions(events)
-
-
-def token_regressions(events: list[Event]) -> list[tuple[Event, Event]]:
-    """Pairs of consecutive grants (in the order the holds began) whose tokens did not
-    grow."""
-    grants = [e for e in events if e.op == "acquire" and e.phase == "ok" and e.token]
-    return [(a, b) for a, b in itertools.pairwise(grants) if a.token >= b.token]  # type: ignore[operator]
-
-
-def errors_of(events: list[Event]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for e in events:
-        if e.op == "error" and e.owner:
-            out[e.owner] = out.get(e.owner, 0) + 1
-    return out
-
-
-def contend(run: Run, clients: int = 4, duration: float = 2.5, **spec: Any) -> list[Worker]:
-    workers = [run.worker(f"p{i}", duration=duration, **spec) for i in range(clients)]
-    for w in workers:
-        w.expect("ready")
-    return workers
-
-
-def during(seconds: float, at: Callable[[], None], then: Callable[[], None], hold: float) -> None:
-    time.sleep(seconds)
-    at()
-    time.sleep(hold)
-    then()
 
 
 # -- scenarios: contention and masters' faults ---------------------------------------------
@@ -600,8 +353,10 @@ def test_watchdog_with_a_majority_stalled(run: Run, masters: LocalEnsemble) -> N
 def test_restart_without_persistence_at_once_breaks_exclusion(
     run: Run, masters: LocalEnsemble
 ) -> None:
-    # Documented: a majority restarted empty at once hands the lock out a second time.
-    holder = run.holder(fencing=False)
+    # Documented: a majority restarted empty at once hands the lock out a second time
+    # when a rival comes before the holder's watchdog takes the hold again there (its
+    # lease long here, so that the rival always comes first).
+    holder = run.holder(fencing=False, manager_lease=SLOW_RENEWAL)
     run.mark("restart")
     for s in masters.servers[:3]:
         s.restart()
@@ -621,7 +376,7 @@ def test_restart_without_persistence_at_once_breaks_exclusion(
 def test_restart_without_persistence_with_fencing_refuses_tokens(
     run: Run, masters: LocalEnsemble
 ) -> None:
-    holder = run.holder()
+    holder = run.holder(manager_lease=SLOW_RENEWAL)  # the rival comes before a renewal
     for s in masters.servers[:3]:
         s.restart()
     run.rival(duration=0.8)
@@ -664,14 +419,18 @@ def test_restart_delayed_past_the_lease_keeps_exclusion(run: Run, masters: Local
 
 @pytest.mark.parametrize("deleted", [1, 2, 3])
 def test_keys_deleted_on_some_masters(run: Run, masters: LocalEnsemble, deleted: int) -> None:
-    # A clock jump on a master expires its keys early: deleting them does the same.
-    holder = run.holder()
+    # A clock jump on a master expires its keys early: deleting them does the same. The
+    # holder's lease is long, so that the rival comes before its watchdog's next renewal
+    # (which takes the hold again where it is free).
+    holder = run.holder(manager_lease=SLOW_RENEWAL)
     run.mark("delete")
     for s in masters.servers[:deleted]:
         c = redis.Redis(host=s.host, port=s.port)
         c.delete(f"redreentrant:v1:{{{run.lock}}}")
         c.close()
     run.rival(duration=1.0, timeout=0.3)
+    if deleted >= 3:
+        run.wait_lost("holder")  # found at its next renewal
     holder.go()
     events = run.events()
     report = judge(run)
@@ -893,26 +652,6 @@ def test_a_dead_owner_frees_the_lock(run: Run, owner: str) -> None:
 
 # -- the semaphore: at most P holders ---------------------------------------------------
 
-PERMITS = 2
-
-
-def judge_permits(run: Run) -> Report:
-    """The checker's report, with at most :data:`PERMITS` holders of the run's name."""
-    return check(run.events(), permits={run.lock: PERMITS}, late_writes=False)
-
-
-def most_at_once(report: Report) -> int:
-    """The most permit holders at one instant."""
-    points = sorted(
-        [(h.start, 1) for h in report.holds if h.mode == "sem"]
-        + [(h.end, -1) for h in report.holds if h.mode == "sem"]
-    )
-    inside = most = 0
-    for _, step in points:
-        inside += step
-        most = max(most, inside)
-    return most
-
 
 @pytest.mark.parametrize(
     "fault", ["none", "minority killed", "minority frozen", "master restarted after a lease"]
@@ -994,20 +733,6 @@ def test_semaphore_holder_paused_past_its_lease(run: Run) -> None:
 # checker judges leaderships as exclusive holds whose token is the term: no two leaders
 # at one instant, every new leader's term larger than every earlier one's ("term-order"),
 # no write under a smaller term accepted after one under a larger term.
-
-
-def terms_of(events: list[Event]) -> list[int]:
-    """The terms of the grants, in the order they were recorded."""
-    return [
-        e.token
-        for e in events
-        if e.op == "acquire" and e.phase == "ok" and e.mode == "lead" and e.token is not None
-    ]
-
-
-def leaders_of(events: list[Event]) -> set[str]:
-    """The clients that led at least once."""
-    return {e.client.split("/")[0] for e in events if e.op == "acquire" and e.phase == "ok"}
 
 
 ELECTION_FAULTS = {

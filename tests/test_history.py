@@ -872,3 +872,104 @@ def test_a_valid_history_of_leaders_passes() -> None:
         "release",
         "release",
     ]
+
+
+# -- the soak's checks: token order, late losses, holds gone while valid ----------------------
+
+
+def test_an_event_may_name_the_error_of_a_failure() -> None:
+    e = ev("p1", "release", "fail", 3, owner="o", error="LockLostError")
+    assert Event.from_json(e.to_json()) == e and e.error == "LockLostError"
+
+
+def test_tokens_must_grow_in_the_order_exclusive_holds_began() -> None:
+    events = [*held("a", 1, 10, owner="A", token=5), *held("b", 12, 20, owner="B", token=3)]
+    assert check(events).ok  # off by default
+    report = check(events, token_order=True)
+    assert report.kinds() == {"token-order"}
+    detail = report.violations[0].detail
+    assert "[x] b (owner B, token 3)" in detail and "a (owner A, token 5)" in detail, detail
+    # Per lock and family: a fair lock of the same name, or another name, counts apart.
+    other = [*held("a", 1, 10, owner="A", token=5), *held("b", 12, 20, "M", owner="B", token=3)]
+    assert check(other, token_order=True).ok
+    fair = [*held("a", 1, 10, owner="A", token=5), *held("b", 12, 20, mode="fair", token=3)]
+    assert check(fair, token_order=True).ok
+    # The write side of a read/write lock is judged; readers have no token.
+    writers = [*held("a", 1, 10, mode="w", owner="A", token=5)]
+    writers += held("b", 12, 20, mode="w", owner="B", token=5)
+    assert check(writers, token_order=True).kinds() == {"token-order"}
+    # Grown in the order the holds began, whatever the order of the records' files.
+    grown = [*held("b", 12, 20, owner="B", token=6), *held("a", 1, 10, owner="A", token=5)]
+    assert check(grown, token_order=True).ok
+
+
+def test_a_grant_recorded_after_its_validity_is_judged_for_token_order_as_an_earlier_one() -> None:
+    late = ev("a", "acquire", "ok", 30, owner="A", token=4, valid_until=30 * MS)
+    paused = [ev("a", "acquire", "invoke", 1), late]
+    assert check([*paused, *held("b", 10, 20, owner="B", token=5)], token_order=True).ok
+    report = check(
+        [*paused, *held("b", 10, 20, owner="B", token=5), *held("c", 40, 50, owner="C", token=3)],
+        token_order=True,
+    )
+    assert report.kinds() == {"token-order"} and "c (owner C, token 3)" in report.format()
+
+
+def lost(client: str, ms: float, owner: str, token: int | None = None) -> Event:
+    return ev(client, "lost", "ok", ms, owner=owner, token=token)
+
+
+def test_a_loss_reported_after_the_validity_ended_is_late() -> None:
+    hold = held("a", 1, None, owner="A", token=1, valid_until=100 * MS)
+    assert check([*hold, lost("a/on-lost", 90, "A", 1)], late_losses=True).ok
+    # Within the slack: the recording's own delay.
+    assert check([*hold, lost("a/on-lost", 140, "A", 1)], late_losses=True).ok
+    report = check([*hold, lost("a/on-lost", 160, "A", 1)], late_losses=True)
+    assert report.kinds() == {"late-loss"}
+    detail = report.violations[0].detail
+    assert "60.000ms after its validity ended at +99.500ms" in detail, detail
+    assert check([*hold, lost("a/on-lost", 160, "A", 1)]).ok  # off by default
+    slack = check([*hold, lost("a", 160, "A", 1)], late_losses=True, loss_slack_ns=70 * MS)
+    assert slack.ok
+
+
+def test_a_renewal_moves_the_validity_a_loss_is_judged_by() -> None:
+    hold = held("a", 1, None, owner="A", valid_until=100 * MS)
+    renewed = ev("a", "renew", "ok", 60, owner="A", valid_until=200 * MS)
+    assert check([*hold, renewed, lost("a", 190, "A")], late_losses=True).ok
+    assert check([*hold, lost("a", 190, "A")], late_losses=True).kinds() == {"late-loss"}
+
+
+def test_a_late_loss_is_matched_to_its_own_hold() -> None:
+    # The owner's second hold (another token) is not the one told lost.
+    first = held("a", 1, 50, owner="A", token=1, valid_until=100 * MS)
+    second = held("a", 60, None, owner="A", token=2, valid_until=300 * MS)
+    assert check([*first, *second, lost("a", 250, "A", 2)], late_losses=True).ok
+    report = check([*first, *second, lost("a", 250, "A", 1)], late_losses=True)
+    assert report.kinds() == {"late-loss"}
+    # A report that names no owner is matched to nothing.
+    assert check([*first, ev("a", "lost", "ok", 250)], late_losses=True).ok
+
+
+def release_lost(client: str, ms: float, owner: str, error: str = "LockLostError") -> list[Event]:
+    return [
+        ev(client, "release", "invoke", ms - 1, owner=owner),
+        ev(client, "release", "fail", ms, owner=owner, error=error),
+    ]
+
+
+def test_a_hold_its_own_release_finds_gone_while_valid_is_reported() -> None:
+    hold = held("a", 1, None, owner="A", token=1, valid_until=100 * MS)
+    report = check([*hold, *release_lost("a", 50, "A")])
+    assert report.kinds() == {"gone-while-valid"}
+    detail = report.violations[0].detail
+    assert "a's release found a (owner A, token 1)" in detail and "50.000ms before" in detail
+    # Found after the validity ended: the lease ran out, as it may.
+    assert check([*hold, *release_lost("a", 101, "A")]).ok
+    # Reported lost (before the release, or by a report still under way): told.
+    assert check([*hold, lost("a/w", 40, "A", 1), *release_lost("a", 50, "A")]).ok
+    assert check([*hold, *release_lost("a", 50, "A"), lost("a/w", 51, "A", 1)]).ok
+    # Other failures, or a failure that names no error, are not judged.
+    assert check([*hold, *release_lost("a", 50, "A", "QuorumUnavailableError")]).ok
+    assert check([*hold, *release_lost("a", 50, "A", "")]).ok
+    # A release of a hold recorded without a validity is not judged either.
+    assert check([*held("a", 1, None, owner="A"), *release_lost("a", 50, "A")]).ok

@@ -8,9 +8,9 @@ process's monotonic clock, to an interval (the reply came between the round's st
 and its end). Offsets stay put but for the drift the model allows
 (``drift_factor`` of the time passed, plus a few ms); an observation out of that
 range means the master's clock stepped (or runs far off rate). Such a master is
-*counted out* for the quarantine (the longest lease the manager hands out: by then
+*counted out* for the quarantine (as long as a hold of the manager may stand: by then
 every hold it kept when its clock moved has ended anyway): its grants, renewals and
-releases do not count toward a quorum, and the step is reported.
+extensions do not count toward a quorum, and the step is reported.
 
 A master is judged against what this process saw of it before: a step that happened
 before the process's first round with that master cannot be seen.
@@ -25,6 +25,12 @@ from collections.abc import Callable, Sequence
 #: server's time in whole ms, and the drift allowance's own fixed part
 SLACK_MS = 3.0
 
+#: ms after which a master's observation in step becomes its new anchor: each one is
+#: judged against the anchor, not the previous one, so that a clock running fast by a
+#: little per round cannot creep past the allowance, which is that of this long (the
+#: drift over it, and SLACK_MS), or of the time since the anchor when longer
+REANCHOR_MS = 1_000.0
+
 
 class ClockWatch:
     """What is known of each master's clock, and which masters are counted out, on the
@@ -35,7 +41,8 @@ class ClockWatch:
     clock moved beyond what drift allows, negative for a step back)."""
 
     __slots__ = (
-        "_at", "_clock", "_drift", "_hi", "_lo", "anyone_out", "on_step", "out_until", "quarantine",
+        "_at", "_clock", "_drift", "_high", "_low", "anyone_out", "on_step", "out_until",
+        "quarantine",
     )  # fmt: skip
 
     def __init__(
@@ -45,10 +52,11 @@ class ClockWatch:
         clock: Callable[[], float],
         quarantine: Callable[[], float] = lambda: 0.0,
     ) -> None:
-        #: per master: the interval its offset lies in (ms), as of when (seconds)
-        self._lo = [-math.inf] * size
-        self._hi = [math.inf] * size
-        self._at = [0.0] * size
+        #: per master: the range its offset may lie in (ms), widened by the allowance, as
+        #: of its anchor, and the anchor's time (ms; -inf: none yet)
+        self._low = [-math.inf] * size
+        self._high = [math.inf] * size
+        self._at = [-math.inf] * size
         self._drift = drift_factor
         self._clock = clock
         #: how long (seconds) a master whose clock moved is counted out
@@ -60,30 +68,49 @@ class ClockWatch:
         self.on_step: Callable[[int, float], None] = lambda master, seconds: None
 
     def observe(self, replies: Sequence[Sequence[object]], sent: float, received: float) -> None:
-        """Note the server times in a round's replies (each master's first reply that
-        is a list ending with an integer: a try's or a renewal's), the round having
-        gone out at ``sent`` and ended at ``received`` (monotonic seconds)."""
+        """Note the server times in a round's replies (each master's first reply, a
+        try's or a renewal's, ends with it), the round having gone out at ``sent`` and
+        ended at ``received`` (monotonic seconds). A master whose first reply is not a
+        reply list (an error, or not read) is passed over."""
+        # On every try: one pass, the usual case (in step) settled inline.
+        sent_ms = sent * 1000.0
+        received_ms = received * 1000.0
+        lows, highs, ats = self._low, self._high, self._at
         for i, per_master in enumerate(replies):
-            for reply in per_master:
-                if isinstance(reply, list):
-                    if reply and type(reply[-1]) is int:
-                        self._note(i, reply[-1], sent, received)
-                    break
+            # The server read its clock between ``sent`` and ``received``, in whole ms:
+            # its offset lies in [lo, hi]; against the anchor's, it may have moved by the
+            # allowance (``_low``, ``_high``). UNREAD, an error: no time (TypeError).
+            try:
+                server_ms = per_master[0][-1]  # type: ignore[index]  # else TypeError
+                lo = server_ms - received_ms - 1.0
+                hi = server_ms - sent_ms
+            except TypeError:
+                continue
+            if lo > highs[i] or hi < lows[i]:
+                self._stepped(i, lo, hi, received)
+            elif received_ms - ats[i] > REANCHOR_MS:
+                self._anchor(i, lo, hi, received_ms)
 
-    def _note(self, i: int, server_ms: int, sent: float, received: float) -> None:
-        # The server read its clock between ``sent`` and ``received``, in whole ms.
-        lo = server_ms - received * 1000.0 - 1.0
-        hi = server_ms - sent * 1000.0
-        allowed = self._drift * (received - self._at[i]) * 1000.0 + SLACK_MS
-        old_lo, old_hi = self._lo[i] - allowed, self._hi[i] + allowed
-        self._at[i] = received
-        if lo <= old_hi and hi >= old_lo:  # in step: the interval narrows
-            self._lo[i], self._hi[i] = max(lo, old_lo), min(hi, old_hi)
-            return
-        self._lo[i], self._hi[i] = lo, hi
-        self.out_until[i] = received + self.quarantine()
+    def _anchor(self, i: int, lo: float, hi: float, at_ms: float) -> None:
+        """Master ``i``'s offset lies in ``[lo, hi]`` (ms) at ``at_ms``: until the next
+        anchor, an offset beyond that range widened by the allowance over
+        :data:`REANCHOR_MS` is a step."""
+        allowed = self._drift * REANCHOR_MS + SLACK_MS
+        self._low[i], self._high[i], self._at[i] = lo - allowed, hi + allowed, at_ms
+
+    def _stepped(self, i: int, lo: float, hi: float, now: float) -> None:
+        """Master ``i`` was seen at an offset in ``[lo, hi]`` (ms), out of its anchor's
+        range: unless the drift allowed since the anchor (a master seen seldom) covers
+        it, it is counted out, reported, and anchored anew."""
+        now_ms = now * 1000.0
+        more = self._drift * max(0.0, now_ms - self._at[i] - REANCHOR_MS)
+        high, low = self._high[i] + more, self._low[i] - more
+        self._anchor(i, lo, hi, now_ms)
+        if low <= hi and lo <= high:
+            return  # in step after all
+        shift = lo - high if lo > high else hi - low
+        self.out_until[i] = now + self.quarantine()
         self.anyone_out = True
-        shift = (lo - old_hi) if lo > old_hi else (hi - old_lo)
         self.on_step(i, shift / 1000.0)
 
     def counts(self, i: int) -> bool:

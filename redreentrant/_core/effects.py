@@ -50,6 +50,10 @@ class Call(NamedTuple):
     keys: tuple[str, ...]
     args: tuple[str | int, ...]
     groups: Groups | None = None
+    #: where in ``args`` the arguments of one try are (its hold, ``"<count>:<tag>"``, and
+    #: a proposed place), which differ from one try to the next while the rest of the
+    #: call repeats (see :class:`~.packing.Templates`)
+    varies: tuple[int, ...] = ()
 
 
 class Unread:

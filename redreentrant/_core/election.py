@@ -131,8 +131,9 @@ def proclaim(
     engine: Engine, kind: ElectionKind, name: str, owner: str, value: bytes
 ) -> Steps[None]:
     """Make ``value`` the leader record's value of ``owner``, the leader (one round):
-    written on a quorum, or :class:`LockLostError` (the hold is gone from a quorum:
-    lost) or :class:`QuorumUnavailableError` (too many masters failed)."""
+    written on a quorum, or :class:`LockLostError` (the hold is gone from more masters
+    than a quorum can spare: lost) or :class:`QuorumUnavailableError` (written on too
+    few to tell: masters failed or answered late; leadership is kept)."""
     hold = engine.held(kind, name, owner)
     if hold.lost is not None:
         raise LockLostError(f"election {name!r}: leadership was lost: {hold.lost}")
@@ -144,7 +145,7 @@ def proclaim(
     if written >= q.needed:
         return
     failed = {i: r for i, (r,) in enumerate(replies) if isinstance(r, BaseException)}
-    if len(failed) > q.tolerated:
+    if sum(1 for (r,) in replies if r == 0) <= q.tolerated:  # written on too few to tell
         raise q.unavailable(f"proclaim the leader of {name!r}", failed)
     why = "the leader's hold is gone from a quorum of masters"
     engine.lose(hold, why)

@@ -17,7 +17,6 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from functools import partial
 from types import CodeType, FrameType
 from typing import Any, TypeVar
@@ -33,7 +32,7 @@ from .errors import (
     QuorumUnavailableError,
 )
 from .fencing import FENCE_TTL_MS, check_token, integer_of
-from .holds import Hold, Holds, Signal
+from .holds import Guard, Hold, Holds, Signal
 from .keys import home_channel
 from .kinds import (
     EXCLUSIVE,
@@ -129,7 +128,7 @@ class Engine:
         settings: Settings,
         masters: Sequence[str],
         token: Callable[[], str],
-        guard: Callable[[], AbstractContextManager[object]],
+        guard: Callable[[], Guard],
         clock: Clock,
         uniform: Uniform,
         wall: Clock = time.time,
@@ -156,8 +155,9 @@ class Engine:
         #: called with when a deferred wake-up is due (the flavour's timer then sends
         #: :meth:`send_wakes` of :meth:`Turns.due`)
         self.on_deferred_wake: Callable[[float], None] = lambda due: None
-        #: the longest lease this manager has handed out (fixed leases included): how
-        #: long a master whose clock was seen to jump is counted out
+        #: the longest a hold of this manager may stand on a master (its longest lease,
+        #: fixed leases and extensions included): how long a master whose clock was seen
+        #: to jump is counted out
         self.longest_lease = settings.lease
         watch = self.quorum.watch
         watch.quarantine = lambda: self.longest_lease
@@ -171,7 +171,7 @@ class Engine:
         client_type: type | tuple[type, ...],
         url_client: Callable[[str, float], Any],
         token: Callable[[], str],
-        guard: Callable[[], AbstractContextManager[object]],
+        guard: Callable[[], Guard],
         cluster_types: tuple[type, ...] = (),
     ) -> tuple[Engine, list[Any], list[Any]]:
         """A manager's engine over ``masters`` (URLs, ``client_type`` clients, or
@@ -591,6 +591,12 @@ class Engine:
                 f"lock {name!r} may be held by another owner now: its fixed lease ran out"
             )
         ms = lease_ms(seconds_s)
+        # How long the hold may stand on the masters now (what it had left, with the
+        # drift allowance, and more): a master whose clock jumps is counted out as long.
+        left = hold.valid_until - self.clock() + self.quorum.drift(hold.lease)
+        standing = seconds_s if replace else left + seconds_s
+        if standing > self.longest_lease:
+            self.longest_lease = standing
         steps = extend_steps(self.quorum, kind, name, owner, ms, not replace, hold.tag)
         try:
             valid_until = yield from steps

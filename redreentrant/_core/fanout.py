@@ -66,7 +66,7 @@ from .cluster import Endpoints, NodeCommands, NodeRound, route
 from .effects import UNREAD, Call, Early, Fanout, Reply
 from .health import IDLE_CHECK, Behind, MasterHealth, suspect_error_text
 from .masters import master_name
-from .packing import WireCache, evalsha_args, load_commands, pack_calls
+from .packing import Templates, evalsha_args, load_commands, pack_calls
 
 T = TypeVar("T")
 
@@ -151,12 +151,13 @@ class FanoutRound:
 
     ``voters``: the masters whose replies count for ``early`` (default all). A round
     over the nodes of cluster members (see :mod:`.cluster`) counts a node only where it
-    carries all of a member's calls. ``wire``: where packed calls are kept across
-    rounds (None: packed anew; clean-ups carry a unique release id, and are not kept).
+    carries all of a member's calls. ``templates``: where calls that repeat but for
+    their hold are kept packed (None: packed anew; clean-ups carry a unique release id).
     """
 
     __slots__ = (
-        "_early", "_last", "_voters", "_wire", "_yes", "calls", "decided", "noscript", "results",
+        "_early", "_last", "_templates", "_voters", "_yes", "calls", "decided", "noscript",
+        "results",
         "targets",
     )  # fmt: skip
 
@@ -165,7 +166,7 @@ class FanoutRound:
         calls: Sequence[Sequence[Call]],
         early: Early | None = None,
         voters: Collection[int] | None = None,
-        wire: WireCache | None = None,
+        templates: Templates | None = None,
     ) -> None:
         self.calls = calls
         self.results: list[list[Reply]] = [[] for _ in calls]
@@ -177,12 +178,12 @@ class FanoutRound:
         )
         self._early = early
         self._voters = voters
+        self._templates = templates
         self._yes = 0
         #: whether the outcome is known: the replies not read yet need no waiting for
         self.decided = early is not None and early.needed <= 0
         # The calls packed last, how, and the bytes (see :meth:`packed`).
         self._last: tuple[object, object, Any] | None = None
-        self._wire = wire
         #: whether a master answered NOSCRIPT to a call: only then has :meth:`reload`
         #: anything to redo (the usual round skips it)
         self.noscript = False
@@ -191,19 +192,26 @@ class FanoutRound:
         """Master ``i`` was not read: the round was decided without it."""
         self.results[i] = [UNREAD] * len(self.calls[i])
 
-    def packed(self, i: int, packing: tuple[object, Callable[[list[tuple[object, ...]]], T]]) -> T:
+    def packed(
+        self, i: int, packing: tuple[object, Callable[[list[tuple[object, ...]]], T]]
+    ) -> tuple[T, frozenset[str]]:
         """Master ``i``'s commands packed by ``packing`` (what the bytes depend on, and
-        the packer: see :func:`~.transport.packing`), packed once for the masters after
-        one that was sent the same calls (the usual round: the same list) packed the
-        same way (the same object)."""
+        the packer: see :func:`~.transport.packing`), and the SHAs of their scripts:
+        worked out once for the masters after one that was sent the same calls (the
+        usual round: the same list) packed the same way (the same object)."""
         calls = self.calls[i]
         last = self._last
         if last is not None and last[0] is calls and last[1] is packing:
-            out: T = last[2]  # stored below, from ``packing``
-            return out
-        out = pack_calls(calls, packing[0], packing[1], self._wire)
-        self._last = (calls, packing, out)
-        return out
+            done: tuple[T, frozenset[str]] = last[2]  # stored below, from ``packing``
+            return done
+        templates = self._templates
+        if templates is not None and len(calls) == 1 and calls[0].varies:  # a try
+            out = templates.packed(packing[0], calls[0], packing[1])
+        else:
+            out = pack_calls(calls, packing[0], packing[1])
+        done = (out, frozenset(c.script.sha for c in calls))
+        self._last = (calls, packing, done)
+        return done
 
     def failed(self, i: int, error: BaseException) -> None:
         """Master ``i`` could not be sent to (or its connection broke): every call
@@ -289,12 +297,9 @@ class FanoutProtocol:
         self.closed = False
         self._packing = packing
         self._timeout_error = timeout_error
-        self._wire = WireCache()
         self._packings: dict[object, tuple[object, Any]] = {}
         self._guard = guard()
-        #: per connection (by id; a connection is entered when it is made): the SHAs of
-        #: the scripts loaded on it, which its master knows while the connection lasts
-        self._loaded: dict[int, set[str]] = {}
+        self._templates = Templates()
 
     def lone(self, fanout: Fanout, clock: Callable[[], float]) -> tuple[Any, Any, float] | None:
         """The usual round on one master, if ``fanout`` is one: one call, to a master
@@ -313,15 +318,14 @@ class FanoutProtocol:
             conn = m.idle.pop()  # list.pop is atomic: safe across threads
         except IndexError:
             return None
-        loaded = self._loaded.get(id(conn))
-        if loaded is None or calls[0][0].script.sha not in loaded:
+        call = calls[0][0]
+        if call.script.sha not in m.scripts:
             m.idle.append(conn)  # its script is to be loaded first: a full round
             return None
         packing = m.packing or self._packing_of(0, conn)
-        packed = pack_calls(
-            calls[0], packing[0], packing[1], None if fanout.cleanup else self._wire
-        )
-        return conn, packed, now
+        if call.varies:  # a try
+            return conn, self._templates.packed(packing[0], call, packing[1]), now
+        return conn, packing[1]([evalsha_args(call)]), now
 
     def lone_answer(
         self,
@@ -379,7 +383,7 @@ class FanoutProtocol:
         clock: Callable[[], float],
     ) -> Steps[list[list[Reply]]]:
         """One round over endpoints: ``calls[i]`` to endpoint ``i``."""
-        fan = FanoutRound(calls, early, voters, None if cleanup else self._wire)
+        fan = FanoutRound(calls, early, voters, None if cleanup else self._templates)
         now = clock()
         reads: list[_Pending] = []  # what the round reads, in this order
         late: list[_Pending] = []  # read last: sent behind replies a connection owes
@@ -390,7 +394,6 @@ class FanoutProtocol:
             for i in fan.targets:
                 m = self.masters[i]
                 behind = None
-                heard = False
                 if m.behind:
                     try:
                         behind = m.behind.pop()  # atomic: safe across threads
@@ -398,12 +401,16 @@ class FanoutProtocol:
                         pass
                     else:
                         if m.catch_up_due(behind, now, self.timeout):
-                            behind, heard = yield from self._catch_up(i, behind, now)
-                slow = heard and behind is not None and m.overdue(behind, now, self.timeout)
-                if slow or (behind is not None and m.lagging(behind, now, self.timeout)):
-                    # Clean-ups are queued behind the owed replies (they reach the master
-                    # in order after the calls they clean up after), not waited for.
-                    assert behind is not None
+                            behind = yield from self._catch_up(i, behind, now)
+                if behind is not None and (
+                    m.suspect_since is not None or m.overdue(behind, now, self.timeout)
+                ):
+                    # A suspect, or a reply it owes is overdue: clean-ups are queued behind
+                    # the owed replies (they reach the master in order after the calls
+                    # they clean up after), not waited for.
+                    slow = m.heard == now  # it answered just now (see _catch_up)
+                    if not slow:
+                        m.timed_out(now)
                     send, close = m.queue_behind(behind, len(calls[i]), cleanup)
                     for b in close:
                         yield (DROP, i, b.conn)
@@ -430,8 +437,12 @@ class FanoutProtocol:
                     except IndexError:
                         unconnected.append(i)
                     else:
-                        packed, loads = self._loading(fan, i, conn)
-                        sends.append((i, conn, packed, None, _FIRST, loads))
+                        packed, shas = fan.packed(i, m.packing or self._packing_of(i, conn))
+                        if shas <= m.scripts:  # the usual round: nothing to load first
+                            sends.append((i, conn, packed, None, _FIRST, ()))
+                        else:
+                            packed, loads = self._loading(fan, i, conn)
+                            sends.append((i, conn, packed, None, _FIRST, loads))
             if sends:
                 self._sent(fan, sends, (yield (SEND, sends)), reads, late, now)
             if unconnected:
@@ -443,7 +454,7 @@ class FanoutProtocol:
                         fan.failed(i, conn.error)
                         continue
                     # The calls' scripts first (their replies are owed), then the calls.
-                    self._made(conn)
+                    self._made(i)
                     packed, loads = self._loading(fan, i, conn)
                     sends.append((i, conn, packed, None, _FIRST, loads))
                 self._sent(fan, sends, (yield (SEND, sends)), reads, late, clock())
@@ -472,10 +483,10 @@ class FanoutProtocol:
                     got = yield (READ, i, conn, prior.owed + count, deadline)
                 fan.answered(i, self._settle(i, conn, prior, count, at, got, clock))
             if fan.noscript:
-                # A master forgot its scripts: no connection is known to have loaded
-                # any now. A redo is a round trip of its own, with a time-out of its own.
-                for loaded in list(self._loaded.values()):
-                    loaded.clear()
+                # A master forgot its scripts: no master is known to have any now. A
+                # redo is a round trip of its own, with a time-out of its own.
+                for m in self.masters:
+                    m.scripts = set()
                 redo_deadline = clock() + self.timeout
                 for i in fan.targets:
                     redo = fan.reload(i)
@@ -504,7 +515,7 @@ class FanoutProtocol:
         if failures is None:  # the usual case: every send went out
             for i, conn, _, prior, how, loads in sends:
                 if loads:
-                    prior = self._owing(conn, prior, loads, at)
+                    prior = self._owing(i, conn, prior, loads, at)
                 if how == _FIRST:
                     reads.append((i, conn, prior, at))
                 elif how == _LAST:
@@ -518,7 +529,7 @@ class FanoutProtocol:
             failure = None if failures is None else failures[k]
             if failure is None:
                 if loads:
-                    prior = self._owing(conn, prior, loads, at)
+                    prior = self._owing(i, conn, prior, loads, at)
                 if how == _FIRST:
                     reads.append((i, conn, prior, at))
                 elif how == _LAST:
@@ -596,33 +607,32 @@ class FanoutProtocol:
             m.idle += good
         m.answered_at = now
 
-    def _catch_up(self, i: int, behind: Behind, now: float) -> Steps[tuple[Behind | None, bool]]:
+    def _catch_up(self, i: int, behind: Behind, now: float) -> Steps[Behind | None]:
         """``behind`` (a connection of endpoint ``i``, due a catch-up: see
         :meth:`MasterHealth.catch_up_due`) and those behind it, caught up as far as the
         replies that have come allow, without waiting: the first that still owes, or
-        None when they caught up (their connections are idle again) or broke; and
-        whether a reply came (the master answers: it is not suspect)."""
+        None when they caught up (their connections are idle again) or broke. A reply
+        that came says the master answers: it is not suspect, and ``heard`` is ``now``."""
         m = self.masters[i]
-        heard = False
         while True:
             replies, failed = yield (READ, i, behind.conn, behind.owed, None)
             behind.read(len(replies))
             if replies:
-                heard = True
-                m.answered()
+                m.heard = now
+                m.suspect_since = None
             if failed is not None and failed.kind == STOPPED:
                 m.behind.append(behind)
                 raise failed.error
             if failed is None or failed.kind != BROKEN:
                 if behind.owed:
-                    return behind, heard
+                    return behind
                 m.idle.append(behind.conn)
             try:
                 behind = m.behind.pop()
             except IndexError:
-                return None, heard
+                return None
             if not m.catch_up_due(behind, now, self.timeout):
-                return behind, heard
+                return behind
 
     def _suspect(
         self, fan: FanoutRound, i: int, now: float, clock: Callable[[], float]
@@ -641,7 +651,7 @@ class FanoutProtocol:
         answered = False
         (conn,) = yield (CONNECT, [i])
         if not isinstance(conn, Failed):
-            self._made(conn)
+            self._made(i)
             ping = self._packing(conn)[1]([("PING",)])
             failed: Failed | None = None
             if (yield (SEND, [(i, conn, ping)])) is None:
@@ -676,7 +686,7 @@ class FanoutProtocol:
                 if conn.kind == LATE:
                     m.timed_out(clock())
                 return read_failed([], len(commands), conn.error)
-            self._made(conn)
+            self._made(i)
             packed = self._packing(conn)[1](commands)
         failures = yield (SEND, [(i, conn, packed)])
         if failures is not None:
@@ -722,12 +732,6 @@ class FanoutProtocol:
                 # Last: the endpoint is in use once its health is there.
                 self.masters.append(MasterHealth(self.probe_interval))
 
-    def _packed(self, fan: FanoutRound, i: int, conn: Any) -> Any:
-        """Endpoint ``i``'s calls, packed once per round for every endpoint with the
-        same calls and the same packing. An endpoint's connections all come from one
-        pool, so they pack alike: its packing is found on the first."""
-        return fan.packed(i, self.masters[i].packing or self._packing_of(i, conn))
-
     def _packing_of(self, i: int, conn: Any) -> tuple[object, Any]:
         """How endpoint ``i``'s connections pack, found on ``conn``: they all come from
         one pool, so they pack alike. One object per way of packing, shared by the
@@ -736,34 +740,40 @@ class FanoutProtocol:
         packing = self.masters[i].packing = self._packings.setdefault(found[0], found)
         return packing
 
-    #: how many connections' loaded scripts are kept at most (then forgotten: their
-    #: scripts are loaded again, which a master takes as a no-op)
-    LOADED_KEPT = 4096
-
-    def _made(self, conn: Any) -> None:
-        """``conn`` is a new connection: it has loaded no script yet."""
-        loaded = self._loaded
-        if len(loaded) >= self.LOADED_KEPT:
-            loaded.clear()  # connections gone long ago among them
-        loaded[id(conn)] = set()
+    def _made(self, i: int) -> None:
+        """A new connection to endpoint ``i`` was made: its master may have restarted
+        since the scripts were loaded there (which closed the older connections), so
+        none is known to be loaded any more."""
+        self.masters[i].scripts = set()
 
     def _loading(self, fan: FanoutRound, i: int, conn: Any) -> tuple[Any, tuple[str, ...]]:
-        """Endpoint ``i``'s calls packed for ``conn``, after ``SCRIPT LOAD`` of each of
-        their scripts the connection has not loaded yet (the usual round has none), and
-        the SHAs of those (see :meth:`_owing`)."""
-        packed = self._packed(fan, i, conn)
-        loaded = self._loaded.get(id(conn), ())
+        """Endpoint ``i``'s calls packed for ``conn`` (once per round for every endpoint
+        with the same calls and the same packing; an endpoint's connections all come
+        from one pool, so they pack alike: its packing is found on the first), after
+        ``SCRIPT LOAD`` of each of their scripts the master is not known to have (the
+        usual round has none), and the SHAs of those (see :meth:`_owing`)."""
+        m = self.masters[i]
+        packed, shas = fan.packed(i, m.packing or self._packing_of(i, conn))
+        loaded = m.scripts
+        if shas <= loaded:
+            return packed, ()  # the usual round
         calls = fan.calls[i]
-        if all(c.script.sha in loaded for c in calls):
-            return packed, ()
         scripts = {c.script.sha: c.script for c in calls if c.script.sha not in loaded}
         loads = self._packing(conn)[1](load_commands(list(scripts.values())))
-        return loads + packed, tuple(scripts)
+        both = loads + packed
+        if all(type(part) is bytes for part in both):
+            # One write: a second small one may wait for the first to leave the host
+            # (TCP autocorking), a round trip on a slow link.
+            both = [b"".join(both)]
+        return both, tuple(scripts)
 
-    def _owing(self, conn: Any, prior: Behind | None, loads: tuple[str, ...], at: float) -> Behind:
-        """``conn`` was sent ``SCRIPT LOAD`` of ``loads`` (after what ``prior`` owed), at
-        ``at``: it has loaded them, and owes their replies ahead of the calls."""
-        self._loaded.setdefault(id(conn), set()).update(loads)
+    def _owing(
+        self, i: int, conn: Any, prior: Behind | None, loads: tuple[str, ...], at: float
+    ) -> Behind:
+        """``conn`` (of endpoint ``i``) was sent ``SCRIPT LOAD`` of ``loads`` (after what
+        ``prior`` owed), at ``at``: its master has them, and the connection owes their
+        replies ahead of the calls."""
+        self.masters[i].scripts.update(loads)
         if prior is None:
             return Behind(conn, len(loads), at)
         prior.sent(len(loads), at)

@@ -101,6 +101,11 @@ class MasterHealth:
     #: when it last answered, or its idle connections were checked (monotonic clock):
     #: see :data:`IDLE_CHECK`
     answered_at: float = float("-inf")
+    #: when a round last read a reply it owed (monotonic clock): see fanout's round
+    heard: float = float("-inf")
+    #: the SHAs of the scripts loaded on the master since the last new connection to it
+    #: (see fanout's ``_loading``)
+    scripts: set[str] = field(default_factory=set)
 
     @property
     def suspect(self) -> bool:
@@ -129,15 +134,9 @@ class MasterHealth:
 
     @staticmethod
     def overdue(behind: Behind, now: float, timeout: float) -> bool:
-        """Whether the oldest reply ``behind`` owes is overdue."""
+        """Whether the oldest reply ``behind`` owes is overdue (the master stopped
+        answering, or answers later than the timeout on that connection)."""
         return now - behind.since >= timeout
-
-    def lagging(self, behind: Behind, now: float, timeout: float) -> bool:
-        """Whether ``behind`` (not caught up) shows the master stopped answering: its
-        oldest owed reply is overdue."""
-        if self.overdue(behind, now, timeout):
-            self.timed_out(now)
-        return self.suspect
 
     def queue_behind(
         self, first: Behind, count: int, cleanup: bool

@@ -5,8 +5,8 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Protocol
 
 from .kinds import LockKind
@@ -15,6 +15,21 @@ from .kinds import LockKind
 #: :meth:`Holds.overdue`): the holds' lock is held meanwhile, which every acquire and
 #: release needs; the clock looks again at once for the rest
 LOOK_BUDGET = 512
+
+
+class Guard(Protocol):
+    """A lock (a ``threading.Lock``): held as a context manager, or tried."""
+
+    def __enter__(self) -> object: ...
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> None: ...
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+    def release(self) -> None: ...
 
 
 class Signal(Protocol):
@@ -84,7 +99,7 @@ class Holds:
     ``lock`` guards its changes: the flavour passes a ``threading.Lock`` (the watchdog's
     threads, the owners' threads, and asyncio's end-of-task callbacks all touch it)."""
 
-    def __init__(self, lock: AbstractContextManager[object]) -> None:
+    def __init__(self, lock: Guard) -> None:
         self._lock = lock
         self._table: dict[tuple[str, str, str], Hold] = {}
         # The deadline clock's queue: ``[validity, n, holds, live]``, one entry per hold
@@ -214,13 +229,21 @@ class Holds:
 
     def ended(self, token: str) -> bool:
         """The owner of ``token`` ended: its fixed-lease holds are forgotten (nobody can
-        release them: they lapse on the masters); whether it has watchdog-managed holds
-        here (:meth:`take_dead` then releases and reports them)."""
-        with self._lock:
+        release them: they lapse on the masters); whether it has holds here
+        (:meth:`take_dead` then releases and reports the watchdog-managed ones).
+
+        Never waits for the table's lock: the garbage collector ends an ``owner=`` object
+        wherever it runs, also in a thread that holds it. The lock taken elsewhere, the
+        fixed-lease holds stay until :meth:`take_dead`."""
+        if not self._lock.acquire(blocking=False):
+            return token in self._by_token
+        try:
             owned = self._by_token.get(token, ())
             for h in [h for h in owned if not h.managed]:
                 self._forget(h)
             return token in self._by_token
+        finally:
+            self._lock.release()
 
     def take_dead(self, alive: Callable[[str], bool]) -> list[Hold]:
         """Remove the holds whose owner has ended; the managed ones are marked lost and

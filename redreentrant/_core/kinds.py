@@ -154,10 +154,12 @@ class LockKind:
         registered, and told what is left of that registration, at most ``polite_ms``."""
         args: tuple[str | int, ...] = (owner, lease_ms, hold, wait_ms)
         if place_ms:
-            args = (*args, polite_ms, place_ms)
-        elif polite_ms:
+            return Call(
+                scripts.ACQUIRE, self._keys(name), (*args, polite_ms, place_ms), None, (2, 5)
+            )
+        if polite_ms:
             args = (*args, polite_ms)
-        return Call(scripts.ACQUIRE, self._keys(name), args)
+        return Call(scripts.ACQUIRE, self._keys(name), args, None, (2,))
 
     def release(
         self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
@@ -338,11 +340,8 @@ class _ReadWriteKind(LockKind):
     ) -> Call:
         # Never polite: a read/write lock takes no turns (it does not hand over). No
         # place either: its waiting writers are woken by broadcast, not in order.
-        return Call(
-            scripts.RWLOCK,
-            self._keys(name),
-            ("acquire", self.side, owner, lease_ms, hold, wait_ms),
-        )
+        args = ("acquire", self.side, owner, lease_ms, hold, wait_ms)
+        return Call(scripts.RWLOCK, self._keys(name), args, None, (4,))
 
     def release(
         self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
@@ -533,7 +532,7 @@ class FairKind(LockKind):
         # place in it tagged with the ticket of the acquire that took it (see settle).
         queued = ticket if ticket and wait_ms > 0 and hold.startswith("1:") else ""
         args = ("acquire", owner, lease_ms, hold, wait_ms, queued)
-        return Call(scripts.FAIRLOCK, self._keys(name), args)
+        return Call(scripts.FAIRLOCK, self._keys(name), args, None, (3,))
 
     def release(
         self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
@@ -903,8 +902,11 @@ class MultiKind(LockKind):
     def notify_channels(self, name: str) -> tuple[str, ...]:
         return tuple(keys.wake_channel(n) for n in self.names)
 
-    def _call(self, args: tuple[str | int, ...], merge: Merge) -> Call:
-        return Call(scripts.MULTILOCK, self._all(), args, Groups(3, len(args), 0, merge))
+    def _call(
+        self, args: tuple[str | int, ...], merge: Merge, varies: tuple[int, ...] = ()
+    ) -> Call:
+        groups = Groups(3, len(args), 0, merge)
+        return Call(scripts.MULTILOCK, self._all(), args, groups, varies)
 
     def acquire(
         self,
@@ -916,7 +918,7 @@ class MultiKind(LockKind):
         polite_ms: int = 0,
         place_ms: int = 0,
     ) -> Call:
-        return self._call(("acquire", owner, lease_ms, hold, wait_ms), _all_granted)
+        return self._call(("acquire", owner, lease_ms, hold, wait_ms), _all_granted, (3,))
 
     def judge(
         self, q: Quorum, name: str, replies: Sequence[Sequence[object]]

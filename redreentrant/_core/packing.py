@@ -1,6 +1,9 @@
-"""Commands as bytes on the wire (no I/O): the EVALSHA of a call, the scripts a new
-connection is sent first, and the packing of commands, in C where it can be, with the
-packed bytes of repeated calls kept (:class:`WireCache`).
+"""Commands as bytes on the wire (no I/O): the EVALSHA of a call, the scripts a
+connection is sent with their first call, and the packing of commands, in C where it
+can be.
+
+Packed calls are not kept across rounds: every try's call carries a tag of its own (see
+:func:`~.kinds.hold_value`), so a call is never sent twice as it is.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 import codecs
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .effects import Call
 from .scripts import Script
@@ -53,56 +56,88 @@ def evalsha_args(call: Call) -> tuple[object, ...]:
     return ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
 
 
-#: how many packed calls a :class:`WireCache` keeps (then it starts afresh)
-WIRE_CACHE_SIZE = 256
+#: how many templates a :class:`Templates` keeps (then it starts afresh)
+TEMPLATES_KEPT = 256
 
-_MISSING = object()
+#: what a template is packed with in the place of each argument of a try (at most two:
+#: a hold and a place), and their bulk strings: never another argument's
+_MARKS = ("\x00", "\x01")
+_MARK_BULKS = (b"$1\r\n\x00\r\n", b"$1\r\n\x01\r\n")
 
 
-class WireCache:
-    """The packed bytes of calls sent before, so that a call repeated as it is (the same
-    owner taking the same lock again) is packed once. Bounded: emptied when full.
+class Templates:
+    """The packed bytes of calls sent again but for the arguments of one try (its
+    hold, ``"<count>:<tag>"``, and a proposed place, which differ from one try to the
+    next: see :attr:`~.effects.Call.varies`): kept as the bytes around those, so that
+    a call that repeats (the same owner taking the same lock again) costs the packing of
+    one or two short strings, not of every argument. Bounded: emptied when full.
 
-    An entry is found only by everything its bytes depend on: the packing (``how``),
-    and each call's script, keys, arguments and the arguments' types (``1``, ``1.0``
-    and ``True`` are equal keys of a dict, but not the same bytes)."""
+    Hand-written because no packer keeps templates; it holds only for packers that make
+    bytes of the Redis protocol (the others pack every call)."""
 
-    def __init__(self, size: int = WIRE_CACHE_SIZE) -> None:
+    def __init__(self, size: int = TEMPLATES_KEPT) -> None:
         self.size = size
-        self._packed: dict[tuple[object, ...], Any] = {}
+        #: per call less its per-try arguments: the bytes around those (empty: not bytes)
+        self._parts: dict[tuple[object, ...], list[bytes]] = {}
 
-    def packed(
-        self,
-        how: object,
-        calls: Sequence[Call],
-        pack: Callable[[list[tuple[object, ...]]], T],
-    ) -> T:
-        if len(calls) == 1:
-            c = calls[0]
-            key: tuple[object, ...] = (how, c.script.sha, c.keys, c.args, *map(type, c.args))
-        else:
-            parts: list[object] = [how]
-            for c in calls:
-                parts += (c.script.sha, c.keys, c.args, *map(type, c.args))
-            key = tuple(parts)
-        out = self._packed.get(key, _MISSING)
-        if out is _MISSING:
-            if len(self._packed) >= self.size:
-                self._packed.clear()  # one call, safe while other threads look up
-            out = self._packed[key] = pack([evalsha_args(c) for c in calls])
-        result: T = out  # stored by this method, from ``pack``
-        return result
+    def packed(self, how: object, call: Call, pack: Callable[[list[tuple[object, ...]]], T]) -> T:
+        """``call`` (whose ``varies`` is set) packed by ``pack`` (``how``: what the
+        packing depends on)."""
+        args = call.args
+        varies = call.varies
+        # Every argument is a str or an int, never a bool or a float, in every call the
+        # kinds make: equal keys are the same bytes. The per-try arguments are ASCII.
+        if len(varies) == 1:  # the usual call: a hold
+            k = varies[0]
+            key: tuple[object, ...] = (how, call.script.sha, call.keys, args[:k], args[k + 1 :])
+            parts = self._parts.get(key)
+            if parts:  # known, and made of bytes
+                value = args[k].encode()  # type: ignore[union-attr]  # a hold: a str
+                one: T = [b"%b$%d\r\n%b\r\n%b" % (parts[0], len(value), value, parts[1])]  # type: ignore[assignment]
+                return one
+        else:  # a hold and a place
+            k, m = varies
+            key = (how, call.script.sha, call.keys, args[:k], args[k + 1 : m], args[m + 1 :])
+            parts = self._parts.get(key)
+        if parts is None:
+            parts = self._template(call, pack)
+            if len(self._parts) >= self.size:
+                self._parts.clear()  # one call, safe while other threads look up
+            self._parts[key] = parts
+        if not parts:  # not bytes of the Redis protocol: packed each time
+            return pack([evalsha_args(call)])
+        values = [str(args[k]).encode() for k in varies]
+        if len(values) == 1:
+            first: T = [b"%b$%d\r\n%b\r\n%b" % (parts[0], len(values[0]), values[0], parts[1])]  # type: ignore[assignment]
+            return first
+        hold, place = values
+        both: T = [  # type: ignore[assignment]
+            b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n%b"
+            % (parts[0], len(hold), hold, parts[1], len(place), place, parts[2])
+        ]
+        return both
+
+    @staticmethod
+    def _template(call: Call, pack: Callable[[list[tuple[object, ...]]], object]) -> list[bytes]:
+        marked = list(call.args)
+        for n, k in enumerate(call.varies):
+            marked[k] = _MARKS[n]
+        packed = pack([evalsha_args(call._replace(args=tuple(marked)))])
+        if not isinstance(packed, list) or not all(isinstance(p, bytes) for p in packed):
+            return []
+        rest = b"".join(packed)
+        parts = []
+        for n in range(len(call.varies)):
+            if rest.count(_MARK_BULKS[n]) != 1:
+                return []
+            head, _, rest = rest.partition(_MARK_BULKS[n])
+            parts.append(head)
+        return [*parts, rest]
 
 
 def pack_calls(
-    calls: Sequence[Call],
-    how: object,
-    pack: Callable[[list[tuple[object, ...]]], T],
-    wire: WireCache | None,
+    calls: Sequence[Call], how: object, pack: Callable[[list[tuple[object, ...]]], T]
 ) -> T:
-    """``calls`` packed by ``pack`` (``how``: what the packing depends on), through
-    ``wire`` when given (calls that are not kept, such as clean-ups with their unique
-    release ids, are packed anew)."""
-    if wire is None:
-        return pack([evalsha_args(c) for c in calls])
-    return wire.packed(how, calls, pack)
+    """``calls`` packed by ``pack`` (``how``: what the packing depends on): their EVALSHA
+    commands, pipelined."""
+    return pack([evalsha_args(c) for c in calls])

@@ -65,7 +65,12 @@ class Quorum:
         return drift_allowance(lease, self.drift_factor)
 
     def everywhere(self, *calls: Call, early: Early | None = None, cleanup: bool = False) -> Fanout:
-        """The same calls on every master (see :class:`~.effects.Fanout`)."""
+        """The same calls on every master (see :class:`~.effects.Fanout`). While masters
+        are counted out (see :mod:`.clockwatch`), a round that may end early waits for
+        as many more votes: theirs count for nothing."""
+        if early is not None and self.watch.anyone_out and early.needed:
+            out = sum(1 for i in range(self.size) if not self.watch.counts(i))
+            early = Early(early.needed + out, early.vote)
         return Fanout((calls,) * self.size, early, cleanup)
 
     @cached_property
@@ -149,12 +154,13 @@ def tally_grants(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tal
     call. A master whose clock was seen to jump (see :mod:`.clockwatch`) refuses."""
     t = Tally()
     watch = q.watch
+    out = watch.anyone_out
     for i, per_master in enumerate(replies):
         reply = per_master[0]
         if reply is UNREAD:
             t.unread.append(i)
         elif isinstance(reply, list) and len(reply) >= 2:
-            if not watch.counts(i):
+            if out and not watch.counts(i):
                 t.refused.append(i)
             elif int(reply[0]) == 1:
                 t.granted.append(i)
@@ -172,14 +178,13 @@ def tally_holds(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tall
     """Judge release-style replies: ``-1`` (held nothing) is a refusal, ``0``/``1`` grants
     (a reply may also be ``{status, woken}``, see :func:`status_of`)."""
     t = Tally()
-    watch = q.watch
     for i, per_master in enumerate(replies):
         reply = per_master[0]
         status = status_of(reply)
         if reply is UNREAD:
             t.unread.append(i)
         elif status is not None:
-            (t.granted if status >= 0 and watch.counts(i) else t.refused).append(i)
+            (t.granted if status >= 0 else t.refused).append(i)
         else:
             note_failure(q, t, i, key, per_master[0])
     return t

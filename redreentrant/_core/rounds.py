@@ -44,11 +44,11 @@ from .quorum import (
 )
 from .views import MasterView
 
-_release_ids = itertools.count(1)
 #: names each acquire (an owner id and one of these name it uniquely: see kinds.attempt)
 _tickets = itertools.count(1)
-#: tags each try of an acquire, each hand-over and each give-up (see kinds.hold_value):
-#: they grow across the process, so whatever is sent later carries a greater tag
+#: tags each try of an acquire, each hand-over and each give-up (see kinds.hold_value),
+#: and numbers each release (see release_id): they grow across the process, so
+#: whatever is sent later carries a greater tag
 _tags = itertools.count(1)
 
 
@@ -92,7 +92,7 @@ def release_id(owner: str) -> str:
     """A payload naming one release uniquely: ``owner`` names a manager (an owner id
     does), and the count is the process's. A manager counts each wake-up once per
     release id: two processes' ids must never meet."""
-    return f"{owner}:{next(_release_ids)}"
+    return f"{owner}:{next(_tags)}"
 
 
 def acquire_steps(
@@ -158,8 +158,7 @@ def acquire_steps(
     # epoch, by q.wall): the same in each try, so that the masters order their waiters
     # alike whatever order the tries reach them in (see lua/acquire.lua). One master
     # orders them alike by itself: it is not sent there (its registration ends a wait
-    # after the first try reached it, about when the place does), and the calls stay
-    # the same from one acquire to the next (packed once, see packing.WireCache).
+    # after the first try reached it, about when the place does).
     place = 0
     propose = q.size > 1
     # Names this acquire in each of its tries: where it queues (the fair lock), its
@@ -184,7 +183,7 @@ def acquire_steps(
                     place = wall_ms + wait_ms
             try_tag = tag if count > 1 else next(_tags)
             attempt = kind.attempt(
-                q, name, owner, ms, hold_value(count, try_tag), wait_ms, polite,
+                q, name, owner, ms, f"{count}:{try_tag}", wait_ms, polite,  # hold_value
                 place if propose else 0, ticket,
             )  # fmt: skip
             polite = 0
@@ -398,13 +397,13 @@ def release_steps(
     that a quorum neither confirmed nor refused (masters that did not answer may hold
     the lock) returns, the rest expiring with its lease.
     """
-    rid = release_id(owner)
+    # A hold handed over is made by this release: its number is the hold's tag.
+    handed_tag = next(_tags)
+    rid = f"{owner}:{handed_tag}"  # release_id
     final = count_left == 0 and lease > 0 and kind.hands_over
     handover_ms = lease_ms(lease) if final and q.size == 1 else 0
-    # A hold handed over is made by this release: it gets a tag of its own.
-    handed_tag = next(_tags) if handover_ms else 0
     handover = f"{handover_ms}:{handed_tag}" if handover_ms else "0"
-    left = hold_value(count_left, tag)
+    left = f"{count_left}:{tag}"  # hold_value
     started = q.clock()
     if final and (defer or reserve_ms):
         release = kind.release_in_turn(name, owner, left, rid, handover, defer, reserve_ms)

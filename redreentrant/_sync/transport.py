@@ -124,13 +124,8 @@ class SyncTransport(FanoutTransport):
     def _send(self, sends: list[tuple[Any, ...]]) -> list[object] | None:
         failures: list[object] | None = None
         for k, send in enumerate(sends):  # (endpoint, connection, packed, ...)
-            packed = send[2]
-            if len(packed) > 1 and isinstance(packed[0], bytes):
-                # One write: a second small one may wait for the first to leave the host
-                # (TCP autocorking), a round trip on a slow link.
-                packed = [b"".join(packed)]
             try:
-                send[1].send_packed_command(packed, check_health=False)
+                send[1].send_packed_command(send[2], check_health=False)
             except BaseException as error:  # an interruption too: the stream is out of step
                 self._drop(send[0], send[1])
                 failures = send_failed(failures, len(sends), k, error)

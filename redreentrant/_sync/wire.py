@@ -82,9 +82,8 @@ class WireConnection:
     def send_packed_command(self, command: list[bytes], check_health: bool = False) -> None:
         sock = self._socket()
         try:
-            # One write: a second small one may wait for the first to leave the host
-            # (TCP autocorking), a round trip on a slow link.
-            sock.sendall(command[0] if len(command) == 1 else b"".join(command))
+            for part in command:
+                sock.sendall(part)
         except (BlockingIOError, TimeoutError):
             self.disconnect()
             raise RedisTimeoutError(f"{self._name}: timed out writing to the socket") from None

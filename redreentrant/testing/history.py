@@ -26,7 +26,9 @@ The events, by ``op`` (others are kept and ignored by the checker):
     current validity end (a lease that lapsed is not revived by a late renewal).
 ``release``
     ``invoke`` ends the hold once its level reaches 0; a ``fail`` (e.g. ``LockLostError``)
-    ends the hold at its ``invoke`` whatever the level.
+    ends the hold at its ``invoke`` whatever the level. A ``fail`` may name the
+    exception's class in ``error``: a ``"LockLostError"`` not preceded or followed by a
+    loss report is judged (``gone-while-valid``, see :func:`check`).
 ``lost``
     ``ok`` with ``owner``: the library told that owner its hold was lost (``lock.lost``
     set): it ends the owner's open hold of the lock in that mode, whichever client
@@ -39,6 +41,9 @@ The events, by ``op`` (others are kept and ignored by the checker):
 ``incr``
     An increment of a shared counter done under the lock: read ``v``, write ``v + 1``;
     ``ok`` with ``value = v + 1``. The counter is named by ``lock``.
+
+Any ``fail`` may carry ``error``, the class name of the exception (kept for figures;
+only a release's is judged).
 """
 
 from __future__ import annotations
@@ -76,11 +81,17 @@ KINDS = (
     "upgrade-gap",
     "over-capacity",
     "term-order",
+    "token-order",
+    "late-loss",
+    "gone-while-valid",
 )
 
 #: default of :func:`check`'s ``fifo_slack_ns``: 50 ms, a few quorum rounds on loopback
 #: plus thread scheduling; raise it when a test slows the masters down.
 DEFAULT_FIFO_SLACK_NS = 50_000_000
+#: default of :func:`check`'s ``loss_slack_ns``: 50 ms. The library reports a loss at
+#: least 100 ms before the validity ends; the slack absorbs the recording's own delay.
+DEFAULT_LOSS_SLACK_NS = 50_000_000
 
 
 def family(mode: str) -> str:
@@ -114,6 +125,7 @@ class Event:
     value: int | None = None
     accepted: bool | None = None
     seq: int | None = None
+    error: str | None = None
 
     def __post_init__(self) -> None:
         # A typo here would silently make the checker ignore events: refuse it early.
@@ -155,6 +167,7 @@ class Fields(TypedDict, total=False):
     value: int | None
     accepted: bool | None
     seq: int | None
+    error: str | None
 
 
 # -- recording ----------------------------------------------------------------------
@@ -617,6 +630,9 @@ def check(
     late_writes: bool = True,
     end: int | None = None,
     permits: int | Mapping[str, int] | None = None,
+    token_order: bool = False,
+    late_losses: bool = False,
+    loss_slack_ns: int = DEFAULT_LOSS_SLACK_NS,
 ) -> Report:
     """Judge a history; returns a :class:`Report`.
 
@@ -665,6 +681,19 @@ def check(
         and a write fenced by a term is a ``stale-write`` when the resource accepted it
         after a write with a larger term (or, with ``late_writes``, after a later leader
         had begun).
+    ``token-order`` (with ``token_order``)
+        The same rule as ``term-order`` for the fencing tokens of the other exclusive
+        holds ("x", "w", "fair"), per lock family: see :func:`token_order_violations`.
+    ``late-loss`` (with ``late_losses``)
+        A loss reported (a ``lost`` ok with an ``owner``) more than ``loss_slack_ns``
+        after the validity end its hold last knew (its acquire's or renewal's
+        ``valid_until``): the library promises the report before the validity ends.
+        Off by default: a holder paused past its lease (outside the model) is told late.
+    ``gone-while-valid``
+        A release that failed with ``error="LockLostError"`` before the validity end
+        its hold last knew, while no loss of that hold was reported (before or after):
+        the hold was gone from a quorum while it was valid, and nobody said so. See
+        :func:`loss_violations`.
     """
     ordered = sorted(events, key=lambda e: e.t)
     origin = ordered[0].t if ordered else 0
@@ -679,6 +708,9 @@ def check(
     violations += upgradeable_violations(scan, origin)
     violations += over_capacity(scan.holds, permits, origin)
     violations += leadership_violations(scan.holds, origin)
+    if token_order:
+        violations += token_order_violations(scan.holds, origin)
+    violations += loss_violations(ordered, scan.holds, late_losses, loss_slack_ns, origin)
     violations.sort(key=lambda v: v.t)
     return Report(violations, scan.holds, len(ordered), origin, end_t)
 
@@ -1030,12 +1062,31 @@ def leadership_violations(holds: list[Hold], origin: int) -> list[Violation]:
     again after it resigned is a new leadership, with a new term; a campaign by the
     leader (which only proclaims) is no grant, and is not recorded as an acquire.
     """
+    return _order(holds, ("lead",), "term-order", "term", origin)
+
+
+def token_order_violations(holds: list[Hold], origin: int) -> list[Violation]:
+    """The fencing tokens' rule (part of :func:`check` with ``token_order``):
+    ``token-order``, an exclusive hold ("x", "w", "fair") whose token is not larger than
+    the token of a hold of the same lock family (any process, any owner) that began
+    before it, in the order the holds began. Judged as :func:`leadership_violations`
+    judges terms (an empty hold only as the earlier one); a re-entry keeps its hold's
+    token, and a multi-lock's holds (recorded as "x" holds of each of its names, with
+    each name's token) are judged with the plain lock's."""
+    return _order(holds, ("x", "w", "fair"), "token-order", "token", origin)
+
+
+def _order(
+    holds: list[Hold], modes: tuple[str, ...], kind: str, label: str, origin: int
+) -> list[Violation]:
+    """Tokens (terms) of the holds in ``modes`` that do not grow in the order the holds
+    began, per lock and family (see :func:`leadership_violations`)."""
     found: list[Violation] = []
-    groups: dict[str, list[Hold]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[Hold]] = defaultdict(list)
     for h in holds:
-        if h.mode == "lead" and h.token is not None:
-            groups[h.lock].append(h)
-    for lock, group in groups.items():
+        if h.mode in modes and h.token is not None:
+            groups[(h.lock, h.family)].append(h)
+    for (lock, fam), group in groups.items():
         group.sort(key=lambda h: (h.start, h.end))
         for i, b in enumerate(group):
             if b.end <= b.start:
@@ -1049,11 +1100,77 @@ def leadership_violations(holds: list[Hold], origin: int) -> list[Violation]:
             if top.token >= b.token:
                 found.append(
                     Violation(
-                        "term-order",
+                        kind,
                         lock,
                         b.start,
-                        f"[lead] {b.describe(origin)} began after {top.describe(origin)}, "
-                        "but its term is not larger",
+                        f"[{fam}] {b.describe(origin)} began after {top.describe(origin)}, "
+                        f"but its {label} is not larger",
                     )
                 )
     return found
+
+
+# -- losses ---------------------------------------------------------------------------------
+
+
+def loss_violations(
+    events: list[Event], holds: list[Hold], late_losses: bool, slack: int, origin: int
+) -> list[Violation]:
+    """The loss rules (part of :func:`check`): ``late-loss`` (with ``late_losses``) and
+    ``gone-while-valid``.
+
+    A ``lost`` report (with an ``owner``) belongs to the latest hold of that lock, mode
+    and owner (and token, when the report has one) that began before it; a failed
+    release to the latest hold of its client, lock, mode and owner that began before it.
+    Give each hold an owner of its own (a fresh ``owner=`` object per hold) for exact
+    matches: an owner that holds again may have a later hold's report matched to it.
+    """
+    found: list[Violation] = []
+    by_owner: dict[tuple[str, str, str], list[Hold]] = defaultdict(list)
+    for h in holds:
+        by_owner[(h.lock, h.mode, h.owner)].append(h)
+    reported: set[int] = set()  # ids of the holds whose loss was reported
+    for e in events:
+        if e.op != "lost" or e.phase != "ok" or e.owner is None:
+            continue
+        hold = _latest(by_owner.get((e.lock, e.mode, e.owner), []), e.t, e.token)
+        if hold is None:
+            continue
+        reported.add(id(hold))
+        if late_losses and hold.valid_until is not None and e.t > hold.valid_until + slack:
+            found.append(
+                Violation(
+                    "late-loss",
+                    e.lock,
+                    e.t,
+                    f"{e.client} was told at {_at(e.t, origin)} that {hold.describe(origin)} "
+                    f"was lost, {(e.t - hold.valid_until) / 1e6:.3f}ms after its validity "
+                    f"ended at {_at(hold.valid_until, origin)} (slack {slack / 1e6:.3f}ms)",
+                )
+            )
+    for e in events:
+        if e.op != "release" or e.phase != "fail" or e.error != "LockLostError":
+            continue
+        mine = [h for h in by_owner.get((e.lock, e.mode, e.who), []) if h.client == e.client]
+        hold = _latest(mine, e.t, None)
+        if hold is None or id(hold) in reported or hold.valid_until is None:
+            continue
+        if e.t < hold.valid_until:
+            found.append(
+                Violation(
+                    "gone-while-valid",
+                    e.lock,
+                    e.t,
+                    f"{e.client}'s release found {hold.describe(origin)} lost at "
+                    f"{_at(e.t, origin)}, {(hold.valid_until - e.t) / 1e6:.3f}ms before its "
+                    f"validity ended at {_at(hold.valid_until, origin)}, and no loss was "
+                    "reported",
+                )
+            )
+    return found
+
+
+def _latest(holds: list[Hold], t: int, token: int | None) -> Hold | None:
+    """The latest of ``holds`` that began by ``t`` (of ``token``, when given)."""
+    began = [h for h in holds if h.start <= t and token in (None, h.token)]
+    return max(began, key=lambda h: h.start) if began else None
