@@ -35,7 +35,8 @@ from helpers import (
 )
 
 import redreentrant.__main__ as dunder_main
-from redreentrant import LockLostError, LockManager, __version__
+from redreentrant import FencingError, LockLostError, LockManager, __version__
+from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant.cli import app as cli_app
 from redreentrant.cli import ensemble as cli_ensemble
 from redreentrant.cli import main as cli_main
@@ -546,6 +547,29 @@ def test_fence_raises_the_counters_so_the_next_token_is_larger(
         assert lock.token == 5001
     refused = assert_one_error_line(run_cli("fence", "fenced", "--at-least", "-1", masters=urls), 2)
     assert "--at-least" in refused
+    ensemble.flushall()  # the counters outlive locks on purpose
+
+
+def test_fence_without_a_token_raises_the_counters_past_every_token_handed_out(
+    ensemble: LocalEnsemble, urls: list[str]
+) -> None:
+    with LockManager(urls, fencing=True) as mgr, mgr.lock("lost") as lock:
+        last = lock.token
+    counter = EXCLUSIVE.fence_key("lost")
+    for i, url in enumerate(urls):  # lost on three; two missed the last write-backs
+        with redis.Redis.from_url(url) as r:
+            if i < 3:
+                r.delete(counter)
+            else:
+                r.set(counter, last - 100)
+    with LockManager(urls, fencing=True) as mgr, pytest.raises(FencingError):
+        mgr.lock("lost").acquire()
+    result = run_cli("fence", "lost", masters=urls)
+    assert result.returncode == 0, result.stderr
+    floor = int(re.findall(r"to at least (\d+) on 5 of 5 masters", result.stdout)[0])
+    assert floor > last
+    with LockManager(urls, fencing=True) as mgr, mgr.lock("lost") as lock:
+        assert lock.token == floor + 1
     ensemble.flushall()  # the counters outlive locks on purpose
 
 

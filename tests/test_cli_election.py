@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from helpers import (
     CLI,
     PY,
@@ -27,6 +28,7 @@ from helpers import (
 )
 
 from redreentrant import LockManager, parse_owner
+from redreentrant._core.kinds import ELECTION
 from redreentrant.cli.common import MASTERS_ENV
 from redreentrant.cli.leader import EXIT_NOBODY
 from redreentrant.testing import LocalEnsemble
@@ -233,6 +235,28 @@ def test_fence_raises_the_terms_of_an_election(urls: list[str]) -> None:
     look = 'echo "$REDREENTRANT_FENCE"'
     result = run_cli("elect", "vote", "--", "sh", "-c", look, masters=urls)
     assert result.returncode == 0 and result.stdout == "5001\n"
+
+
+def test_fence_without_a_token_resumes_an_election_whose_terms_were_lost(
+    urls: list[str],
+) -> None:
+    # The FencingError's advice, as written: `redreentrant fence NAME --kind election`.
+    look = 'echo "$REDREENTRANT_FENCE"'
+    first = run_cli("elect", "vote", "--", "sh", "-c", look, masters=urls)
+    assert first.returncode == 0, first.stderr
+    counter = ELECTION.fence_key("vote")
+    for url in urls[:2]:  # lost on a majority, kept on one
+        with redis.Redis.from_url(url) as r:
+            assert r.delete(counter) == 1
+    refused = run_cli("elect", "vote", "--", "sh", "-c", look, masters=urls)
+    assert refused.returncode == 1 and "fencing counter was lost" in refused.stderr
+    assert "redreentrant fence NAME" in refused.stderr
+    raised = run_cli("fence", "vote", "--kind", "election", masters=urls)
+    assert raised.returncode == 0, raised.stderr
+    assert "(election) to at least" in raised.stdout and "on 3 of 3 masters" in raised.stdout
+    again = run_cli("elect", "vote", "--", "sh", "-c", look, masters=urls)
+    assert again.returncode == 0, again.stderr
+    assert int(again.stdout) > int(first.stdout)
 
 
 # -- run --fencing -------------------------------------------------------------------

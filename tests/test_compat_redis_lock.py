@@ -144,6 +144,71 @@ def test_an_id_waits_for_its_own_lock_taken_meanwhile(conn: redis.StrictRedis, u
     again.release()
 
 
+def test_an_id_that_holds_the_lock_cannot_take_it_again(conn: redis.StrictRedis) -> None:
+    """As in the library (its test_given_id): while an id holds the lock, every Lock
+    object of that id raises AlreadyAcquired, also without blocking; any of them releases
+    it."""
+    first = rl.Lock(conn, "given", id="a")
+    assert first.acquire()
+    second = rl.Lock(conn, "given", id="a")
+    with pytest.raises(rl.AlreadyAcquired):
+        second.acquire(blocking=False)
+    with pytest.raises(rl.AlreadyAcquired):
+        second.acquire()
+    second.release()
+    with pytest.raises(rl.NotAcquired):
+        first.release()
+    assert second.acquire(blocking=False) is True
+    with pytest.raises(rl.AlreadyAcquired):
+        first.acquire(blocking=False)
+    first.release()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"expire": 30}, {"expire": 30, "auto_renewal": True}],
+    ids=["never-expires", "fixed", "auto-renewal"],
+)
+def test_an_id_takes_its_lock_again_once_the_key_vanished(
+    conn: redis.StrictRedis, options: dict[str, Any]
+) -> None:
+    """The server lost the key (FLUSHALL, a restart): the lock is free, as the library's
+    key is gone, and the id takes it again, by a new Lock object or the same one."""
+    first = rl.Lock(conn, "vanished", id="first", **options)
+    assert first.acquire()
+    conn.flushall()
+    assert first.locked() is False
+    assert first.get_owner_id() is None
+    again = rl.Lock(conn, "vanished", id="first", **options)
+    assert again.acquire(blocking=False) is True
+    assert first.get_owner_id() == "first"
+    assert rl.Lock(conn, "vanished").acquire(blocking=False) is False
+    with pytest.raises(rl.AlreadyAcquired):
+        first.acquire(blocking=False)
+    first.release()  # the same id
+    assert not again.locked()
+    assert first.acquire()
+    conn.flushall()
+    assert first.acquire(timeout=5) is True  # the same object
+    first.release()
+
+
+def test_a_vanished_hold_is_not_held(conn: redis.StrictRedis) -> None:
+    """Once the key vanished and another id took the lock, the first id neither holds
+    it nor releases it: its acquire fails as anyone's."""
+    first = rl.Lock(conn, "vanished", id="first")
+    assert first.acquire()
+    conn.flushall()
+    other = rl.Lock(conn, "vanished", id="other")
+    assert other.acquire(blocking=False) is True
+    assert rl.Lock(conn, "vanished", id="first").acquire(blocking=False) is False
+    assert first.acquire(blocking=False) is False
+    with pytest.raises(rl.NotAcquired):
+        first.release()
+    assert first.get_owner_id() == "other"
+    other.release()
+
+
 # -- the library's errors and return values -----------------------------------------------
 
 

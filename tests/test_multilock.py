@@ -278,3 +278,60 @@ def test_keys_are_gone_after_use(mgr: LockManager, ensemble: LocalEnsemble) -> N
     with mgr.multi_lock(["k1", "k2", "k3"]):
         pass
     wait_until(lambda: not any(lock_keys(ensemble).values()), "nothing left")
+
+
+def test_a_name_given_twice_is_taken_once(
+    mgr: LockManager, masters: list[str], ensemble: LocalEnsemble
+) -> None:
+    # transfer(x, x) of docs/multi-lock.md: the multi-lock of ["a", "a"] is that of ["a"].
+    twice = mgr.multi_lock(["a", "a"], fencing=True)
+    assert twice.names == ("a",)
+    with twice:
+        tokens = twice.tokens
+        assert set(tokens) == {"a"}
+        with pytest.raises(FencingError, match="a token per name"):
+            _ = twice.token
+        owner = mgr.owner_id().encode()
+        wait_until(lambda: holders(masters, "a") == [{owner}] * len(masters), "held")
+    with mgr.lock("a", fencing=True) as single:  # the name's own counter
+        assert single.token > tokens["a"]
+    ensemble.flushall()  # the counters outlive their locks on purpose
+
+
+def test_asyncio_a_name_given_twice_is_taken_once(
+    masters: list[str], ensemble: LocalEnsemble
+) -> None:
+    async def main() -> dict[str, int]:
+        async with ra.LockManager(masters, lease=5.0, fencing=True) as m:
+            twice = m.multi_lock(["a", "a"])
+            assert twice.names == ("a",)
+            async with twice:
+                tokens = twice.tokens
+                with pytest.raises(FencingError, match="a token per name"):
+                    _ = twice.token
+            return tokens
+
+    assert set(run(main())) == {"a"}
+    assert holders(masters, "a") == [set()] * len(masters)
+    ensemble.flushall()
+
+
+def test_fence_floor_is_the_largest_of_the_names_and_raises_them_all(
+    masters: list[str], ensemble: LocalEnsemble
+) -> None:
+    with LockManager(masters, lease=5.0, fencing=True) as m:
+        many = m.multi_lock(["g1", "g2"])
+        with many:
+            first = many.tokens
+        floor = many.fence_floor()
+        assert floor == max(first.values())  # every counter kept: the largest of them
+        assert many.raise_fence(floor) == len(masters)
+        with many:
+            assert many.tokens == {"g1": floor + 1, "g2": floor + 1}
+
+    async def main() -> tuple[int, int]:
+        async with ra.LockManager(masters, lease=5.0) as a:
+            return await a.multi_lock(["g1", "g2"]).fence_floor(), await a.lock("g1").fence_floor()
+
+    assert run(main()) == (floor + 1, floor + 1)
+    ensemble.flushall()  # the counters outlive their locks on purpose

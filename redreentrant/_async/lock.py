@@ -160,6 +160,10 @@ class Lock(LockCore):
         steps = self._engine.raise_fence(self.kind, self.name, at_least)
         return await self._driver.run(steps)
 
+    async def fence_floor(self) -> int:
+        """See :meth:`redreentrant.Lock.fence_floor`."""
+        return await self._driver.run(self._engine.fence_floor(self.kind, self.name))
+
 
 class ReadLock(Lock):
     """The asyncio twin of :class:`redreentrant.ReadLock`."""

@@ -61,6 +61,12 @@ class MultiLock(Lock):
         ]
         return min(acks)
 
+    async def fence_floor(self) -> int:
+        """The largest of the names' fencing floors (see :meth:`Lock.fence_floor`)."""
+        return max(
+            [await self._driver.run(self._engine.fence_floor(EXCLUSIVE, n)) for n in self.names]
+        )
+
     async def __aenter__(self) -> MultiLock:
         await self.acquire()
         return self

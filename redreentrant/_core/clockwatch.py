@@ -41,8 +41,8 @@ class ClockWatch:
     clock moved beyond what drift allows, negative for a step back)."""
 
     __slots__ = (
-        "_at", "_clock", "_drift", "_high", "_low", "anyone_out", "on_step", "out_until",
-        "quarantine",
+        "_at", "_clock", "_drift", "_high", "_low", "anyone_out", "on_change", "on_step",
+        "out_until", "quarantine",
     )  # fmt: skip
 
     def __init__(
@@ -51,6 +51,7 @@ class ClockWatch:
         drift_factor: float,
         clock: Callable[[], float],
         quarantine: Callable[[], float] = lambda: 0.0,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         #: per master: the range its offset may lie in (ms), widened by the allowance, as
         #: of its anchor, and the anchor's time (ms; -inf: none yet)
@@ -66,6 +67,8 @@ class ClockWatch:
         #: whether any master may be counted out now (the usual round checks only this)
         self.anyone_out = False
         self.on_step: Callable[[int, float], None] = lambda master, seconds: None
+        #: told when masters are counted out, or all back in
+        self.on_change = on_change
 
     def observe(self, replies: Sequence[Sequence[object]], sent: float, received: float) -> None:
         """Note the server times in a round's replies (each master's first reply, a
@@ -111,6 +114,7 @@ class ClockWatch:
         shift = lo - high if lo > high else hi - low
         self.out_until[i] = now + self.quarantine()
         self.anyone_out = True
+        self.on_change()
         self.on_step(i, shift / 1000.0)
 
     def counts(self, i: int) -> bool:
@@ -120,4 +124,10 @@ class ClockWatch:
         now = self._clock()
         if max(self.out_until) <= now:
             self.anyone_out = False
+            self.on_change()
         return self.out_until[i] <= now
+
+    def out_count(self) -> int:
+        """How many masters are counted out now."""
+        now = self._clock()
+        return sum(1 for until in self.out_until if until > now)

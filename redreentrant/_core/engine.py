@@ -31,7 +31,7 @@ from .errors import (
     ManagerClosedError,
     QuorumUnavailableError,
 )
-from .fencing import FENCE_TTL_MS, check_token, integer_of
+from .fencing import FENCE_TTL_MS, check_token, floor_of, integer_of
 from .holds import Guard, Hold, Holds, Signal
 from .keys import home_channel
 from .kinds import (
@@ -112,6 +112,15 @@ def call_site(frame: FrameType | None = None) -> CallSite | str:
     if frame is None:
         return "?"
     return CallSite(frame.f_code, frame.f_lasti)
+
+
+def _check_fenced(kind: LockKind, name: str) -> None:
+    """:class:`ValueError` unless ``kind`` has a fencing counter."""
+    if not kind.fenced:
+        raise ValueError(
+            f"lock {name!r} has no fencing counter: its holders share it (the read side"
+            " of a read/write lock, a semaphore)"
+        )
 
 
 class Engine:
@@ -516,14 +525,18 @@ class Engine:
             raise FencingError(f"lock {name!r} has no fencing token: {why}")
         return hold.fencing_token
 
+    def fence_floor(self, kind: LockKind, name: str) -> Steps[int]:
+        """What ``name``'s fencing counters must be raised to for its next tokens to be
+        larger than every token handed out (see ``Lock.fence_floor``)."""
+        _check_fenced(kind, name)
+        q = self.quorum
+        replies = yield q.everywhere(kind.fence_read(name))
+        return floor_of(q, name, replies)
+
     def raise_fence(self, kind: LockKind, name: str, at_least: int) -> Steps[int]:
         """Raise ``name``'s fencing counters to at least ``at_least`` on every master
         (see ``Lock.raise_fence``); returns how many masters acknowledged."""
-        if not kind.fenced:
-            raise ValueError(
-                f"lock {name!r} has no fencing counter: its holders share it (the read side"
-                " of a read/write lock, a semaphore)"
-            )
+        _check_fenced(kind, name)
         check_token(at_least, "raise_fence(at_least=...)")
         q = self.quorum
         replies = yield q.everywhere(kind.fence_raise(name, at_least, FENCE_TTL_MS))

@@ -135,6 +135,31 @@ def token_of(
             f" quorum ({q.needed}) can prove a token larger than the last one handed"
             " out, so none is (nothing is held). To resume, raise the counters above the"
             " largest token the protected resource accepted: lock.raise_fence(TOKEN),"
-            " or `redreentrant fence NAME --at-least TOKEN`."
+            " or `redreentrant fence NAME --at-least TOKEN`; if it is not known, past"
+            " every counter and clock of the masters: lock.raise_fence(lock.fence_floor()),"
+            " or `redreentrant fence NAME` (`--kind` rw, fair or election for those locks)."
         )
     return None
+
+
+def floor_of(q: Quorum, name: str, replies: Sequence[Sequence[Reply]]) -> int:
+    """What ``name``'s counters must be raised to for its next tokens to be larger than
+    every token handed out, when no such token is known, from each master's reply to
+    :meth:`~.kinds.LockKind.fence_read`: the largest counter a master kept and, where a
+    master has none, its clock in microseconds (as the tokens of a name no master knows
+    start).
+
+    Every token was written back to a quorum, which meets the quorum read here in a
+    master that either kept a counter at least as large, or lost it since: its clock is
+    then past the token, under the assumption the tokens of a name no master knows rest
+    on (clocks that do not go back, fewer grants than microseconds). Raises
+    :class:`~.errors.QuorumUnavailableError` when fewer than a quorum replied."""
+    counters = [counter_of(r[0]) for r in replies]
+    failed = {
+        i: r[0] if isinstance(r[0], BaseException) else RuntimeError(f"odd reply {r[0]!r}")
+        for i, (r, c) in enumerate(zip(replies, counters, strict=True))
+        if c is None
+    }
+    if len(failed) > q.tolerated:
+        raise q.unavailable(f"read the fencing counter of {name!r}", failed)
+    return max(c.value for c in counters if c is not None)

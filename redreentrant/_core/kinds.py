@@ -245,6 +245,12 @@ class LockKind:
         args = ("raise", token, ttl_ms)
         return Call(scripts.FENCE, (self.key(name), self.fence_key(name)), args)
 
+    def fence_read(self, name: str) -> Call:
+        """Read the fencing counter, changing nothing: ``fence.lua`` ``next`` for the
+        empty holder field, which no hash has; replies ``{0, value, fresh}``, the value
+        being the master's clock in microseconds where the counter is absent."""
+        return Call(scripts.FENCE, (self.key(name), self.fence_key(name)), ("next", "", 0))
+
     def fence_calls(self, name: str, owner: str, ttl_ms: int) -> list[tuple[str, Call]]:
         """The counters a fenced grant steps: (the name a token is for, its call)."""
         return [(name, self.fence_next(name, owner, ttl_ms))]

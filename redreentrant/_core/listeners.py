@@ -22,7 +22,8 @@ class LockInfo:
     #: the lock's name
     name: str
     #: its kind: ``"lock"``, ``"rw:read"``, ``"rw:write"``, ``"rw:upgradeable"``,
-    #: ``"fair"``, ``"semaphore"`` or ``"multi"`` (whose name is its names, as a JSON list)
+    #: ``"fair"``, ``"semaphore"``, ``"election"`` or ``"multi"`` (whose name is its
+    #: names, as a JSON list)
     kind: str
     #: the owner id (``<manager id>:<thread or task token>``)
     owner: str

@@ -58,30 +58,37 @@ class Quorum:
     @cached_property
     def watch(self) -> ClockWatch:
         """The masters' clocks, and which ones are counted out (see :mod:`.clockwatch`)."""
-        return ClockWatch(len(self.masters), self.drift_factor, self.clock)
+        return ClockWatch(len(self.masters), self.drift_factor, self.clock, on_change=self._recount)
 
     def drift(self, lease: float) -> float:
         """Clock drift allowance for a lease: a fraction of it plus 2 ms."""
         return drift_allowance(lease, self.drift_factor)
 
     def everywhere(self, *calls: Call, early: Early | None = None, cleanup: bool = False) -> Fanout:
-        """The same calls on every master (see :class:`~.effects.Fanout`). While masters
-        are counted out (see :mod:`.clockwatch`), a round that may end early waits for
-        as many more votes: theirs count for nothing."""
-        if early is not None and self.watch.anyone_out and early.needed:
-            out = sum(1 for i in range(self.size) if not self.watch.counts(i))
-            early = Early(early.needed + out, early.vote)
+        """The same calls on every master (see :class:`~.effects.Fanout`)."""
         return Fanout((calls,) * self.size, early, cleanup)
+
+    @cached_property
+    def voting(self) -> int:
+        """How many votes a round that may end early waits for: a quorum's, and one more
+        per master counted out (see :mod:`.clockwatch`), whose votes count for nothing.
+        Worked out again when masters are counted out or back in (:meth:`_recount`)."""
+        return self.needed + self.watch.out_count()
 
     @cached_property
     def until_granted(self) -> Early:
         """A round that ends once a quorum granted (:func:`is_grant`)."""
-        return Early(self.needed, first_granted)
+        return Early(self.voting, first_granted)
 
     @cached_property
     def until_held(self) -> Early:
         """A round that ends once a quorum confirmed a hold (:func:`is_hold`)."""
-        return Early(self.needed, first_held)
+        return Early(self.voting, first_held)
+
+    def _recount(self) -> None:
+        """Masters were counted out or back in: the votes to wait for change."""
+        for name in ("voting", "until_granted", "until_held"):
+            self.__dict__.pop(name, None)
 
     def unavailable(
         self, action: str, failed: Mapping[int, BaseException]

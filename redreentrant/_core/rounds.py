@@ -133,7 +133,7 @@ def acquire_steps(
     ms = lease_ms(lease)
     fenced = fencing and count == 1 and kind.fenced
     # A fenced round may end once a quorum granted with counters that were kept.
-    early = Early(q.needed, kept_counter) if fenced else kind.early(q)
+    early = Early(q.voting, kept_counter) if fenced else kind.early(q)
     # The counters a fenced grant steps (one per name: a multi-lock has several).
     fences = kind.fence_calls(name, owner, FENCE_TTL_MS) if fenced else []
     fence_calls = [call for _, call in fences] if fenced else fences
@@ -218,11 +218,14 @@ def acquire_steps(
                     raise
                 now = q.clock()
                 if proven and valid_until > now:
-                    token = tokens[0] if len(tokens) == 1 else tuple(tokens)
+                    # A multi-lock's: one per name, even of one name.
+                    token = tuple(tokens) if kind.names else tokens[0]
                     return Grant(valid_until, token, len(tally.granted), held, try_tag)
                 # Not proven in time: undone below, and tried again.
             if contended is not None:
                 contended(tally)
+            # The next try waits for the votes of then: masters may have been counted out.
+            early = Early(q.voting, kept_counter) if fenced else kind.early(q)
             if tally.granted or tally.failed or tally.unread:
                 # Undo everywhere, also where the reply was lost or not read: such a
                 # master may have granted.
@@ -338,7 +341,7 @@ def _write_back(q: Quorum, kind: LockKind, name: str, tokens: Sequence[int]) -> 
         return all(c is not None and c >= t for c, t in zip(counters, tokens, strict=True))
 
     raise_calls = kind.fence_raise_calls(name, tokens, FENCE_TTL_MS)
-    replies = yield q.everywhere(*raise_calls, early=Early(q.needed, acked))
+    replies = yield q.everywhere(*raise_calls, early=Early(q.voting, acked))
     return sum(1 for per_master in replies if acked(per_master)) >= q.needed
 
 
@@ -476,7 +479,7 @@ def extend_steps(
         return isinstance(replies[0], int) and replies[0] > 0
 
     call = kind.extend(name, owner, ms, add, tag)
-    replies = yield q.everywhere(call, early=Early(q.needed, extended))
+    replies = yield q.everywhere(call, early=Early(q.voting, extended))
     left = sorted(
         (int(str(r[0])) for i, r in enumerate(replies) if extended(r) and q.watch.counts(i)),
         reverse=True,

@@ -153,6 +153,16 @@ class Lock(LockCore):
         """
         return self._driver.run(self._engine.raise_fence(self.kind, self.name, at_least))
 
+    def fence_floor(self) -> int:
+        """What to raise this lock's fencing counters to when no token the protected
+        resource accepted is known: ``lock.raise_fence(lock.fence_floor())`` makes the
+        next tokens larger than every token handed out. It is the largest counter a
+        master kept and, where a master has none, its clock in microseconds (as the
+        tokens of a name no master knows start), read on every master (one round,
+        changing nothing; a quorum must reply, else :class:`QuorumUnavailableError`).
+        """
+        return self._driver.run(self._engine.fence_floor(self.kind, self.name))
+
 
 class ReadLock(Lock):
     """The read side of a read/write lock: shared with other readers.

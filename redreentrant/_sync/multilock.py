@@ -66,6 +66,11 @@ class MultiLock(Lock):
         ]
         return min(acks)
 
+    def fence_floor(self) -> int:
+        """The largest of the names' :meth:`Lock.fence_floor`: raised to it
+        (:meth:`raise_fence`), every name's next tokens are larger than its last."""
+        return max(self._driver.run(self._engine.fence_floor(EXCLUSIVE, n)) for n in self.names)
+
     def __enter__(self) -> MultiLock:
         self.acquire()
         return self

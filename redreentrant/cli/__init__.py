@@ -9,7 +9,7 @@ Commands, one module each::
     redreentrant inspect NAME [--json]                what every master holds for NAME
     redreentrant top [PATTERN] [--once | --json]      a live view of the locks and masters
     redreentrant unlock --force NAME                  delete NAME's lock, whoever holds it
-    redreentrant fence NAME --at-least TOKEN          raise NAME's fencing counters
+    redreentrant fence NAME [--at-least TOKEN]        raise NAME's fencing counters
     redreentrant ensemble up|down|status              local masters for development
 
 Masters come from ``--masters URL,URL,...`` (accepted before or after the command) or

@@ -13,8 +13,10 @@ library's exceptions, messages, return values, and its log messages on its logge
   alone); ``strict`` checks for a ``redis.StrictRedis`` as the library does.
 - ``id``: the owner. The Lock objects of one id in a process are one owner: any of them
   releases or extends what another took, and ``acquire`` by an owner that holds the
-  lock raises ``AlreadyAcquired`` (not reentrant). An id does not reach other processes
-  (there, even the same id is another owner).
+  lock raises ``AlreadyAcquired`` (not reentrant). Whether it holds it is the server's
+  answer, as the library's ``GET``: once the server lost the key (``FLUSHALL``, a
+  restart), the lock is free and any Lock object of the id takes it again. An id does
+  not reach other processes (there, even the same id is another owner).
 - ``expire=None`` (the library's "never expires"): renewed by the watchdog with the
   manager's lease (30 s). Held until released or reset, also once its Lock objects are
   dropped, as in the library; freed within 30 s after the process dies.
@@ -257,10 +259,10 @@ class Lock:
     def acquire(self, blocking: bool = True, timeout: Any = None) -> bool:
         """Take the lock: True once held; False if ``blocking=False`` found it held, or
         ``timeout`` (whole seconds; None or 0: no limit) passed. ``AlreadyAcquired`` if
-        this lock's id holds it."""
+        this lock's id holds it on the server."""
         logger_for_acquire.debug("Acquiring Lock(%r) ...", self._label)
         mgr, lock = self._view()
-        if lock.is_owned():
+        if self._held(mgr, lock):
             raise AlreadyAcquired("Already acquired from this Lock instance.")
         if not blocking and timeout is not None:
             raise TimeoutNotUsable("Timeout cannot be used if blocking=False")
@@ -318,6 +320,33 @@ class Lock:
         elif not blocking:
             logger_for_acquire.warning("Failed to acquire Lock(%r).", self._label)
         return acquired
+
+    def _held(self, mgr: LockManager, lock: _CoreLock) -> bool:
+        """Whether this id holds the lock, as the library's ``GET`` of its key tells:
+        held here and on the server (one round). A hold here that the server lost
+        (``FLUSHALL``, a restart) is dropped: the lock is free, as the library's key is
+        gone."""
+        owner, key = self._owner, (mgr, self._lock_name)
+        holder = f"{mgr.id}:{owner.token}"
+        if not lock.is_owned():
+            return False
+        if holder in _holders(mgr, self._lock_name, "acquire"):
+            return True
+        # Checked again while this id's other calls wait: another thread of the id may
+        # have dropped the hold and taken the lock anew meanwhile.
+        with owner.cond:
+            if key in owner.busy or not lock.is_owned():
+                return False  # another call of this id is at it: acquire waits for it
+            owner.busy.add(key)
+        try:
+            if holder in _holders(mgr, self._lock_name, "acquire"):
+                return True
+            while lock.hold_count > 0:
+                with contextlib.suppress(LockLostError, LockNotOwnedError):
+                    lock.release()
+            return False
+        finally:
+            self._done(lock, key)
 
     @staticmethod
     def _drop_stale(lock: _CoreLock) -> None:
@@ -403,15 +432,8 @@ class Lock:
 
     def get_owner_id(self) -> str | None:
         """The id of the lock's holder (see the module's docstring), None if free."""
-        mgr, lock = self._view()
-        if lock.is_owned():
-            return self._id
-        holders: list[str] = []
-        for view in mgr.inspect(self._lock_name):
-            if view.error is not None:
-                errors = {view.master: ConnectionError(view.error)}
-                raise QuorumUnavailableError("get_owner_id", errors, mgr.quorum)
-            holders += [h for lv in view.locks if lv.kind == "lock" for h in lv.holders]
+        mgr = self._view()[0]
+        holders = _holders(mgr, self._lock_name, "get_owner_id")
         if not holders:
             return None
         holder = holders[0]
@@ -440,6 +462,18 @@ class Lock:
         traceback: TracebackType | None = None,
     ) -> None:
         self.release()
+
+
+def _holders(mgr: LockManager, name: str, operation: str) -> list[str]:
+    """The redreentrant owner ids that hold the plain lock ``name`` on the server (one
+    round; ``operation`` names the caller in a :class:`QuorumUnavailableError`)."""
+    holders: list[str] = []
+    for view in mgr.inspect(name):
+        if view.error is not None:
+            errors = {view.master: ConnectionError(view.error)}
+            raise QuorumUnavailableError(operation, errors, mgr.quorum)
+        holders += [h for lv in view.locks if lv.kind == "lock" for h in lv.holders]
+    return holders
 
 
 def _force_unlock(mgr: LockManager, names: set[str]) -> None:
