@@ -100,6 +100,14 @@ def on_a_quorum(cell: str) -> bool:
 # -- snapshots ------------------------------------------------------------------------
 
 
+def test_an_upgradeable_reader_shows_as_one(manager: LockManager, urls: list[str]) -> None:
+    with manager.rw_lock("upgrades").upgradeable:
+        result = run_cli("top", "--once", masters=urls)
+        assert result.returncode == 0, result.stderr
+        [row] = lock_rows(result.stdout)["upgrades/rw"]
+        assert row["ROLE"] == "upgradeable" and row["STATE"] == "held", row
+
+
 def test_once_shows_holders_queue_mode_ttl_and_a_stopped_master(
     ensemble: LocalEnsemble, manager: LockManager, urls: list[str]
 ) -> None:

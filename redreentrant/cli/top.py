@@ -449,8 +449,12 @@ def _role(row: LockRow, owner: Owner, position: int | None) -> str:
     if position is not None:
         return f"waiter {position}" if row.kind == "fair" else "waiter"
     if owner.side is not None:
-        return "reader" if owner.side == "read" else "writer"
+        return _ROLES[owner.side]
     return "holder"
+
+
+#: the role of a read/write lock's holder, by its side
+_ROLES = {"read": "reader", "write": "writer", "upgradeable": "upgradeable"}
 
 
 def master_rows(snapshot: Snapshot) -> list[list[str]]:
