@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from redreentrant.testing import clocks, netlab, soak
-from redreentrant.testing.soak import CLIENT_FAULTS, MASTER_FAULTS, SETTLE, Fault, main, plan
+from redreentrant.testing.history import Violation
+from redreentrant.testing.soak import (
+    CLIENT_FAULTS,
+    MASTER_FAULTS,
+    SETTLE,
+    Fault,
+    by_a_clock,
+    main,
+    plan,
+)
 
 LEASE = 1.5
 
@@ -74,6 +83,23 @@ def test_it_says_why_it_cannot_run_and_exits_2(monkeypatch: pytest.MonkeyPatch) 
     out = io.StringIO()
     assert main(["--seconds", "5", "--seed", "3"], out=out) == 2
     assert out.getvalue().splitlines() == ["seed 3", "cannot run here: network labs need root"]
+
+
+def test_a_hold_gone_while_a_clock_ran_fast_is_documented_not_a_violation() -> None:
+    fast = Fault(1.0, 2.0, "clock-10x", master=2)
+    cut = Fault(1.0, 2.0, "cut", master=3)
+    log = [(100, "+", fast), (100, "+", cut), (200, "-", fast), (200, "-", cut)]
+
+    def gone(since: int, t: int, kind: str = "gone-while-valid") -> Violation:
+        return Violation(kind, "x", t, "", since)
+
+    assert by_a_clock(gone(150, 160), log)  # during the fault
+    assert by_a_clock(gone(50, 160), log)  # the fault began while it was held
+    assert not by_a_clock(gone(250, 260), log)  # after the fault: a violation
+    assert not by_a_clock(gone(50, 90), log)  # before it
+    assert not by_a_clock(gone(150, 160), [e for e in log if e[2] is cut])  # not a clock
+    assert not by_a_clock(gone(150, 160, "overlap"), log)
+    assert by_a_clock(gone(150, 160), log[:2])  # still running at the end
 
 
 def test_one_master_has_only_client_faults() -> None:

@@ -569,12 +569,14 @@ def derive_holds(events: Iterable[Event], *, end: int | None = None) -> list[Hol
 @dataclass(frozen=True)
 class Violation:
     """One broken rule: ``kind`` (one of :data:`KINDS`), the ``lock`` (or resource,
-    counter), the time ``t`` it happened (monotonic ns) and a readable ``detail``."""
+    counter), the time ``t`` it happened (monotonic ns) and a readable ``detail``; for
+    ``gone-while-valid``, ``since``: when the hold began."""
 
     kind: str
     lock: str
     t: int
     detail: str
+    since: int | None = None
 
 
 @dataclass
@@ -1165,6 +1167,7 @@ def loss_violations(
                     f"{_at(e.t, origin)}, {(hold.valid_until - e.t) / 1e6:.3f}ms before its "
                     f"validity ended at {_at(hold.valid_until, origin)}, and no loss was "
                     "reported",
+                    hold.start,
                 )
             )
     return found
