@@ -1,4 +1,5 @@
-"""The history recorder and checker (tests/history.py), and proof that the checker bites.
+"""The history recorder and checker (:mod:`redreentrant.testing.history`), and proof that
+the checker bites.
 
 The unit tests judge hand-made histories, one rule and its boundaries at a time. The
 integration tests record real runs against the masters: a broken lock and a store that
