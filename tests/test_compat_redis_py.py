@@ -296,6 +296,41 @@ def test_a_lease_shorter_than_the_shortest_is_raised_to_it(r: redis.Redis) -> No
         tiny.release()
 
 
+def test_a_server_that_answers_late_is_waited_for(ensemble: Any, r: redis.Redis) -> None:
+    """A server busy for half a second delays a try, as with redis-py, instead of failing
+    it (the adapters' managers wait up to MASTER_TIMEOUT, not the core's 0.25 s)."""
+    lock = Lock(r, "slow", timeout=10)
+    assert lock.acquire(blocking=False)  # the manager made, its connection open
+    lock.release()
+    ensemble[0].pause()
+    resume = threading.Timer(0.5, ensemble[0].resume)
+    resume.start()
+    try:
+        assert lock.acquire(blocking=False)
+    finally:
+        resume.join()
+    lock.release()
+
+
+def test_async_a_server_that_answers_late_is_waited_for(ensemble: Any, url: str) -> None:
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(url)
+        lock = AsyncLock(ar, "slow", timeout=10)
+        assert await lock.acquire(blocking=False)
+        await lock.release()
+        ensemble[0].pause()
+        resume = threading.Timer(0.5, ensemble[0].resume)
+        resume.start()
+        try:
+            assert await lock.acquire(blocking=False)
+        finally:
+            resume.join()
+        await lock.release()
+        await ar.aclose()
+
+    run(main())
+
+
 def test_extend_and_reacquire(r: redis.Redis) -> None:
     lock = Lock(r, "a", timeout=0.2)
     other = Lock(r, "a")

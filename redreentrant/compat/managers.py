@@ -5,8 +5,10 @@ asyncio ones, for the life of their loop).
 A set of masters is known by each master's server and database (its client's
 connection settings), not by the client object: adapters made from different client
 objects of one server share a manager. The first client given is the one the manager
-uses. The managers have the default settings; the adapters pass each lock's lease with
-its acquire.
+uses. The managers have the default settings but one: they wait up to
+:data:`MASTER_TIMEOUT` for a master's answer (the libraries adapted wait for their
+server; the core's default suits a quorum of many masters). The adapters pass each
+lock's lease with its acquire.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from typing import Any
 
 import redreentrant
 import redreentrant.asyncio
+
+#: how long the adapters' managers wait for one master's answer in a round, in seconds
+MASTER_TIMEOUT = 1.0
 
 _lock = threading.Lock()
 _sync: dict[tuple[object, ...], redreentrant.LockManager] = {}
@@ -46,7 +51,9 @@ def sync_manager(masters: Sequence[Any]) -> redreentrant.LockManager:
     with _lock:
         mgr = _sync.get(key)
         if mgr is None or mgr.closed:
-            mgr = _sync[key] = redreentrant.LockManager(list(masters))
+            mgr = _sync[key] = redreentrant.LockManager(
+                list(masters), master_timeout=MASTER_TIMEOUT
+            )
         return mgr
 
 
@@ -58,7 +65,9 @@ def async_manager(masters: Sequence[Any]) -> redreentrant.asyncio.LockManager:
     managers = _async.setdefault(loop, {})
     mgr = managers.get(key)
     if mgr is None or mgr.closed:
-        mgr = managers[key] = redreentrant.asyncio.LockManager(list(masters))
+        mgr = managers[key] = redreentrant.asyncio.LockManager(
+            list(masters), master_timeout=MASTER_TIMEOUT
+        )
     return mgr
 
 
