@@ -1,5 +1,5 @@
 -- name: semaphore
--- version: 2
+-- version: 3
 -- A semaphore of P permits kept as P slots (see docs/semaphore.md): each slot is a
 -- hash owner -> hold ('<count>:<tag>', see acquire.lua: nothing sent for one try
 -- changes a hold made by a later one) whose PTTL is the lease, as the plain lock keeps
@@ -17,13 +17,18 @@
 --   acquire  ARGV[2] owner, ARGV[3] lease ms, ARGV[4] the hold to record,
 --            '<count>:<tag>' (count 1 takes, >1 re-enters the hold of that tag),
 --            ARGV[5] ms the owner stays registered as a waiter if refused (0: do not
---            register), ARGV[6..] the slots to try, in order, as positions in KEYS
---            (1-based). A first hold takes the first slot that is free or already the
+--            register), ARGV[6] the end of that registration the owner proposes (ms
+--            since the epoch, 0: none; taken as acquire.lua takes it), ARGV[7..] the
+--            slots to try, in order, as positions in KEYS (1-based). A first hold takes the first slot that is free or already the
 --            owner's, and lets go of any other the owner holds among them; it is
 --            refused where the owner holds one of them with a greater tag (a later
---            try's). A re-entry re-enters the owner's hold on the first slot only.
+--            try's). A free slot is kept for each waiter woken in the last KEEP_MS
+--            that holds no permit yet: another owner takes one only where more slots
+--            are free than are kept, so waiters are served in the order they came.
+--            A re-entry re-enters the owner's hold on the first slot only.
 --            Reply {1, count, position, time} granted; {0, ms, time} refused: ms
---            until the first of the tried slots' holds ends, -2 for a re-entry whose
+--            until a kept slot's waiter loses it or the first of the tried slots'
+--            holds ends, -2 for a re-entry whose
 --            hold is gone (or a try that a later one overtook); time is the server's
 --            time in ms
 --   release  KEYS[1] the owner's slot; ARGV[2] owner, ARGV[3] the hold left,
@@ -37,8 +42,9 @@
 --            held nothing on that slot
 --   drop     ARGV[2] owner, ARGV[3] the position of a slot to keep (0: none), ARGV[4]
 --            a tag: lets go of the owner's holds of that tag or a smaller one on every
---            other slot named (the undo of a try), waking nobody. Reply how many holds
---            it let go of
+--            other slot named (the undo of a try), waking nobody; ARGV[5] '1' also ends
+--            the owner's registration (it holds a permit: a master that refused it
+--            keeps no slot for it). Reply how many holds it let go of
 --   abandon  ARGV[2] owner, ARGV[3] wake channel, ARGV[4] release id, ARGV[5] home
 --            prefix, ARGV[6] a tag: a waiter gives up. Ends its registration, lets go
 --            of any hold a try left it on the slots named (of that tag or a smaller
@@ -61,6 +67,7 @@
 --            held, {0, ''} none was
 -- A slot key that is not a hash is refused with a WRONGTYPE error (nothing changes).
 local KEEP_MS = 1000
+local PLACE_SKEW_MS = 1000
 local op = ARGV[1]
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -237,31 +244,54 @@ if op == 'acquire' then
   local lease = tonumber(ARGV[3])
   local count, tag = parse(ARGV[4])
   local pick = nil
+  local reserved = nil  -- ms until the first reservation that refused this try ends
   if count > 1 then
-    local position = tonumber(ARGV[6])
+    local position = tonumber(ARGV[7])
     if tag_in(KEYS[position], owner) ~= tag then
       return {0, -2, now}
     end
     pick = position
   else
-    for i = 6, #ARGV do
+    for i = 7, #ARGV do
       local mine = tag_in(KEYS[tonumber(ARGV[i])], owner)
       if mine and mine > tag then
         return {0, -2, now}  -- a later try of this owner's holds a slot here
       end
     end
-    for i = 6, #ARGV do
+    local free = {}
+    for i = 7, #ARGV do
       local position = tonumber(ARGV[i])
       local key = KEYS[position]
-      if redis.call('exists', key) == 0 or tag_in(key, owner) then
+      if tag_in(key, owner) then
         pick = position
         break
+      elseif redis.call('exists', key) == 0 then
+        free[#free + 1] = position
+      end
+    end
+    if not pick and #free > 0 then
+      -- A free slot is kept for each waiter woken in the last KEEP_MS (see wake) that
+      -- holds none yet: an owner not among them takes one only where more are free.
+      local kept = 0
+      redis.call('zremrangebyscore', waiters, '-inf', now)
+      local woken = redis.call('zrangebyscore', waiters, '-inf', now + KEEP_MS, 'withscores')
+      for i = 1, #woken, 2 do
+        if woken[i] == owner then
+          kept = 0
+          break
+        elseif redis.call('hexists', index, woken[i]) == 0 then
+          kept = kept + 1
+          reserved = reserved or tonumber(woken[i + 1]) - now
+        end
+      end
+      if #free > kept then
+        pick = free[1]
       end
     end
   end
   if pick then
     if count == 1 then
-      for i = 6, #ARGV do
+      for i = 7, #ARGV do
         local position = tonumber(ARGV[i])
         if position ~= pick then
           let_go(KEYS[position], owner, tag)
@@ -277,13 +307,19 @@ if op == 'acquire' then
   local wait = tonumber(ARGV[5])
   if wait > 0 then
     redis.call('zremrangebyscore', waiters, '-inf', now)
-    -- NX: a waiter that tries again keeps its place (and its registration's end).
-    redis.call('zadd', waiters, 'NX', now + wait, owner)
+    -- The end the owner proposed, where the clocks roughly agree (see acquire.lua):
+    -- every master then orders its waiters alike. NX: a waiter that tries again keeps
+    -- its place (and its registration's end).
+    local ends, place = now + wait, tonumber(ARGV[6])
+    if place > now and place <= ends + PLACE_SKEW_MS then
+      ends = place
+    end
+    redis.call('zadd', waiters, 'NX', ends, owner)
     local last = redis.call('zrange', waiters, -1, -1, 'withscores')
     redis.call('pexpire', waiters, math.max(1, tonumber(last[2]) - now))
   end
-  local soonest = -1
-  for i = 6, #ARGV do
+  local soonest = reserved or -1
+  for i = 7, #ARGV do
     local pttl = redis.call('pttl', KEYS[tonumber(ARGV[i])])
     if pttl > 0 and (soonest < 0 or pttl < soonest) then
       soonest = pttl
@@ -317,6 +353,9 @@ end
 if op == 'drop' then
   local keep, tag = tonumber(ARGV[3]), tonumber(ARGV[4])
   local dropped = 0
+  if ARGV[5] == '1' then
+    redis.call('zrem', waiters, owner)
+  end
   for i = 1, slots do
     if i ~= keep then
       dropped = dropped + let_go(KEYS[i], owner, tag)

@@ -537,7 +537,7 @@ def test_the_command_line_takes_a_cluster_url(
 
 
 @pytest.mark.integration
-def test_top_scans_every_node_of_a_cluster_member(cluster: LocalCluster) -> None:
+def test_names_and_top_scan_every_node_of_a_cluster_member(cluster: LocalCluster) -> None:
     from redreentrant.cli.top import Watcher
 
     names = [cluster.names_on(k, 1, "top")[0] for k in range(3)]
@@ -552,6 +552,18 @@ def test_top_scans_every_node_of_a_cluster_member(cluster: LocalCluster) -> None
             if lock.acquire(timeout=5):
                 lock.release()
 
+        # A new manager (its slot map not read yet) lists them all, each on its node.
+        with LockManager(urls) as fresh:
+            assert fresh.names("top-*") == {n: ("lock",) for n in sorted(names)}
+            assert [isinstance(a, float) for a in fresh.ping()] == [True]
+
+        async def listed() -> tuple[dict[str, tuple[str, ...]], list[Any]]:
+            async with aio.LockManager(urls) as amgr:
+                return await amgr.names("top-*"), await amgr.ping()
+
+        found, answers = asyncio.run(listed())
+        assert found == {n: ("lock",) for n in sorted(names)}
+        assert [isinstance(a, float) for a in answers] == [True]
         waiting = threading.Thread(target=wait_then_release)
         waiting.start()
         try:

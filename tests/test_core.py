@@ -2216,7 +2216,7 @@ def test_a_semaphore_try_sends_every_slot_in_an_order_drawn_from_the_injected_so
     draws = iter([0.2, 3.9, 1.5])  # j for i = 3, 2, 1 (Fisher-Yates)
     q = Quorum(("a", "b", "c"), 0.01, 0.1, FakeClock(), lambda lo, hi: next(draws))
     call = semaphore_kind(4).attempt(q, "s", "o", 1000, "1:1", 0)
-    order = call.args[5:]
+    order = call.args[6:]
     assert sorted(order) == [1, 2, 3, 4]  # positions of the four slots' keys
     assert order == (4, 2, 3, 1)  # i=3 swaps with 0; i=2 and i=1 stay
     assert call.keys[:4] == tuple(aux_key("s", f"sem:{n}") for n in range(4))
@@ -2235,8 +2235,9 @@ def test_a_semaphore_grant_is_a_slot_a_quorum_granted_and_the_rest_is_taken_back
     back = front.kept(q, "s", "o", tally, held, 7)
     assert back is not None and back.early is not None and back.early.needed == 0
     assert [bool(calls) for calls in back.calls] == [False, False, True, False, True]
-    # Keep slot 1 (position 2); drop what the same try (tag 7) or an earlier one took.
-    assert back.calls[2][0].args == ("drop", "o", 2, 7)
+    # Keep slot 1 (position 2); drop what the same try (tag 7) or an earlier one took,
+    # and the registration (it holds a permit).
+    assert back.calls[2][0].args == ("drop", "o", 2, 7, 1)
     # Split: no slot on a quorum (two masters each for slots 0 and 1, one refused).
     split: list[list[object]] = [[[1, 1, 1]], [[1, 1, 2]], [[1, 1, 1]], [[1, 1, 2]], [[0, 9]]]
     tally, _ = front.judge(q, "s", split)

@@ -31,7 +31,7 @@ PINS: dict[str, tuple[int, str]] = {
     "fence": (2, "86b825c3d1994952"),
     "fenced_write": (2, "51208ad8a45b1b4b"),
     "extend": (2, "a9828b0fca9a03b3"),
-    "semaphore": (2, "05239873b55833a9"),
+    "semaphore": (3, "1c34d1a2dca465af"),
     "multilock": (2, "428bfb15e9a33091"),
 }
 

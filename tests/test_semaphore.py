@@ -71,6 +71,47 @@ def test_at_most_p_threads_hold_a_permit_and_p_do(masters: list[str], permits: i
             m.close()
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["one-manager", "manager-per-thread"])
+def test_waiters_are_served_in_turn(ensemble: LocalEnsemble, shared: bool) -> None:
+    """16 threads on 5 masters contend for P = 1, each coming straight back after its
+    release: the thread that gets the fewest permits gets at least half the mean (a
+    free slot is kept for the waiter woken, so the releasing thread queues behind it)."""
+    managers = [LockManager(ensemble.urls, lease=5.0) for _ in range(1 if shared else 16)]
+    counts = [0] * 16
+    counter = {"n": 0}
+    stop = time.monotonic() + 3.0
+
+    def work(i: int) -> None:
+        sem = managers[0 if shared else i].semaphore("turns", permits=1)
+        while time.monotonic() < stop:
+            if sem.acquire(timeout=max(0.01, stop - time.monotonic())):
+                try:
+                    counting_work(counter)
+                    counts[i] += 1
+                finally:
+                    sem.release()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        for m in managers:
+            m.close()
+    mean = sum(counts) / len(counts)
+    assert counter["n"] == sum(counts) > 16
+    assert min(counts) >= mean / 2, sorted(counts)
+
+
+def counting_work(counter: dict[str, int]) -> None:
+    """A non-atomic increment: read, pause, write."""
+    n = counter["n"]
+    time.sleep(0.001)
+    counter["n"] = n + 1
+
+
 def test_asyncio_tasks_share_p_permits(masters: list[str]) -> None:
     async def main() -> int:
         inside = most = 0

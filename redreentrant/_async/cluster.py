@@ -4,6 +4,7 @@ per node, shared by the transport and the wake-up hub, closed with the manager (
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,6 +59,21 @@ class NodeClients:
             found = redis.asyncio.Redis(connection_pool=pool)
             self._clients[(i, node)] = found
         return found
+
+    async def primaries(self, i: int) -> list[redis.asyncio.Redis]:
+        """Clients of member ``i``'s primary nodes (for ``names()`` and ``ping()``), its
+        slot map read first when it is stale or was never read."""
+        member = self._members[i]
+        assert isinstance(member, ClusterMember)
+        if member.stale:
+            for node in member.refresh_targets()[:2]:
+                try:
+                    slots = self.client(i, node).execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+                    if member.load(await asyncio.wait_for(slots, self._timeout), node):
+                        break
+                except Exception:
+                    continue
+        return [self.client(i, node) for node in member.primaries()]
 
     def pubsub(self, i: int) -> Callable[[], Any]:
         """A maker of member ``i``'s pub/sub connection, on the next node each time."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
@@ -28,7 +30,7 @@ from .._core.kinds import (
 )
 from .._core.listeners import LockListener
 from .._core.locking import ReadWriteLock
-from .._core.manager import ManagerCore, owner_token
+from .._core.manager import SCAN_COUNT, ManagerCore, names_match, owner_token
 from .._core.masters import no_handshake, with_valkey
 from .._core.settings import Settings, check_permits
 from .._core.views import MasterView
@@ -113,6 +115,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
             cluster_types(),
         )
         timeout = settings.master_timeout
+        self._members = clients
         self._nodes = NodeClients(clients, timeout)
         pubsubs = [
             self._nodes.pubsub(i) if isinstance(c, ClusterMember) else c.pubsub
@@ -288,6 +291,52 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         """Every master's view of the locks named ``name`` (see the sync manager)."""
         validate_name(name)
         return await self._driver.run(self._engine.probe(FAMILIES, name))
+
+    async def names(self, pattern: str = "*") -> dict[str, tuple[str, ...]]:
+        """The names of the locks matching the glob ``pattern`` that are held or waited
+        for on the masters, in name order, each with its families present (of
+        ``"lock"``, ``"rw"``, ``"fair"``, ``"semaphore"``, ``"election"``: the plain lock
+        and the multi-lock are ``"lock"``). One ``SCAN`` of each master (of each primary
+        node of a cluster member): a name held on a quorum is listed while a quorum
+        answers; :class:`QuorumUnavailableError` when too few do. Fencing counters alone
+        (kept after their lock is gone) are not listed."""
+        match = names_match(pattern)
+        found: list[list[object] | BaseException] = []
+        for i in range(len(self._members)):
+            try:
+                keys: list[object] = []
+                for client in await self._clients_of(i):
+                    cursor: int | None = None
+                    while cursor != 0:  # each step bounded: the clients have no time-out
+                        step = client.scan(cursor or 0, match=match, count=SCAN_COUNT)
+                        cursor, some = await asyncio.wait_for(step, self.master_timeout)
+                        keys += some
+                found.append(keys)
+            except Exception as error:
+                found.append(error)
+        return self._names_found(pattern, found)
+
+    async def ping(self) -> list[float | BaseException]:
+        """Each master's answer to a ``PING``, in order: the seconds it took (a cluster
+        member: a ``PING`` of each primary node, one after another), or the error it
+        raised (a time-out after ``master_timeout``)."""
+        out: list[float | BaseException] = []
+        for i in range(len(self._members)):
+            started = time.perf_counter()
+            try:
+                for client in await self._clients_of(i):
+                    await asyncio.wait_for(client.ping(), self.master_timeout)
+                out.append(time.perf_counter() - started)
+            except Exception as error:
+                out.append(error)
+        return out
+
+    async def _clients_of(self, i: int) -> list[Any]:
+        """The clients of master ``i``: itself, or a cluster member's primary nodes."""
+        member = self._members[i]
+        if isinstance(member, ClusterMember):
+            return await self._nodes.primaries(i)
+        return [member]
 
     async def force_unlock(self, name: str) -> bool:
         """Delete every kind of lock named ``name`` on every master (see the sync manager)."""

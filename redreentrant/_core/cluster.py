@@ -241,6 +241,10 @@ class ClusterMember:
     def answered(self, node: Address) -> None:
         self.down.discard(node)
 
+    def primaries(self) -> list[Address]:
+        """The nodes that own slots in the map (the seeds while no map was read)."""
+        return sorted({n for n in self._owners if n is not None}) or list(self.seeds)
+
     def pick(self) -> Address:
         """A node for the wake-up subscription: each (re)connect takes the next one,
         so a node that died is left for another."""

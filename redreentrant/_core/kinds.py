@@ -57,6 +57,8 @@ class LockKind:
     label = "lock"
     #: the lock family shown by ``inspect``
     family = "lock"
+    #: what follows the name's tag in the keys of its family (up to a ``:``)
+    stems: tuple[str, ...] = ("", "waiters", "reserved")
     #: wake every waiter on a release (readers), rather than one at a time
     broadcast = False
     #: waiters hold a place in Redis that they must refresh while they wait
@@ -64,6 +66,10 @@ class LockKind:
     #: refused waiters register on the masters, which wake one of them by name on its
     #: manager's home channel; the wake channel is then not subscribed
     targeted = True
+    #: waiters are served in the order they registered: a registration lasts a lease
+    #: whatever the acquire's timeout (a waiter that gives up ends it), so that its end
+    #: orders the waiters by arrival
+    in_arrival_order = False
 
     #: grants of this kind may carry a fencing token (``lua/fence.lua``)
     fenced = True
@@ -305,6 +311,7 @@ class _ReadWriteKind(LockKind):
     (write) or ``u`` (upgradeable read)."""
 
     family = "rw"
+    stems = ("rw",)
     side = ""
     targeted = False
     hands_over = False
@@ -480,6 +487,7 @@ class FairKind(LockKind):
 
     label = "fair"
     family = "fair"
+    stems = ("fair",)
     queued = True
     targeted = False
     hands_over = False
@@ -620,6 +628,7 @@ class ElectionKind(FairKind):
 
     label = "election"
     family = "election"
+    stems = ("election",)
 
     def _keys(self, name: str) -> tuple[str, ...]:
         return (*super()._keys(name), self.changes(name))
@@ -659,7 +668,9 @@ class SemaphoreKind(LockKind):
 
     label = "semaphore"
     family = "semaphore"
+    stems = ("sem",)
     fenced = False  # a permit is shared by up to ``permits`` holders
+    in_arrival_order = True  # a free slot is kept for the waiter woken
     hands_over = False  # no turns: a release wakes a waiter, it does not hand over
 
     def __init__(self, permits: int, slot: int | None = None) -> None:
@@ -719,7 +730,7 @@ class SemaphoreKind(LockKind):
         for i in range(len(order) - 1, 0, -1):  # Fisher-Yates, on the injected source
             j = min(i, int(q.uniform(0.0, i + 1)))
             order[i], order[j] = order[j], order[i]
-        args: tuple[str | int, ...] = ("acquire", owner, lease_ms, hold, wait_ms, *order)
+        args: tuple[str | int, ...] = ("acquire", owner, lease_ms, hold, wait_ms, place_ms, *order)
         return Call(scripts.SEMAPHORE, self._all(name), args)
 
     def acquire(
@@ -733,7 +744,7 @@ class SemaphoreKind(LockKind):
         place_ms: int = 0,
     ) -> Call:
         # This slot: a re-entry (see attempt for a first acquire).
-        args = ("acquire", owner, lease_ms, hold, wait_ms, 1)
+        args = ("acquire", owner, lease_ms, hold, wait_ms, place_ms, 1)
         return Call(scripts.SEMAPHORE, self._own(name), args)
 
     def judge(
@@ -758,12 +769,14 @@ class SemaphoreKind(LockKind):
             return None
         # Not waited for: each master runs it after the try, on the same connection.
         assert isinstance(held, SemaphoreKind) and held.slot is not None
-        drop = self._drop(name, owner, held.slot, tag)
+        drop = self._drop(name, owner, held.slot, tag, granted=True)
         calls = tuple(() if i in tally.granted else (drop,) for i in range(q.size))
         return Fanout(calls, NO_WAIT, cleanup=True)
 
-    def _drop(self, name: str, owner: str, keep: int | None, tag: int) -> Call:
-        args = ("drop", owner, 0 if keep is None else keep + 1, tag)
+    def _drop(
+        self, name: str, owner: str, keep: int | None, tag: int, granted: bool = False
+    ) -> Call:
+        args = ("drop", owner, 0 if keep is None else keep + 1, tag, int(granted))
         return Call(scripts.SEMAPHORE, self._all(name), args)
 
     def release(
@@ -1060,13 +1073,14 @@ ELECTION = ElectionKind()
 FAMILIES: tuple[LockKind, ...] = (EXCLUSIVE, READ, FAIR, SEMAPHORES, ELECTION)
 
 
-def lock_name_of(key: str) -> str | None:
-    """The name of the lock a key on a master belongs to; None for a key that is not
-    ours, or for a fencing counter (which outlives its lock on purpose)."""
+def name_and_family(key: str) -> tuple[str, str] | None:
+    """The name and the family of the lock a key on a master belongs to; None for a key
+    that is not ours, or for a fencing counter (which outlives its lock on purpose)."""
     try:
         name = keys.name_of(key)
     except ValueError:
         return None
     if any(key == kind.fence_key(name) for kind in (EXCLUSIVE, READ, WRITE, FAIR, ELECTION)):
         return None
-    return name
+    stem = key[len(keys.tag(name)) :].removeprefix(":").split(":")[0]
+    return next(((name, k.family) for k in FAMILIES if stem in k.stems), None)

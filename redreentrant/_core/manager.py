@@ -7,16 +7,17 @@ make rounds (``inspect``, ``force_unlock``, ``close``).
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from .engine import Engine
 from .holds import Hold
-from .keys import validate_name
-from .kinds import EXCLUSIVE, FAIR, READ, UPGRADEABLE, WRITE, LockKind
+from .keys import scan_pattern, validate_name
+from .kinds import EXCLUSIVE, FAIR, FAMILIES, READ, UPGRADEABLE, WRITE, LockKind, name_and_family
 from .locking import ReadWriteLock, U
 from .owner import object_token, parse_owner
 from .settings import shortest_lease
@@ -91,9 +92,36 @@ class ManagerCore(Generic[L, U]):
         :class:`ManagerClosedError`."""
         return self._engine.closed
 
-    def owner_id(self) -> str:
-        """The calling owner's id under this manager (its thread's, or its task's)."""
-        return self._engine.owner_id()
+    def owner_id(self, owner: object = None) -> str:
+        """The id of an owner under this manager: the calling thread's (asyncio: task's),
+        or, given ``owner``, that object's as its locks' holds carry it (see
+        :meth:`lock`). :func:`~redreentrant.parse_owner` reads one."""
+        token = owner_token(owner)
+        return self._engine.owner_id() if token is None else f"{self.id}:{token}"
+
+    def _names_found(
+        self, pattern: str, found: Sequence[Iterable[object] | BaseException]
+    ) -> dict[str, tuple[str, ...]]:
+        """What ``names(pattern)`` returns, from each master's keys that matched
+        :func:`names_match` (or the error its scan raised)."""
+        q = self._engine.quorum
+        failed = {i: f for i, f in enumerate(found) if isinstance(f, BaseException)}
+        if len(failed) > q.tolerated:
+            raise q.unavailable("list the lock names", failed)
+        families: dict[str, set[str]] = {}
+        for keys_ in found:
+            if isinstance(keys_, BaseException):
+                continue
+            for raw in keys_:
+                try:
+                    key = raw.decode() if isinstance(raw, bytes) else str(raw)
+                except UnicodeDecodeError:
+                    continue
+                seen = name_and_family(key)
+                if seen is not None and fnmatch.fnmatchcase(seen[0], pattern):
+                    families.setdefault(seen[0], set()).add(seen[1])
+        order = [kind.family for kind in FAMILIES]
+        return {n: tuple(f for f in order if f in families[n]) for n in sorted(families)}
 
     # -- lock objects --------------------------------------------------------------------
 
@@ -160,6 +188,17 @@ class ManagerCore(Generic[L, U]):
 
     def _after_fork_in_child(self) -> None:
         self._engine.after_fork_in_child()
+
+
+#: how many keys one SCAN step of ``names()`` asks a master for
+SCAN_COUNT = 1000
+
+
+def names_match(pattern: object) -> str:
+    """The ``SCAN MATCH`` pattern of ``names(pattern)`` (``pattern``: an fnmatch glob)."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a str, not {type(pattern).__name__}")
+    return scan_pattern(pattern)
 
 
 def owner_token(owner: object) -> str | None:

@@ -172,7 +172,9 @@ def acquire_steps(
             # How long a waiter's place on the masters lasts unless its next try renews it.
             wait_s = 0.0
             if blocking and count == 1:
-                wait_s = lease if deadline is None else min(lease, deadline - started)
+                wait_s = lease
+                if deadline is not None and not kind.in_arrival_order:
+                    wait_s = min(lease, deadline - started)
             wait_ms = ms if wait_s == lease else lease_ms(wait_s) if wait_s > 0 else 0
             registered = registered or wait_ms > 0
             if registered and first_try is None:

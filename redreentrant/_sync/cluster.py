@@ -64,6 +64,21 @@ class NodeClients:
                 self._clients[(i, node)] = found
             return found
 
+    def primaries(self, i: int) -> list[redis.Redis]:
+        """Clients of member ``i``'s primary nodes (for ``names()`` and ``ping()``), its
+        slot map read first when it is stale or was never read."""
+        member = self._members[i]
+        assert isinstance(member, ClusterMember)
+        if member.stale:
+            for node in member.refresh_targets()[:2]:
+                try:
+                    slots = self.client(i, node).execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+                    if member.load(slots, node):
+                        break
+                except Exception:
+                    continue
+        return [self.client(i, node) for node in member.primaries()]
+
     def pubsub(self, i: int) -> Callable[[], Any]:
         """A maker of member ``i``'s pub/sub connection: on one of its nodes, the next
         one at each (re)connect (a classic PUBLISH reaches every node of a cluster)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
@@ -25,7 +26,7 @@ from .._core.kinds import (
     multi_names,
 )
 from .._core.listeners import LockListener
-from .._core.manager import ManagerCore, owner_token
+from .._core.manager import SCAN_COUNT, ManagerCore, names_match, owner_token
 from .._core.masters import no_handshake, with_valkey
 from .._core.settings import Settings, check_permits
 from .._core.views import MasterView
@@ -120,6 +121,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
             cluster_types(),
         )
         timeout = settings.master_timeout
+        self._members = clients
         self._nodes = NodeClients(clients, timeout)
         pubsubs = [
             self._nodes.pubsub(i) if isinstance(c, ClusterMember) else c.pubsub
@@ -245,6 +247,46 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         has ``error`` set."""
         validate_name(name)
         return self._driver.run(self._engine.probe(FAMILIES, name))
+
+    def names(self, pattern: str = "*") -> dict[str, tuple[str, ...]]:
+        """The names of the locks matching the glob ``pattern`` that are held or waited
+        for on the masters, in name order, each with its families present (of
+        ``"lock"``, ``"rw"``, ``"fair"``, ``"semaphore"``, ``"election"``: the plain lock
+        and the multi-lock are ``"lock"``). One ``SCAN`` of each master (of each primary
+        node of a cluster member): a name held on a quorum is listed while a quorum
+        answers; :class:`QuorumUnavailableError` when too few do. Fencing counters alone
+        (kept after their lock is gone) are not listed."""
+        match = names_match(pattern)
+        found: list[list[object] | BaseException] = []
+        for i in range(len(self._members)):
+            try:
+                clients = self._clients_of(i)
+                found.append(
+                    [k for c in clients for k in c.scan_iter(match=match, count=SCAN_COUNT)]
+                )
+            except Exception as error:
+                found.append(error)
+        return self._names_found(pattern, found)
+
+    def ping(self) -> list[float | BaseException]:
+        """Each master's answer to a ``PING``, in order: the seconds it took (a cluster
+        member: a ``PING`` of each primary node, one after another), or the error it
+        raised (for a master given as a URL, a time-out after ``master_timeout``)."""
+        out: list[float | BaseException] = []
+        for i in range(len(self._members)):
+            started = time.perf_counter()
+            try:
+                for client in self._clients_of(i):
+                    client.ping()
+                out.append(time.perf_counter() - started)
+            except Exception as error:
+                out.append(error)
+        return out
+
+    def _clients_of(self, i: int) -> list[Any]:
+        """The clients of master ``i``: itself, or a cluster member's primary nodes."""
+        member = self._members[i]
+        return self._nodes.primaries(i) if isinstance(member, ClusterMember) else [member]
 
     def force_unlock(self, name: str) -> bool:
         """Delete every kind of lock named ``name`` on every master, whoever holds it, and

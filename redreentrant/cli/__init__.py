@@ -14,7 +14,7 @@ Commands, one module each::
 
 Masters come from ``--masters URL,URL,...`` (accepted before or after the command) or
 the ``REDREENTRANT_MASTERS`` environment variable, parsed by the library's own parser
-(``redreentrant._core.settings.master_urls``): a bare ``host:port`` means
+(``redreentrant.checks.master_urls``): a bare ``host:port`` means
 ``redis://host:port/0``, and a malformed entry is a usage error. ``top`` given neither
 uses the local ensemble that ``ensemble up`` recorded in its (per-user) state file.
 

@@ -15,8 +15,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from redreentrant import LockManager, OwnerInfo, QuorumUnavailableError
-from redreentrant._core.keys import validate_name
-from redreentrant._core.settings import master_urls
+from redreentrant.checks import master_urls, validate_name
 
 __all__ = [
     "EXIT_FAILED",

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 
 from redreentrant import Election, LockTimeoutError
-from redreentrant._core.settings import check_lease
+from redreentrant.checks import check_lease
 
 from . import run
 from .common import PROG, Add, Parents, lock_name, open_manager, require_masters

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from redreentrant._core.fencing import check_token
+from redreentrant.checks import check_token
 
 from .common import EXIT_OK, Add, Parents, UsageError, lock_name, open_manager, require_masters
 

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Protocol
 
 from redreentrant import LockLostError, QuorumUnavailableError
-from redreentrant._core.settings import MAX_PERMITS, check_permits
+from redreentrant.checks import MAX_PERMITS, check_permits
 
 from ._process import die_with_parent
 from .common import (

@@ -2,9 +2,10 @@
 
 Every refresh takes a snapshot (:meth:`Watcher.snapshot`):
 
-1. every master is sent a ``PING`` (its latency) and scanned (``SCAN``) for the library's
-   keys whose names match PATTERN (a glob, as :func:`fnmatch.fnmatchcase` reads it; a
-   name that has nothing but fencing counters left is not a lock);
+1. every master is sent a ``PING`` (:meth:`redreentrant.LockManager.ping`, its
+   latency), and the names matching PATTERN (a glob, as :func:`fnmatch.fnmatchcase`
+   reads it) are listed with :meth:`redreentrant.LockManager.names` (a ``SCAN`` of each
+   master; a name that has nothing but fencing counters left is not a lock);
 2. the first ``--limit`` names in sorted order are read with
    :meth:`redreentrant.LockManager.inspect` (every master's view, holders and waiters,
    as ``inspect`` shows it: no quorum is needed to see what each master says); the
@@ -22,26 +23,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fnmatch
 import json
 import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import redis
-import redis.cluster
-from redis.connection import AbstractConnection
-
-from redreentrant import LockManager, LockView, MasterView, OwnerInfo, parse_owner
-from redreentrant._core import keys
-from redreentrant._core.cluster import is_cluster_url, parse_cluster_url
-from redreentrant._core.kinds import FAMILIES, lock_name_of
-from redreentrant._core.masters import no_handshake
+from redreentrant import (
+    LockManager,
+    LockView,
+    MasterView,
+    OwnerInfo,
+    QuorumUnavailableError,
+    parse_owner,
+)
 
 from .common import (
     EXIT_FAILED,
@@ -74,12 +72,8 @@ EXTRA = "cli"
 DEFAULT_LIMIT = 50
 DEFAULT_INTERVAL = 1.0
 MIN_INTERVAL = 0.1
-#: seconds a master has to answer a PING or a SCAN page
+#: seconds a master has to answer a PING, a SCAN page or an inspect
 MASTER_TIMEOUT = 1.0
-#: keys asked for per SCAN call
-SCAN_COUNT = 1000
-#: the most names taken from one master's SCAN in one refresh (the rest: not counted)
-SCAN_CAP = 10_000
 
 
 def register(add: Add, parents: Parents) -> None:
@@ -201,10 +195,8 @@ class Snapshot:
     masters: list[MasterState]
     locks: list[LockRow]
     matched: int
-    """How many names matched (names past ``SCAN_CAP`` on a master not counted)."""
+    """How many names matched."""
     limit: int
-    truncated: bool
-    """Some master had more matching names than ``SCAN_CAP``: ``matched`` is a floor."""
     source: str | None = None
     """Where the masters came from, when not from ``--masters`` or the variable."""
 
@@ -218,85 +210,17 @@ class Snapshot:
         return sum(1 for m in self.masters if m.up)
 
 
-@dataclass
-class _Scan:
-    state: MasterState
-    names: set[str] = field(default_factory=set)
-    truncated: bool = False
-
-
-def _error(error: BaseException) -> str:
-    return first_line(f"{type(error).__name__}: {error}")
-
-
-class _ClusterReads:
-    """``top``'s own reads on a cluster member: PING of every primary, a SCAN of every
-    node. Through a ``RedisCluster`` made at first use (it connects
-    when made) and made again after a failure, so a cluster down when ``top`` starts is
-    shown down, then up once it answers."""
-
-    def __init__(self, url: str) -> None:
-        self._seeds, self._options = parse_cluster_url(url)
-        self._client: redis.cluster.RedisCluster | None = None
-
-    def _get(self) -> redis.cluster.RedisCluster:
-        if self._client is None:
-            self._client = redis.cluster.RedisCluster(
-                startup_nodes=[
-                    redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
-                    for h, p in self._seeds
-                ],
-                socket_timeout=MASTER_TIMEOUT,
-                socket_connect_timeout=MASTER_TIMEOUT,
-                **self._options,
-            )
-        return self._client
-
-    def ping(self) -> object:
-        try:
-            return self._get().ping(target_nodes=redis.cluster.RedisCluster.PRIMARIES)
-        except Exception:
-            self.close()
-            raise
-
-    def scan_iter(self, match: str, count: int) -> Any:
-        return self._get().scan_iter(match=match, count=count)
-
-    def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-
 class Watcher:
     """Takes snapshots of the locks matching ``pattern`` on ``urls``."""
 
     def __init__(self, urls: Sequence[str], pattern: str, limit: int) -> None:
         self.pattern = pattern
         self.limit = limit
-        self.manager: LockManager = open_manager(urls)
-        # Clients of our own for PING and SCAN: with a time-out longer than
-        # a lock round's, so that a slow master is shown slow rather than down.
-        # A cluster member's reads go through a cluster client (see _ClusterReads).
-        options = no_handshake(AbstractConnection)
-        self.clients: list[Any] = [
-            _ClusterReads(url)
-            if is_cluster_url(url)
-            else redis.Redis.from_url(
-                url,
-                socket_timeout=MASTER_TIMEOUT,
-                socket_connect_timeout=MASTER_TIMEOUT,
-                **options,
-            )
-            for url in urls
-        ]
-        self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="top")
-        self._connected: set[str] = set()  # masters whose client has a connection
+        # A master timeout longer than a lock round's default: a slow master is shown
+        # slow rather than down.
+        self.manager: LockManager = open_manager(urls, master_timeout=MASTER_TIMEOUT)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for client in self.clients:
-            client.close()
         self.manager.close()
 
     def __enter__(self) -> Watcher:
@@ -307,66 +231,44 @@ class Watcher:
 
     def snapshot(self) -> Snapshot:
         """Look once: health, names, every master's views of the first ``limit``."""
-        scans = list(self._pool.map(self._scan, self.manager.masters, self.clients))
-        found: set[str] = set().union(*(scan.names for scan in scans))
-        matching = sorted(n for n in found if fnmatch.fnmatchcase(n, self.pattern))
+        states = [
+            MasterState(master, False, None, _error(answer))
+            if isinstance(answer, BaseException)
+            else MasterState(master, True, answer * 1000.0)
+            for master, answer in zip(self.manager.masters, self.manager.ping(), strict=True)
+        ]
+        try:
+            names = self.manager.names(self.pattern)
+        except QuorumUnavailableError:
+            names = {}  # too few answer to tell: what they hold is not a lock
         quorum = self.manager.quorum
         locks = [
             row
-            for name in matching[: self.limit]
-            for row in _rows(name, self.manager.inspect(name), quorum)
+            for name in list(names)[: self.limit]
+            for row in _rows(name, self.manager.inspect(name), quorum, names[name])
         ]
         return Snapshot(
             pattern=self.pattern,
             quorum=quorum,
             time=time.time(),
-            masters=[scan.state for scan in scans],
+            masters=states,
             locks=locks,
-            matched=len(matching),
+            matched=len(names),
             limit=self.limit,
-            truncated=any(scan.truncated for scan in scans),
         )
 
-    def _scan(self, master: str, client: Any) -> _Scan:
-        try:
-            if master not in self._connected:  # the latency is not a connect's
-                client.ping()
-                self._connected.add(master)
-            started = time.perf_counter()
-            client.ping()
-            latency = (time.perf_counter() - started) * 1000.0
-        except Exception as error:
-            self._connected.discard(master)
-            return _Scan(MasterState(master, False, None, _error(error)))
-        scan = _Scan(MasterState(master, True, latency))
-        try:
-            match = keys.scan_pattern(self.pattern)
-            for raw in client.scan_iter(match=match, count=SCAN_COUNT):
-                name = lock_name_of(_text(raw))
-                if name is None:
-                    continue
-                scan.names.add(name)
-                if len(scan.names) >= SCAN_CAP:
-                    scan.truncated = True
-                    break
-        except Exception as error:
-            scan.state.error = f"scan: {_error(error)}"
-        return scan
+
+def _error(error: BaseException) -> str:
+    return first_line(f"{type(error).__name__}: {error}")
 
 
-def _text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-#: the lock families, in the order top shows them
-FAMILY_NAMES = tuple(kind.family for kind in FAMILIES)
-
-
-def _rows(name: str, views: Sequence[MasterView], quorum: int) -> list[LockRow]:
+def _rows(
+    name: str, views: Sequence[MasterView], quorum: int, families: Sequence[str]
+) -> list[LockRow]:
     """The lock kinds present under ``name`` on any master, each as a row."""
     rows = []
     answered = sum(1 for v in views if v.error is None)
-    for kind in FAMILY_NAMES:
+    for kind in families:
         per_master = []
         for view in views:
             if view.error is not None:
@@ -500,13 +402,10 @@ def footer(snapshot: Snapshot) -> str | None:
     """What was left out, or None."""
     notes = []
     if snapshot.cut:
-        more = "+" if snapshot.truncated else ""
         notes.append(
-            f"{snapshot.cut}{more} more matching name(s) not shown: only the first "
+            f"{snapshot.cut} more matching name(s) not shown: only the first "
             f"{snapshot.limit} in sorted order are read (--limit)"
         )
-    elif snapshot.truncated:
-        notes.append(f"a master has more than {SCAN_CAP} matching names: not all were counted")
     if not snapshot.locks and not snapshot.cut:
         notes.append(f"no locks match {snapshot.pattern!r}")
     return "; ".join(notes) or None
@@ -552,7 +451,6 @@ def to_json(snapshot: Snapshot) -> dict[str, Any]:
         "matched": snapshot.matched,
         "limit": snapshot.limit,
         "cut": snapshot.cut,
-        "truncated": snapshot.truncated,
         "locks": [
             {
                 "name": row.name,

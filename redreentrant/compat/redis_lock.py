@@ -61,9 +61,6 @@ import redis
 
 from redreentrant import Lock as _CoreLock
 from redreentrant import LockLostError, LockManager, LockNotOwnedError, QuorumUnavailableError
-from redreentrant._core.keys import lock_key, scan_pattern
-from redreentrant._core.kinds import lock_name_of
-from redreentrant._core.owner import object_token
 from redreentrant.compat.managers import master_key, sync_manager
 
 __all__ = [
@@ -120,7 +117,7 @@ _Key = tuple[LockManager, str]
 class _Owner:
     """The owner of the holds of every Lock object of one id in this process."""
 
-    __slots__ = ("__weakref__", "busy", "cond", "holds", "id", "token")
+    __slots__ = ("__weakref__", "busy", "cond", "holds", "id")
 
     def __init__(self, lock_id: str) -> None:
         self.id = lock_id
@@ -129,7 +126,6 @@ class _Owner:
         self.holds: dict[_Key, str] = {}
         #: (manager, name) of an acquire, release or extend under way (one at a time)
         self.busy: set[_Key] = set()
-        self.token = object_token(self)
 
     def forget(self, key: _Key) -> None:
         """The hold of ``key`` is gone (call with ``cond`` held)."""
@@ -140,7 +136,6 @@ class _Owner:
 
 _registry = threading.Lock()
 _owners: weakref.WeakValueDictionary[str, _Owner] = weakref.WeakValueDictionary()
-_by_token: weakref.WeakValueDictionary[str, _Owner] = weakref.WeakValueDictionary()
 # Owners that hold a lock taken with expire=None: kept alive, as the library's key stays.
 _pinned: set[_Owner] = set()
 
@@ -150,7 +145,6 @@ def _owner_of(lock_id: str) -> _Owner:
         owner = _owners.get(lock_id)
         if owner is None:
             owner = _owners[lock_id] = _Owner(lock_id)
-            _by_token[owner.token] = owner
         return owner
 
 
@@ -327,7 +321,7 @@ class Lock:
         (``FLUSHALL``, a restart) is dropped: the lock is free, as the library's key is
         gone."""
         owner, key = self._owner, (mgr, self._lock_name)
-        holder = f"{mgr.id}:{owner.token}"
+        holder = mgr.owner_id(owner)
         if not lock.is_owned():
             return False
         if holder in _holders(mgr, self._lock_name, "acquire"):
@@ -436,14 +430,9 @@ class Lock:
         holders = _holders(mgr, self._lock_name, "get_owner_id")
         if not holders:
             return None
-        holder = holders[0]
-        prefix = mgr.id + ":"
-        if holder.startswith(prefix):
-            with _registry:
-                owner = _by_token.get(holder[len(prefix) :])
-            if owner is not None:
-                return owner.id
-        return holder
+        with _registry:
+            owners = list(_owners.values())
+        return next((o.id for o in owners if mgr.owner_id(o) == holders[0]), holders[0])
 
     def __enter__(self) -> Lock:
         acquired = self.acquire(blocking=self.blocking)
@@ -513,16 +502,7 @@ def _force_unlock(mgr: LockManager, names: set[str]) -> None:
 
 def reset_all(redis_client: Any) -> None:
     """Force-unlock every redreentrant plain lock on the server of ``redis_client``
-    (found by a ``SCAN`` of redreentrant's keys), whoever holds it, and wake a waiter of
-    each."""
+    (found by ``LockManager.names()``, a ``SCAN``), whoever holds it, and wake a waiter
+    of each."""
     mgr = sync_manager([_manager_client(redis_client)])
-    names: set[str] = set()
-    for raw in redis_client.scan_iter(match=scan_pattern("*"), count=1000):
-        try:
-            key = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-        except UnicodeDecodeError:
-            continue
-        name = lock_name_of(key)
-        if name is not None and key == lock_key(name):
-            names.add(name)
-    _force_unlock(mgr, names)
+    _force_unlock(mgr, {name for name, kinds in mgr.names().items() if "lock" in kinds})
