@@ -342,16 +342,17 @@ def open_async(spec: LibSpec, urls: Sequence[str]) -> AsyncBackend:
 def raw_calls(name: str) -> tuple[tuple[object, ...], Callable[[int], tuple[object, ...]]]:
     """``numkeys, KEYS..., ARGV...`` of redreentrant's acquire and release of lock
     ``name`` by one owner, exactly as its lock kind builds them (an uncontended,
-    non-blocking acquire, then the final release with release number ``n``)."""
-    from redreentrant._core.kinds import EXCLUSIVE
+    non-blocking acquire by a try of tag 1, then the final release of that hold with
+    release number ``n``)."""
+    from redreentrant._core.kinds import EXCLUSIVE, hold_value
     from redreentrant._core.owner import new_manager_id
 
     owner = f"{new_manager_id()}:t1"  # <host>:<pid>:<uuid>:<thread token>
-    take = EXCLUSIVE.acquire(name, owner, int(LEASE_S * 1000), 1, 0)
+    take = EXCLUSIVE.acquire(name, owner, int(LEASE_S * 1000), hold_value(1, 1), 0)
     acquire = (len(take.keys), *take.keys, *take.args)
 
     def release(n: int) -> tuple[object, ...]:
-        call = EXCLUSIVE.release(name, owner, 0, f"{owner}:{n}")
+        call = EXCLUSIVE.release(name, owner, hold_value(0, 1), f"{owner}:{n}")
         return (len(call.keys), *call.keys, *call.args)
 
     return acquire, release
@@ -361,9 +362,15 @@ def lua_source(script: str) -> str:
     return (LUA_DIR / f"{script}.lua").read_text(encoding="utf-8")
 
 
-def _check(what: str, reply: object, expected: object) -> None:
-    if reply != expected:
-        raise RuntimeError(f"raw floor: {what} replied {reply!r}, expected {expected!r}")
+def check_cycle(acquired: Sequence[Any], released: Sequence[Any]) -> None:
+    """Every master granted the acquire (``{1, 1, time}``) and freed the lock on the
+    release (``{0, ...}``)."""
+    for reply in acquired:
+        if list(reply[:2]) != [1, 1]:
+            raise RuntimeError(f"raw floor: acquire replied {reply!r}, expected [1, 1, time]")
+    for reply in released:
+        if reply[0] != 0:
+            raise RuntimeError(f"raw floor: release replied {reply!r}, expected [0, ...]")
 
 
 class RawFloor:
@@ -402,10 +409,7 @@ class RawFloor:
         acquired = self._round("EVALSHA", self.acq_sha, *self.acq_args)
         released = self._round("EVALSHA", self.rel_sha, *self.rel_args(self.n))
         if check:
-            for reply in acquired:
-                _check("acquire", reply, [1, 1])
-            for reply in released:
-                _check("release", reply[0] if isinstance(reply, list) else reply, 0)
+            check_cycle(acquired, released)
 
     def close(self) -> None:
         for conn in self.conns:
@@ -449,10 +453,7 @@ class AsyncRawFloor:
         acquired = await self._round("EVALSHA", self.acq_sha, *self.acq_args)
         released = await self._round("EVALSHA", self.rel_sha, *self.rel_args(self.n))
         if check:
-            for reply in acquired:
-                _check("acquire", reply, [1, 1])
-            for reply in released:
-                _check("release", reply[0] if isinstance(reply, list) else reply, 0)
+            check_cycle(acquired, released)
 
     async def close(self) -> None:
         for conn in self.conns:
