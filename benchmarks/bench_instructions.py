@@ -28,18 +28,18 @@ exits 0; needs ``valgrind`` on the PATH. Not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE))  # for the sibling module, imported after it
 
-from benchcommon import servers  # noqa: E402  (a sibling module, after the path is set)
+from benchcommon import REPO_ROOT, revision_tree, servers  # noqa: E402
 
 SUBJECTS = ("raw", "rr", "rr-async", "redis-py")
 
@@ -58,7 +58,7 @@ def settle():
     gc.freeze()
 
 if subject == "raw":
-    from benchlibs import RawFloor
+    from benchcommon import RawFloor
     raw = RawFloor(urls, "ins:raw")
     for _ in range(WARMUP): raw.cycle()
     settle()
@@ -143,37 +143,20 @@ def main() -> int:
         print("valgrind is not on the PATH: nothing counted", file=sys.stderr)
         return 2
     counts = [int(c) for c in args.masters_count.split(",")]
-    root = HERE.parent
-    with tempfile.TemporaryDirectory(prefix="rr-ins-") as tmp:
-        trees = [("", root)]
+    rows: list[tuple[int, str, float]] = []
+    with contextlib.ExitStack() as stack:
+        trees = [("", REPO_ROOT)]
         if args.base:
-            base = Path(tmp) / "base"
-            subprocess.run(
-                ["git", "-C", str(root), "worktree", "add", "--detach", str(base), args.base],
-                check=True,
-                capture_output=True,
-            )
-            trees.append((f" @ {args.base}", base))
-        try:
-            rows: list[tuple[int, str, float]] = []
-            with servers(None) as urls:
-                for count in counts:
-                    for subject in subjects:
-                        if subject == "redis-py" and count != 1:
-                            continue
-                        for label, tree in trees if subject.startswith("rr") else trees[:1]:
-                            figure = per_cycle(tree, subject, urls[:count], args.short, args.long)
-                            rows.append((count, subject + label, figure))
-                            done = f"  {count} master(s), {subject}{label}: {figure:,.0f}"
-                            print(done, file=sys.stderr)
-        finally:
-            if args.base:
-                base = Path(tmp) / "base"
-                subprocess.run(
-                    ["git", "-C", str(root), "worktree", "remove", "--force", str(base)],
-                    check=False,
-                    capture_output=True,
-                )
+            trees.append((f" @ {args.base}", stack.enter_context(revision_tree(args.base))))
+        urls, _ = stack.enter_context(servers(None))
+        for count in counts:
+            for subject in subjects:
+                if subject == "redis-py" and count != 1:
+                    continue
+                for label, tree in trees if subject.startswith("rr") else trees[:1]:
+                    figure = per_cycle(tree, subject, urls[:count], args.short, args.long)
+                    rows.append((count, subject + label, figure))
+                    print(f"  {count} master(s), {subject}{label}: {figure:,.0f}", file=sys.stderr)
     print("INSTRUCTIONS per uncontended acquire+release cycle (client process, user space)")
     print(f"{'masters':8} {'subject':28} {'instructions':>13} {'÷ raw':>7}")
     for count, subject, figure in rows:

@@ -21,13 +21,12 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE))  # for the sibling module, imported after it
 
-from benchcommon import servers  # noqa: E402  (a sibling module, after the path is set)
+from benchcommon import REPO_ROOT, revision_tree, servers  # noqa: E402
 
 WORKLOAD = r"""
 import asyncio, json, sys, threading, time
@@ -103,32 +102,17 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds per side (5)")
     p.add_argument("--duration", type=float, default=1.5, help="seconds per workload (1.5)")
     args = p.parse_args()
-    root = HERE.parent
-    with tempfile.TemporaryDirectory(prefix="rr-base-") as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "-C", str(root), "worktree", "add", "--detach", str(base), args.base],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            samples: dict[str, dict[str, list[float]]] = {"base": {}, "new": {}}
-            with servers(None) as urls:
-                for r in range(args.rounds):
-                    sides = [("base", base), ("new", root)]
-                    if r % 2:
-                        sides.reverse()  # neither side always goes first
-                    for side, tree in sides:
-                        figures = run_side(tree, urls, args.duration, f"cmp{r}{side}")
-                        for workload, value in figures.items():
-                            samples[side].setdefault(workload, []).append(value)
-                    print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-        finally:
-            subprocess.run(
-                ["git", "-C", str(root), "worktree", "remove", "--force", str(base)],
-                check=False,
-                capture_output=True,
-            )
+    samples: dict[str, dict[str, list[float]]] = {"base": {}, "new": {}}
+    with revision_tree(args.base) as base, servers(None) as (urls, _):
+        for r in range(args.rounds):
+            sides = [("base", base), ("new", REPO_ROOT)]
+            if r % 2:
+                sides.reverse()  # neither side always goes first
+            for side, tree in sides:
+                figures = run_side(tree, urls, args.duration, f"cmp{r}{side}")
+                for workload, value in figures.items():
+                    samples[side].setdefault(workload, []).append(value)
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"base {args.base} vs the working tree, median of {args.rounds} (min-max), ops/s")
     print(f"{'workload':32} {'base':>22} {'new':>22} {'new/base':>9}")
     for workload, base_values in samples["base"].items():
