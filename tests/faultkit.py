@@ -17,7 +17,8 @@ session there once, as JSON, when the session ends (:func:`write_report`), and
         tests/test_fault_suite.py tests/test_real_faults.py
     python tests/fault_table.py faults.json --update docs/safety.md
 
-Run both modules in one session for the whole table: each session writes the file anew.
+Run both modules in one session, in one process (not with ``-n``), for the whole
+table: each session writes the file anew.
 """
 
 from __future__ import annotations

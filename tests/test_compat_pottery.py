@@ -531,6 +531,7 @@ def pottery_source(redis_binary: str) -> Iterator[Path]:
     yield library_source("pottery")
 
 
+@pytest.mark.library_suite
 def test_pottery_own_lock_tests(pottery_source: Path, redis_binary: str) -> None:
     outcomes = run_library_tests(
         pottery_source,

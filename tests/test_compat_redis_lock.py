@@ -534,6 +534,7 @@ EXPECTED_FAILURES: dict[str, str] = (
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.library_suite
 def test_python_redis_lock_own_tests(redis_binary: str) -> None:
     pytest.importorskip("process_tests", reason="its tests need it: pip install process-tests")
     pytest.importorskip("gevent", reason="its tests need it: pip install gevent")

@@ -600,6 +600,7 @@ def redis_py_outcomes() -> dict[str, str]:
 
 if _suite_is_the_installed_release():
 
+    @pytest.mark.library_suite
     def test_redis_pys_own_lock_tests(redis_py_outcomes: dict[str, str]) -> None:
         outcomes = redis_py_outcomes
         assert len(outcomes) >= 80, outcomes  # both files ran (92 in redis-py 8.1)

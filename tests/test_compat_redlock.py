@@ -218,6 +218,7 @@ def test_errors() -> None:
 # -- redlock-py's own tests --------------------------------------------------------------
 
 
+@pytest.mark.library_suite
 def test_redlock_py_own_tests() -> None:
     source = library_source("redlock-py")
     outcomes = run_library_tests(source, ["tests/test_redlock.py"], SHIMS, "-p", "redlock_shim")

@@ -64,9 +64,8 @@ from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import redis
 
-import redreentrant
-import redreentrant.asyncio
 from redreentrant.compat import managers
+from redreentrant.compat._steps import Steps, arun, run
 from redreentrant.errors import (
     LockLostError,
     LockNotOwnedError,
@@ -155,13 +154,12 @@ def _ordered(masters: Iterable[Any]) -> list[Any]:
     return sorted(masters, key=lambda m: repr(managers.master_key(m)))
 
 
-def _too_short(lease: object, drift_factor: float) -> bool:
-    """Whether ``lease`` is a positive number below the shortest lease an acquire
-    honours: one whose drift allowance (2 ms plus ``drift_factor`` of it) leaves half of
-    it for the round (see the concepts page, "Leases")."""
+def _too_short(lease: object, shortest: float) -> bool:
+    """Whether ``lease`` is a positive number below ``shortest``, the shortest lease an
+    acquire honours (``mgr.shortest_lease``)."""
     if isinstance(lease, bool) or not isinstance(lease, (int, float)):
         return False
-    return 0 < lease < 0.002 / (0.5 - drift_factor)
+    return 0 < lease < shortest
 
 
 def _no_wait(blocking: bool, timeout: float) -> bool:
@@ -186,6 +184,7 @@ class _Base:
 
     __slots__ = (
         "_extension_num",
+        "_lock",
         "_name",
         "_owner",
         "auto_release_time",
@@ -221,6 +220,7 @@ class _Base:
         self.context_manager_blocking = context_manager_blocking
         self.context_manager_timeout = context_manager_timeout
         self._owner: _Owner | None = None
+        self._lock: Any = None  # the flavour's redreentrant lock of the last acquire
         self._extension_num = 0
 
     @property
@@ -257,6 +257,80 @@ class _Base:
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} key={self.key}>"
 
+    # -- the bodies of the methods, the same for Redlock and AIORedlock (see ._steps) ----
+
+    def _acquire(
+        self, manager: Callable[[list[Any]], Any], sleep: Callable[[float], Any],
+        blocking: bool, timeout: float, raise_on_redis_errors: bool | None,
+    ) -> Steps[bool]:  # fmt: skip
+        if _no_wait(blocking, timeout):
+            return False
+        lease = self.auto_release_time
+        mgr = manager(_ordered(self.masters))
+        short = _too_short(lease, mgr.shortest_lease)
+        if short and blocking and timeout == -1:
+            raise ValueError(
+                f"auto_release_time {lease!r} is shorter than the shortest lease honoured:"
+                " no acquire can succeed (pottery would try forever)"
+            )
+        # A new owner for a new acquire; the hold of the one before, if any, is left to
+        # run out with its lease (its owner is dropped: the manager forgets it).
+        self._owner = _Owner()
+        lock = self._lock = mgr.lock(self._name, owner=self._owner)
+        self._extension_num = 0
+        if short:
+            if blocking:
+                yield lambda: sleep(timeout)
+            return False
+        deadline = None if timeout == -1 else time.monotonic() + timeout
+        left = timeout
+        while True:
+            try:
+                call = functools.partial(lock.acquire, blocking=bool(blocking), timeout=left)
+                return bool((yield functools.partial(call, lease=lease)))
+            except QuorumUnavailableError as error:
+                self._quorum_errors(error, raise_on_redis_errors)
+                pause = self._pause(deadline) if blocking else None
+                if pause is None:
+                    return False
+                yield functools.partial(sleep, pause)
+                if deadline is not None:
+                    left = max(deadline - time.monotonic(), 0.0)
+
+    def _locked(self) -> float:
+        left = 0.0 if self._lock is None else self._lock.remaining()
+        return left if left > 0 else 0
+
+    def _extend(self, raise_on_redis_errors: bool | None) -> Steps[None]:
+        if self._extension_num >= self.num_extensions:
+            raise TooManyExtensions(self.key, self.masters)
+        errors: list[BaseException] = []
+        if self._lock is not None:
+            lock = self._lock
+            try:
+                yield lambda: lock.extend(self.auto_release_time, replace=True)
+            except QuorumUnavailableError as error:
+                errors = self._quorum_errors(error, raise_on_redis_errors)
+            except (LockNotOwnedError, LockLostError):
+                pass
+            else:
+                self._extension_num += 1
+                return
+        raise ExtendUnlockedLock(self.key, self.masters, redis_errors=errors)
+
+    def _release(self, raise_on_redis_errors: bool | None) -> Steps[None]:
+        errors: list[BaseException] = []
+        if self._lock is not None:
+            try:
+                yield self._lock.release
+            except QuorumUnavailableError as error:
+                errors = self._quorum_errors(error, raise_on_redis_errors)
+            except (LockNotOwnedError, LockLostError):
+                pass
+            else:
+                return
+        raise ReleaseUnlockedLock(self.key, self.masters, redis_errors=errors)
+
 
 # -- Redlock ------------------------------------------------------------------------------
 
@@ -273,7 +347,7 @@ class Redlock(_Base):
     ``context_manager_timeout``).
     """
 
-    __slots__ = ("_lock",)
+    __slots__ = ()
 
     def __init__(
         self,
@@ -295,15 +369,6 @@ class Redlock(_Base):
             context_manager_blocking,
             context_manager_timeout,
         )
-        self._lock: redreentrant.Lock | None = None
-
-    def _start(self, mgr: redreentrant.LockManager) -> redreentrant.Lock:
-        """A new owner for a new acquire; the hold of the one before, if any, is left
-        to run out with its lease (its owner is dropped: the manager forgets it)."""
-        self._owner = _Owner()
-        self._lock = mgr.lock(self._name, owner=self._owner)
-        self._extension_num = 0
-        return self._lock
 
     def acquire(
         self,
@@ -317,74 +382,24 @@ class Redlock(_Base):
         hold, also by an object that holds the lock already (which then waits for its
         own lease to run out). ``QuorumIsImpossible`` when too many masters failed and
         ``raise_on_redis_errors`` (else False, or another try after a pause)."""
-        if _no_wait(blocking, timeout):
-            return False
-        lease = self.auto_release_time
-        mgr = managers.sync_manager(_ordered(self.masters))
-        short = _too_short(lease, mgr.drift_factor)
-        if short and blocking and timeout == -1:
-            raise ValueError(
-                f"auto_release_time {lease!r} is shorter than the shortest lease honoured:"
-                " no acquire can succeed (pottery would try forever)"
-            )
-        lock = self._start(mgr)
-        if short:
-            if blocking:
-                time.sleep(timeout)
-            return False
-        deadline = None if timeout == -1 else time.monotonic() + timeout
-        left = timeout
-        while True:
-            try:
-                return lock.acquire(blocking=bool(blocking), timeout=left, lease=lease)
-            except QuorumUnavailableError as error:
-                self._quorum_errors(error, raise_on_redis_errors)
-                pause = self._pause(deadline) if blocking else None
-                if pause is None:
-                    return False
-                time.sleep(pause)
-                if deadline is not None:
-                    left = max(deadline - time.monotonic(), 0.0)
+        manager = managers.sync_manager
+        return run(self._acquire(manager, time.sleep, blocking, timeout, raise_on_redis_errors))
 
     def locked(self, *, raise_on_redis_errors: bool | None = None) -> float:
         """Seconds of validity left on this object's hold (0 if it holds none): local,
         no round trip."""
-        left = 0.0 if self._lock is None else self._lock.remaining()
-        return left if left > 0 else 0
+        return self._locked()
 
     def extend(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """Set this object's lease to ``auto_release_time`` from now, on a quorum:
         ``TooManyExtensions`` after ``num_extensions`` extensions of one acquire,
         ``ExtendUnlockedLock`` if this object does not hold the lock."""
-        if self._extension_num >= self.num_extensions:
-            raise TooManyExtensions(self.key, self.masters)
-        errors: list[BaseException] = []
-        if self._lock is not None:
-            try:
-                self._lock.extend(self.auto_release_time, replace=True)
-            except QuorumUnavailableError as error:
-                errors = self._quorum_errors(error, raise_on_redis_errors)
-            except (LockNotOwnedError, LockLostError):
-                pass
-            else:
-                self._extension_num += 1
-                return
-        raise ExtendUnlockedLock(self.key, self.masters, redis_errors=errors)
+        run(self._extend(raise_on_redis_errors))
 
     def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """Unlock the lock: ``ReleaseUnlockedLock`` if this object does not hold it
         (never acquired, released already, or its lease ran out)."""
-        errors: list[BaseException] = []
-        if self._lock is not None:
-            try:
-                self._lock.release()
-            except QuorumUnavailableError as error:
-                errors = self._quorum_errors(error, raise_on_redis_errors)
-            except (LockNotOwnedError, LockLostError):
-                pass
-            else:
-                return
-        raise ReleaseUnlockedLock(self.key, self.masters, redis_errors=errors)
+        run(self._release(raise_on_redis_errors))
 
     def __enter__(self) -> Redlock:
         if self.acquire(
@@ -446,7 +461,7 @@ class AIORedlock(_Base):
     ``async with lock:`` takes and releases it. Any task may release what another
     task of this object acquired (the owner is the object)."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ()
 
     def __init__(
         self,
@@ -471,14 +486,6 @@ class AIORedlock(_Base):
             context_manager_blocking,
             context_manager_timeout,
         )
-        self._lock: redreentrant.asyncio.Lock | None = None
-
-    async def _start(self, mgr: redreentrant.asyncio.LockManager) -> redreentrant.asyncio.Lock:
-        """See :meth:`Redlock._start`."""
-        self._owner = _Owner()
-        self._lock = mgr.lock(self._name, owner=self._owner)
-        self._extension_num = 0
-        return self._lock
 
     async def acquire(
         self,
@@ -488,70 +495,21 @@ class AIORedlock(_Base):
         raise_on_redis_errors: bool | None = None,
     ) -> bool:
         """See :meth:`Redlock.acquire`."""
-        if _no_wait(blocking, timeout):
-            return False
-        lease = self.auto_release_time
-        mgr = managers.async_manager(_ordered(self.masters))
-        short = _too_short(lease, mgr.drift_factor)
-        if short and blocking and timeout == -1:
-            raise ValueError(
-                f"auto_release_time {lease!r} is shorter than the shortest lease honoured:"
-                " no acquire can succeed (pottery would try forever)"
-            )
-        lock = await self._start(mgr)
-        if short:
-            if blocking:
-                await asyncio.sleep(timeout)
-            return False
-        deadline = None if timeout == -1 else time.monotonic() + timeout
-        left = timeout
-        while True:
-            try:
-                return await lock.acquire(blocking=bool(blocking), timeout=left, lease=lease)
-            except QuorumUnavailableError as error:
-                self._quorum_errors(error, raise_on_redis_errors)
-                pause = self._pause(deadline) if blocking else None
-                if pause is None:
-                    return False
-                await asyncio.sleep(pause)
-                if deadline is not None:
-                    left = max(deadline - time.monotonic(), 0.0)
+        manager = managers.async_manager
+        steps = self._acquire(manager, asyncio.sleep, blocking, timeout, raise_on_redis_errors)
+        return await arun(steps)
 
     async def locked(self, *, raise_on_redis_errors: bool | None = None) -> float:
         """See :meth:`Redlock.locked`."""
-        left = 0.0 if self._lock is None else self._lock.remaining()
-        return left if left > 0 else 0
+        return self._locked()
 
     async def extend(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """See :meth:`Redlock.extend`."""
-        if self._extension_num >= self.num_extensions:
-            raise TooManyExtensions(self.key, self.masters)
-        errors: list[BaseException] = []
-        if self._lock is not None:
-            try:
-                await self._lock.extend(self.auto_release_time, replace=True)
-            except QuorumUnavailableError as error:
-                errors = self._quorum_errors(error, raise_on_redis_errors)
-            except (LockNotOwnedError, LockLostError):
-                pass
-            else:
-                self._extension_num += 1
-                return
-        raise ExtendUnlockedLock(self.key, self.masters, redis_errors=errors)
+        await arun(self._extend(raise_on_redis_errors))
 
     async def release(self, *, raise_on_redis_errors: bool | None = None) -> None:
         """See :meth:`Redlock.release`."""
-        errors: list[BaseException] = []
-        if self._lock is not None:
-            try:
-                await self._lock.release()
-            except QuorumUnavailableError as error:
-                errors = self._quorum_errors(error, raise_on_redis_errors)
-            except (LockNotOwnedError, LockLostError):
-                pass
-            else:
-                return
-        raise ReleaseUnlockedLock(self.key, self.masters, redis_errors=errors)
+        await arun(self._release(raise_on_redis_errors))
 
     async def __aenter__(self) -> AIORedlock:
         acquired = await self.acquire(

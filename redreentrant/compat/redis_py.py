@@ -55,7 +55,7 @@ import math
 import threading
 import uuid
 import weakref
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace, TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -65,6 +65,7 @@ from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
 import redreentrant
 import redreentrant.asyncio
+from redreentrant.compat._steps import Steps, arun, run
 from redreentrant.compat.managers import async_manager, sync_manager
 
 __all__ = ["AsyncLock", "Lock", "LockError", "LockNotOwnedError"]
@@ -123,15 +124,16 @@ def _encode(client: Any, token: object) -> bytes:
     return bytes(encoded)
 
 
-def _lease(timeout: Any, drift_factor: float) -> float | None:
+def _lease(
+    timeout: Any, mgr: redreentrant.LockManager | redreentrant.asyncio.LockManager
+) -> float | None:
     """The lease of an acquire with redis-py's ``timeout``: None (the watchdog) for a
-    falsy one, as redis-py's ``SET`` without ``PX``."""
+    falsy one, as redis-py's ``SET`` without ``PX``; at least ``mgr.shortest_lease``."""
     if not timeout:
         return None
     if int(timeout * 1000) <= 0:
         raise ResponseError("invalid expire time in 'set' command")
-    # The shortest lease redreentrant honours (its drift allowance leaves half of it).
-    return max(float(timeout), 0.002 / (0.5 - drift_factor))
+    return max(float(timeout), mgr.shortest_lease)
 
 
 def _wait(blocking: Any, blocking_timeout: Any, sleep: Any) -> dict[str, Any]:
@@ -267,6 +269,80 @@ class _Common:
             LockError, "Cannot release a lock that's not owned or is already unlocked."
         )
 
+    # -- the bodies of the methods, the same for Lock and AsyncLock (see ._steps) --------
+
+    def _acquire(
+        self, manager: Callable[[], Any], blocking: Any, blocking_timeout: Any, sleep: Any,
+        token: object,
+    ) -> Steps[bool]:  # fmt: skip
+        token_b = self._token(token)
+        wait = _wait(
+            self.blocking if blocking is None else blocking,
+            self.blocking_timeout if blocking_timeout is None else blocking_timeout,
+            self.sleep if sleep is None else sleep,
+        )
+        mgr = manager()
+        lease = _lease(self.timeout, mgr)
+        owner = RedisPyToken()
+        owner.lock = mgr.lock(self._key, owner=owner)
+        try:
+            got = yield lambda: owner.lock.acquire(lease=lease, **wait)
+        except redreentrant.QuorumUnavailableError as error:
+            raise _master_error(error) from error
+        if not got:
+            return False
+        self.local.token = token_b
+        _register(mgr, self._key, token_b, owner)
+        return True
+
+    def _locked(self, manager: Callable[[], Any]) -> Steps[bool]:
+        lock = manager().lock(self._key)
+        try:
+            return bool((yield lock.locked))
+        except redreentrant.QuorumUnavailableError as error:
+            raise _master_error(error) from error
+
+    def _owned(self, mgr: object) -> bool:
+        token = self.local.token
+        if token is None:
+            return False
+        owner = _lookup(mgr, self._key, token)
+        return owner is not None and bool(owner.lock.is_owned())
+
+    def _release(self, manager: Callable[[], Any]) -> Steps[None]:
+        expected = self.local.token
+        if expected is None:
+            raise self._unlocked()
+        self.local.token = None
+        owner = _unregister(manager(), self._key, expected)
+        if owner is None:
+            raise self._not_owned()
+        valid = owner.lock.is_owned()  # else removed where it is left, and not owned
+        try:
+            yield owner.lock.release
+        except (redreentrant.LockNotOwnedError, redreentrant.LockLostError) as error:
+            raise self._not_owned() from error
+        except redreentrant.QuorumUnavailableError as error:
+            raise _master_error(error) from error
+        if not valid:
+            raise self._not_owned()
+
+    def _extend(
+        self, manager: Callable[[], Any], seconds: Any, replace: bool, what: str
+    ) -> Steps[Literal[True]]:
+        mgr = manager()
+        owner = self._held(mgr, what)
+        lease = _lease(seconds, mgr) if replace else seconds
+        try:
+            yield lambda: owner.lock.extend(lease, replace=replace)
+        except (redreentrant.LockNotOwnedError, redreentrant.LockLostError) as error:
+            raise self._error(
+                LockNotOwnedError, f"Cannot {what} a lock that's no longer owned"
+            ) from error
+        except redreentrant.QuorumUnavailableError as error:
+            raise _master_error(error) from error
+        return True
+
 
 class Lock(_Common):
     """redis-py's ``redis.lock.Lock`` on a redreentrant manager (see the module)."""
@@ -335,86 +411,35 @@ class Lock(_Common):
         """Take the lock with a new token (or ``token``); True once held, False when
         the wait ran out first (``blocking=False``: at once). The wait is redis-py's (see
         the module), woken rather than polled."""
-        token_b = self._token(token)
-        wait = _wait(
-            self.blocking if blocking is None else blocking,
-            self.blocking_timeout if blocking_timeout is None else blocking_timeout,
-            self.sleep if sleep is None else sleep,
-        )
-        mgr = self._mgr
-        lease = _lease(self.timeout, mgr.drift_factor)
-        owner = RedisPyToken()
-        owner.lock = mgr.lock(self._key, owner=owner)
-        try:
-            got = owner.lock.acquire(lease=lease, **wait)
-        except redreentrant.QuorumUnavailableError as error:
-            raise _master_error(error) from error
-        if not got:
-            return False
-        self.local.token = token_b
-        _register(mgr, self._key, token_b, owner)
-        return True
+        return run(self._acquire(self._manager, blocking, blocking_timeout, sleep, token))
 
     def locked(self) -> bool:
         """Whether anyone holds the lock (one round trip)."""
-        try:
-            return self._mgr.lock(self._key).locked()
-        except redreentrant.QuorumUnavailableError as error:
-            raise _master_error(error) from error
+        return run(self._locked(self._manager))
 
     def owned(self) -> bool:
         """Whether this thread's token (``thread_local=False``: the lock object's)
         holds the lock, with validity left (local: no round trip)."""
-        token = self.local.token
-        if token is None:
-            return False
-        owner = _lookup(self._mgr, self._key, token)
-        return owner is not None and bool(owner.lock.is_owned())
+        return self._owned(self._mgr)
 
     def release(self) -> None:
         """Release the token's hold: ``LockError`` if there is no token,
         ``LockNotOwnedError`` if the hold was lost or its lease ran out."""
-        expected = self.local.token
-        if expected is None:
-            raise self._unlocked()
-        self.local.token = None
-        owner = _unregister(self._mgr, self._key, expected)
-        if owner is None:
-            raise self._not_owned()
-        valid = owner.lock.is_owned()  # else removed where it is left, and not owned
-        try:
-            owner.lock.release()
-        except (redreentrant.LockNotOwnedError, redreentrant.LockLostError) as error:
-            raise self._not_owned() from error
-        except redreentrant.QuorumUnavailableError as error:
-            raise _master_error(error) from error
-        if not valid:
-            raise self._not_owned()
+        run(self._release(self._manager))
 
     def extend(self, additional_time: float, replace_ttl: bool = False) -> Literal[True]:
         """Add ``additional_time`` seconds to the fixed lease (``replace_ttl``: make it
         that long from now)."""
         self._check_extend("extend")
-        return self._extend(additional_time, replace_ttl, "extend")
+        return run(self._extend(self._manager, additional_time, replace_ttl, "extend"))
 
     def reacquire(self) -> Literal[True]:
         """Make the fixed lease ``timeout`` long again, from now."""
         self._check_extend("reacquire")
-        return self._extend(self.timeout, True, "reacquire")
+        return run(self._extend(self._manager, self.timeout, True, "reacquire"))
 
-    def _extend(self, seconds: Any, replace: bool, what: str) -> Literal[True]:
-        owner = self._held(self._mgr, what)
-        if replace:
-            seconds = _lease(seconds, self._mgr.drift_factor)
-        try:
-            owner.lock.extend(seconds, replace=replace)
-        except (redreentrant.LockNotOwnedError, redreentrant.LockLostError) as error:
-            raise self._error(
-                LockNotOwnedError, f"Cannot {what} a lock that's no longer owned"
-            ) from error
-        except redreentrant.QuorumUnavailableError as error:
-            raise _master_error(error) from error
-        return True
+    def _manager(self) -> redreentrant.LockManager:
+        return self._mgr
 
 
 class AsyncLock(_Common):
@@ -484,85 +509,28 @@ class AsyncLock(_Common):
         token: str | bytes | None = None,
     ) -> bool:
         """See :meth:`Lock.acquire`."""
-        token_b = self._token(token)
-        wait = _wait(
-            self.blocking if blocking is None else blocking,
-            self.blocking_timeout if blocking_timeout is None else blocking_timeout,
-            self.sleep,
-        )
-        mgr = self._manager()
-        lease = _lease(self.timeout, mgr.drift_factor)
-        owner = RedisPyToken()
-        owner.lock = mgr.lock(self._key, owner=owner)
-        try:
-            got = await owner.lock.acquire(lease=lease, **wait)
-        except redreentrant.QuorumUnavailableError as error:
-            raise _master_error(error) from error
-        if not got:
-            return False
-        self.local.token = token_b
-        _register(mgr, self._key, token_b, owner)
-        return True
+        return await arun(self._acquire(self._manager, blocking, blocking_timeout, None, token))
 
     async def locked(self) -> bool:
         """See :meth:`Lock.locked`."""
-        try:
-            return bool(await self._manager().lock(self._key).locked())
-        except redreentrant.QuorumUnavailableError as error:
-            raise _master_error(error) from error
+        return await arun(self._locked(self._manager))
 
     async def owned(self) -> bool:
         """See :meth:`Lock.owned`."""
-        token = self.local.token
-        if token is None:
-            return False
-        owner = _lookup(self._manager(), self._key, token)
-        return owner is not None and bool(owner.lock.is_owned())
+        return self._owned(self._manager())
 
     async def release(self) -> None:
         """See :meth:`Lock.release`. Once under way it runs to its end, also when the
         task is cancelled; cancelled before it began, the token stays for a retry."""
-        expected = self.local.token
-        if expected is None:
-            raise self._unlocked()
-        self.local.token = None
-        owner = _unregister(self._manager(), self._key, expected)
-        if owner is None:
-            raise self._not_owned()
-        valid = owner.lock.is_owned()  # else removed where it is left, and not owned
-        try:
-            await owner.lock.release()
-        except (redreentrant.LockNotOwnedError, redreentrant.LockLostError) as error:
-            raise self._not_owned() from error
-        except redreentrant.QuorumUnavailableError as error:
-            raise _master_error(error) from error
-        if not valid:
-            raise self._not_owned()
+        await arun(self._release(self._manager))
 
     def extend(self, additional_time: float, replace_ttl: bool = False) -> Awaitable[Literal[True]]:
         """See :meth:`Lock.extend`; as redis-py's, raises ``LockError`` when called
         (not awaited) on a lock without a token or without a timeout."""
         self._check_extend("extend")
-        return self._extend(additional_time, replace_ttl, "extend")
+        return arun(self._extend(self._manager, additional_time, replace_ttl, "extend"))
 
     def reacquire(self) -> Awaitable[Literal[True]]:
         """See :meth:`Lock.reacquire` (and :meth:`extend` for when it raises)."""
         self._check_extend("reacquire")
-        return self._extend(self.timeout, True, "reacquire")
-
-    def _extend(self, seconds: Any, replace: bool, what: str) -> Coroutine[Any, Any, Literal[True]]:
-        async def extend() -> Literal[True]:
-            mgr = self._manager()
-            owner = self._held(mgr, what)
-            lease = _lease(seconds, mgr.drift_factor) if replace else seconds
-            try:
-                await owner.lock.extend(lease, replace=replace)
-            except (redreentrant.LockNotOwnedError, redreentrant.LockLostError) as error:
-                raise self._error(
-                    LockNotOwnedError, f"Cannot {what} a lock that's no longer owned"
-                ) from error
-            except redreentrant.QuorumUnavailableError as error:
-                raise _master_error(error) from error
-            return True
-
-        return extend()
+        return arun(self._extend(self._manager, self.timeout, True, "reacquire"))
