@@ -141,6 +141,11 @@ def test_elect_passes_the_exit_status_through(urls: list[str]) -> None:
     assert missing.returncode == 127
     no_command = run_cli("elect", "vote", masters=urls)
     assert no_command.returncode == 2 and "after '--'" in no_command.stderr
+    # A lease too short for its drift allowance: the message names the lease, not the
+    # masters alone.
+    short = run_cli("elect", "--lease", "0.001", "vote", "--", "true", masters=urls)
+    assert short.returncode == 2 and "bad masters or settings" in short.stderr
+    assert "lease" in short.stderr.split("):", 1)[1]
 
 
 def test_a_second_elect_waits_and_leads_when_the_first_command_ends(

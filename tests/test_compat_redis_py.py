@@ -30,6 +30,7 @@ from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
 import redreentrant
 import redreentrant.compat.managers as managers
+import redreentrant.compat.owners as owners
 from redreentrant import parse_owner
 from redreentrant._core.keys import lock_key
 from redreentrant.compat import redis_py
@@ -360,16 +361,16 @@ def test_raise_on_release_error(r: redis.Redis, caplog: pytest.LogCaptureFixture
 
 
 def test_lapsed_holds_never_released_are_swept(r: redis.Redis) -> None:
-    registry = redis_py._registry(managers.sync_manager([r]))
-    before = len(registry.owners)
+    registry = owners.registry(managers.sync_manager([r]))
+    before = len(registry)
     locks = [Lock(r, f"n{i}", timeout=0.005) for i in range(registry.limit - before - 1)]
     for lock in locks:
         assert lock.acquire()
     wait_until(lambda: not any(lock.owned() for lock in locks), "every lease ended")
-    assert len(registry.owners) == registry.limit - 1
+    assert len(registry) == registry.limit - 1
     last = Lock(r, "last", timeout=10)
     assert last.acquire()  # the table is full: the lapsed holds are swept and released
-    assert len(registry.owners) <= before + 1 and last.owned()
+    assert len(registry) <= before + 1 and last.owned()
     with pytest.raises(LockNotOwnedError):
         locks[0].release()
     last.release()

@@ -26,7 +26,7 @@ import redis
 
 from redreentrant._async.driver import AsyncDriver
 from redreentrant._async.waker import AsyncWaker
-from redreentrant._core.effects import Call, Fanout, Handover, Notify, Reply, Steps, Wait
+from redreentrant._core.effects import Call, Fanout, Handover, Notify, Pause, Reply, Steps, Wait
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
 from redreentrant._core.holds import Hold, Holds
@@ -1399,6 +1399,21 @@ def test_a_failed_renewal_is_retried_and_left_to_the_deadline_clock(world: World
     w.failing = {i: redis.TimeoutError("late") for i in (0, 1, 2)}
     lost = w.run(tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True))
     assert lost == [] and hold.lost is None and hold.valid_until == before
+
+
+def test_a_final_release_goes_out_after_a_renewal_of_its_hold_under_way() -> None:
+    # The renewal, sent on a connection of its own, could reach a master after the
+    # release and take the hold again there until its lease ended: the release waits.
+    w = World()
+    hold = managed_hold(w)
+    renewal = tick_steps(w.engine.quorum, w.engine.holds, LEASE, set(), lambda _: True)
+    assert isinstance(next(renewal), Fanout)  # the renewal round is out
+    release = w.engine.release(EXCLUSIVE, "x", hold.owner, quiet_if_lost=False)
+    assert isinstance(next(release), Pause) and isinstance(release.send(None), Pause)
+    renewal.close()  # its replies read (or the round given up)
+    effect = release.send(None)
+    assert isinstance(effect, Fanout) and effect.calls[0][0].script.name == "release"
+    release.close()
 
 
 def test_a_hold_gone_from_a_majority_is_lost_at_once(world: Worlds) -> None:

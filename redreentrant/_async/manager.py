@@ -293,13 +293,8 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         return await self._driver.run(self._engine.probe(FAMILIES, name))
 
     async def names(self, pattern: str = "*") -> dict[str, tuple[str, ...]]:
-        """The names of the locks matching the glob ``pattern`` that are held or waited
-        for on the masters, in name order, each with its families present (of
-        ``"lock"``, ``"rw"``, ``"fair"``, ``"semaphore"``, ``"election"``: the plain lock
-        and the multi-lock are ``"lock"``). One ``SCAN`` of each master (of each primary
-        node of a cluster member): a name held on a quorum is listed while a quorum
-        answers; :class:`QuorumUnavailableError` when too few do. Fencing counters alone
-        (kept after their lock is gone) are not listed."""
+        """The names of the locks matching ``pattern`` held or waited for on the
+        masters, with their families (see the sync manager)."""
         match = names_match(pattern)
         found: list[list[object] | BaseException] = []
         for i in range(len(self._members)):
@@ -317,9 +312,8 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         return self._names_found(pattern, found)
 
     async def ping(self) -> list[float | BaseException]:
-        """Each master's answer to a ``PING``, in order: the seconds it took (a cluster
-        member: a ``PING`` of each primary node, one after another), or the error it
-        raised (a time-out after ``master_timeout``)."""
+        """Each master's answer to a ``PING`` (see the sync manager); a master that does
+        not answer within ``master_timeout`` gives a ``TimeoutError``."""
         out: list[float | BaseException] = []
         for i in range(len(self._members)):
             started = time.perf_counter()

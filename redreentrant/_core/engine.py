@@ -22,7 +22,7 @@ from types import CodeType, FrameType
 from typing import Any, TypeVar
 
 from .cluster import ClusterMember
-from .effects import Steps
+from .effects import Pause, Steps
 from .errors import (
     FencingError,
     LockLostError,
@@ -61,6 +61,10 @@ from .rounds import (
 from .settings import Settings, check_acquire_args, check_lease
 from .turns import RESERVE_MS, Due, Turns
 from .views import MasterView
+
+#: how often (seconds) a final release looks again whether the renewal of its hold that
+#: was under way ended (see :meth:`Engine.release`)
+RENEWAL_POLL = 0.001
 
 S = TypeVar("S", bound=Signal)
 
@@ -635,6 +639,11 @@ class Engine:
             upgraded = self.holds.get(WRITE, name, owner) if kind is UPGRADEABLE else None
             if upgraded is not None:
                 self.holds.remove(upgraded)
+            # A renewal of it under way may reach a master after this release (on
+            # another connection) and take the hold again there until its lease ends:
+            # the release goes out once that renewal ended.
+            while hold.renewing or (upgraded is not None and upgraded.renewing):
+                yield Pause(RENEWAL_POLL)
         if hold.lost is not None:
             if hold.count == 0:
                 # Already reported as lost: remove what is left where it still is; what

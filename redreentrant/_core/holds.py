@@ -77,6 +77,8 @@ class Hold:
     token: str = field(init=False, repr=False)
     #: its newest entry in the deadline clock's queue (see :class:`Holds`)
     entry: list[Any] | None = field(default=None, init=False, repr=False)
+    #: a renewal round of it is under way (see :func:`~.watchdog.tick_steps`)
+    renewing: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Looked up on every add and remove of the hold: worked out once.

@@ -59,6 +59,8 @@ class LockKind:
     family = "lock"
     #: what follows the name's tag in the keys of its family (up to a ``:``)
     stems: tuple[str, ...] = ("", "waiters", "reserved")
+    #: what a hold of this kind is called in messages
+    noun = "lock"
     #: wake every waiter on a release (readers), rather than one at a time
     broadcast = False
     #: waiters hold a place in Redis that they must refresh while they wait
@@ -629,6 +631,7 @@ class ElectionKind(FairKind):
     label = "election"
     family = "election"
     stems = ("election",)
+    noun = "election"
 
     def _keys(self, name: str) -> tuple[str, ...]:
         return (*super()._keys(name), self.changes(name))

@@ -170,7 +170,7 @@ class ManagerCore(Generic[L, U]):
         who = parse_owner(hold.owner)
         log.warning(
             "redreentrant: lost %s %r held by %s (%s); acquired at %s",
-            "election" if hold.kind.family == "election" else "lock",
+            hold.kind.noun,
             hold.name,
             who.describe() if who is not None else hold.owner,
             hold.lost,

@@ -135,7 +135,13 @@ def tick_steps(
         if sweep_due():
             lost = lost + (yield from _free_dead(q, holds, alive))
         started = q.clock()
-        renewals = yield from renew_steps(q, chunk, lease, cluster)
+        for hold in chunk:
+            hold.renewing = True
+        try:
+            renewals = yield from renew_steps(q, chunk, lease, cluster)
+        finally:
+            for hold in chunk:
+                hold.renewing = False
         if times is not None:
             times.note(q.clock() - started)
         if listener is not None:

@@ -144,7 +144,8 @@ def open_manager(urls: Sequence[str], **options: Any) -> LockManager:
     try:
         return LockManager(list(urls), **options)
     except (ValueError, TypeError) as error:
-        raise UsageError(f"bad masters ({', '.join(urls)}): {error}") from None
+        what = "bad masters or settings" if options else "bad masters"
+        raise UsageError(f"{what} ({', '.join(urls)}): {error}") from None
 
 
 def lock_name(text: str) -> str:

@@ -47,10 +47,8 @@ import logging
 import os
 import random
 import re
-import threading
 import time
 import uuid
-import weakref
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -61,6 +59,7 @@ import redis.asyncio
 import redreentrant.asyncio
 from redreentrant.asyncio import LockLostError, LockNotOwnedError, QuorumUnavailableError
 from redreentrant.compat.managers import async_manager
+from redreentrant.compat.owners import Owner, registry
 
 __all__ = [
     "Aioredlock",
@@ -183,29 +182,15 @@ def master_of(connection: Any) -> Any:
 # -- the owners of the locks ----------------------------------------------------------
 
 
-class _Owner:
-    """The owner of one ``(resource, id)``'s hold: any task may use it."""
+class _Owner(Owner):
+    """The owner of one ``(resource, id)``'s hold (see :mod:`.owners`): any task may use
+    it; ``fixed``: taken with a fixed lease (else renewed by the watchdog)."""
+
+    __slots__ = ("fixed",)
 
     def __init__(self, mgr: redreentrant.asyncio.LockManager, resource: str) -> None:
         self.lock = mgr.lock(resource, owner=self)
-        #: taken with a fixed lease (else renewed by the watchdog)
         self.fixed = False
-
-
-_held_lock = threading.Lock()
-_held: weakref.WeakKeyDictionary[
-    redreentrant.asyncio.LockManager, dict[tuple[str, Any], _Owner]
-] = weakref.WeakKeyDictionary()
-
-
-def _held_by(mgr: redreentrant.asyncio.LockManager) -> dict[tuple[str, Any], _Owner]:
-    """The owners of the locks taken and not unlocked through ``mgr``, by (resource,
-    id): any Aioredlock of the same masters can extend or unlock them."""
-    with _held_lock:
-        held = _held.get(mgr)
-        if held is None:
-            held = _held[mgr] = {}
-        return held
 
 
 async def _release(lock: redreentrant.asyncio.Lock) -> None:
@@ -296,19 +281,18 @@ class Aioredlock:
         if not isinstance(resource, str):
             raise TypeError(f"resource must be a str, not {type(resource).__name__}")
         mgr = self._manager()
-        held = _held_by(mgr)
-        # The fixed leases that ran out and were never unlocked: forget them (their
-        # owners, collected, end as owners: the manager forgets their holds).
-        for key in [k for k, o in held.items() if o.fixed and not o.lock.is_owned()]:
-            del held[key]
-        owner = held.get((resource, lock_identifier))
-        if owner is not None:
+        held = registry(mgr)
+        key = (resource, lock_identifier)
+        owner = held.get(key)
+        if isinstance(owner, _Owner) and owner.fixed and not owner.lock.is_owned():
+            held.pop(key)  # a fixed lease that ran out, never unlocked: forgotten
+        elif isinstance(owner, _Owner):
             try:
                 await self._set_again(owner, fixed)
                 return
             except LockLostError:
-                if held.get((resource, lock_identifier)) is owner:
-                    del held[resource, lock_identifier]
+                if held.get(key) is owner:
+                    held.pop(key)
                 await _release(owner.lock)
             except QuorumUnavailableError as error:
                 raise LockRuntimeError("Can not set lock") from error
@@ -331,7 +315,7 @@ class Aioredlock:
             await asyncio.sleep(random.uniform(self.retry_delay_min, self.retry_delay_max))
         if not got:
             raise LockAcquiringError("Can not set lock")
-        held[resource, lock_identifier] = owner
+        held.add(key, owner)
 
     async def _set_again(self, owner: _Owner, fixed: float | None) -> None:
         """Set a lock its identifier holds again (LockLostError if it was lost)."""
@@ -381,8 +365,7 @@ class Aioredlock:
         log.debug('Releasing lock "%s"', lock.resource)
         lock.valid = False
         mgr = self._manager()
-        held = _held_by(mgr)
-        owner = held.pop((lock.resource, lock.id), None)
+        owner = registry(mgr).pop((lock.resource, lock.id))
         if owner is not None:
             try:
                 await owner.lock.release()
@@ -437,7 +420,7 @@ class Aioredlock:
         """A :class:`Lock` of ``resource`` held by ``lock_identifier`` here, its
         ``lock_timeout`` the seconds left (rounded); :class:`LockAcquiringError` if that
         identifier does not hold it."""
-        owner = _held_by(self._manager()).get((resource, lock_identifier))
+        owner = registry(self._manager()).get((resource, lock_identifier))
         if owner is None or not owner.lock.is_owned():
             raise LockAcquiringError("Can not get lock")
         return Lock(self, resource, lock_identifier, round(owner.lock.remaining()), valid=True)

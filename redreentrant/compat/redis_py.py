@@ -54,7 +54,6 @@ import logging
 import math
 import threading
 import uuid
-import weakref
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace, TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -67,6 +66,7 @@ import redreentrant
 import redreentrant.asyncio
 from redreentrant.compat._steps import Steps, arun, run
 from redreentrant.compat.managers import async_manager, sync_manager
+from redreentrant.compat.owners import Owner, registry
 
 __all__ = ["AsyncLock", "Lock", "LockError", "LockNotOwnedError"]
 
@@ -153,59 +153,10 @@ def _wait(blocking: Any, blocking_timeout: Any, sleep: Any) -> dict[str, Any]:
     return {"blocking": True, "timeout": wait}
 
 
-class RedisPyToken:
-    """The owner of the hold one token has of one name (``mgr.lock(..., owner=)``): kept
-    in the registry while it may hold, its redreentrant lock in ``lock``."""
+class RedisPyToken(Owner):
+    """The owner of the hold one token has of one name (see :mod:`.owners`)."""
 
-    __slots__ = ("__weakref__", "lock")
-
-    def __init__(self) -> None:
-        self.lock: Any = None
-
-
-class _Registry:
-    """One manager's tokens that hold (or held, until released): ``(name, token)`` ->
-    owner. Entries whose validity ran out without a release are dropped once the table
-    doubled since it was last looked through: their owners are then collected, and the
-    manager forgets their holds (which lapsed on the masters)."""
-
-    def __init__(self) -> None:
-        self.owners: dict[tuple[str, bytes], RedisPyToken] = {}
-        self.limit = 256
-
-
-_guard = threading.Lock()
-_registries: weakref.WeakKeyDictionary[object, _Registry] = weakref.WeakKeyDictionary()
-
-
-def _registry(mgr: object) -> _Registry:
-    registry = _registries.get(mgr)
-    if registry is None:
-        with _guard:
-            registry = _registries.setdefault(mgr, _Registry())
-    return registry
-
-
-def _lookup(mgr: object, name: str, token: bytes) -> RedisPyToken | None:
-    return _registry(mgr).owners.get((name, token))
-
-
-def _register(mgr: object, name: str, token: bytes, owner: RedisPyToken) -> None:
-    """Record ``owner`` as the holder of ``token`` (dropping lapsed entries: see
-    :class:`_Registry`)."""
-    registry = _registry(mgr)
-    with _guard:
-        owners = registry.owners
-        owners[(name, token)] = owner
-        if len(owners) >= registry.limit:
-            for key in [key for key, o in owners.items() if o.lock.remaining() <= 0]:
-                del owners[key]
-            registry.limit = max(256, 2 * len(owners))
-
-
-def _unregister(mgr: object, name: str, token: bytes) -> RedisPyToken | None:
-    with _guard:
-        return _registry(mgr).owners.pop((name, token), None)
+    __slots__ = ()
 
 
 class _ThreadLocal(threading.local):
@@ -253,10 +204,10 @@ class _Common:
         if self.timeout is None:
             raise self._error(LockError, f"Cannot {what} a lock with no timeout")
 
-    def _held(self, mgr: object, what: str) -> RedisPyToken:
+    def _held(self, mgr: object, what: str) -> Owner:
         """The owner of this thread's token, which holds with a fixed lease; else
         redis-py's LockNotOwnedError (a ``timeout=0`` key has no TTL to extend)."""
-        owner = _lookup(mgr, self._key, self.local.token)
+        owner = registry(mgr).get((self._key, self.local.token))
         if owner is None or not self.timeout or not owner.lock.is_owned():
             raise self._error(LockNotOwnedError, f"Cannot {what} a lock that's no longer owned")
         return owner
@@ -292,7 +243,7 @@ class _Common:
         if not got:
             return False
         self.local.token = token_b
-        _register(mgr, self._key, token_b, owner)
+        registry(mgr).add((self._key, token_b), owner)
         return True
 
     def _locked(self, manager: Callable[[], Any]) -> Steps[bool]:
@@ -306,7 +257,7 @@ class _Common:
         token = self.local.token
         if token is None:
             return False
-        owner = _lookup(mgr, self._key, token)
+        owner = registry(mgr).get((self._key, token))
         return owner is not None and bool(owner.lock.is_owned())
 
     def _release(self, manager: Callable[[], Any]) -> Steps[None]:
@@ -314,7 +265,7 @@ class _Common:
         if expected is None:
             raise self._unlocked()
         self.local.token = None
-        owner = _unregister(manager(), self._key, expected)
+        owner = registry(manager()).pop((self._key, expected))
         if owner is None:
             raise self._not_owned()
         valid = owner.lock.is_owned()  # else removed where it is left, and not owned

@@ -38,9 +38,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import string
-import threading
 import time
-import weakref
 from collections.abc import Iterable
 from typing import Any, Literal, NamedTuple
 
@@ -49,6 +47,7 @@ import redis
 import redreentrant
 from redreentrant import LockLostError, LockNotOwnedError, QuorumUnavailableError
 from redreentrant.compat.managers import sync_manager
+from redreentrant.compat.owners import Owner, registry
 
 __all__ = ["CannotObtainLock", "Lock", "MultipleRedlockException", "Redlock"]
 
@@ -79,54 +78,6 @@ class MultipleRedlockException(Exception):
 
     def __repr__(self) -> str:
         return self.__str__()
-
-
-class _Owner:
-    """The owner of one ``lock()`` call's hold (a lock object per call: not reentrant)."""
-
-
-class _Taken(NamedTuple):
-    owner: _Owner
-    lock: redreentrant.Lock
-    #: when its lease ends, on the monotonic clock
-    ends: float
-
-
-class _Held:
-    """The locks taken and not yet unlocked through one manager, by (name, key): any
-    ``Redlock`` of the same masters can unlock them, as redlock-py's can."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._taken: dict[tuple[str, bytes], _Taken] = {}
-
-    def add(self, name: str, key: bytes, taken: _Taken) -> None:
-        with self._guard:
-            self._taken[name, key] = taken
-
-    def pop(self, name: str, key: object) -> _Taken | None:
-        with self._guard:
-            return self._taken.pop((name, key), None) if isinstance(key, bytes) else None
-
-    def forget_expired(self) -> None:
-        """Forget the locks never unlocked whose lease ended (their owners, collected,
-        end as owners: the manager forgets their holds)."""
-        now = time.monotonic()
-        with self._guard:
-            for key in [k for k, t in self._taken.items() if t.ends <= now]:
-                del self._taken[key]
-
-
-_held_lock = threading.Lock()
-_held: weakref.WeakKeyDictionary[redreentrant.LockManager, _Held] = weakref.WeakKeyDictionary()
-
-
-def _held_by(mgr: redreentrant.LockManager) -> _Held:
-    with _held_lock:
-        held = _held.get(mgr)
-        if held is None:
-            held = _held[mgr] = _Held()
-        return held
 
 
 def _name(resource: object) -> str:
@@ -199,12 +150,10 @@ class Redlock:
             raise ValueError(f"ttl {ttl} is not an integer")
         name = _name(resource)
         mgr = self._manager
-        held = _held_by(mgr)
-        held.forget_expired()
         if self.retry_count < 1 or ttl / 1000 < mgr.shortest_lease:
             return False
-        owner = _Owner()
-        lock = mgr.lock(name, owner=owner)
+        owner = Owner()
+        lock = owner.lock = mgr.lock(name, owner=owner)
         deadline = time.monotonic() + self.retry_count * self.retry_delay
         failures = 0
         while True:
@@ -218,10 +167,9 @@ class Redlock:
                 continue
             if not got:
                 return False
-            remaining = lock.remaining()
-            validity = int(remaining * 1000)
+            validity = int(lock.remaining() * 1000)
             if validity > 0:
-                held.add(name, key, _Taken(owner, lock, time.monotonic() + remaining))
+                registry(mgr).add((name, key), owner)
                 return Lock(validity, resource, key)
             # Less than a millisecond left: redlock-py counts that as a failed try.
             _release(lock)
@@ -230,7 +178,8 @@ class Redlock:
 
     def unlock(self, lock: Lock) -> None:
         """Release ``lock`` (one that expired, or was released before, is ignored)."""
-        taken = _held_by(self._manager).pop(_name(lock.resource), lock.key)
+        key = lock.key if isinstance(lock.key, bytes) else None
+        taken = registry(self._manager).pop((_name(lock.resource), key))
         if taken is None:
             return
         try:
