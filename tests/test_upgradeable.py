@@ -736,6 +736,18 @@ def test_asyncio_excludes_on_a_recorded_history(masters: list[str], tmp_path: Pa
     assert counter["w"] == 12
     report = check(load(path), final_counter=counter)
     assert report.ok, report.format()
+    # On a loaded machine a write hold may be left on a minority of the masters after
+    # the managers closed (an open defect: a late call of the holder reached a master
+    # after its release). It must lapse within its lease (5 s), as documented for
+    # holds a release could not remove.
+    clients = [redis.Redis.from_url(url) for url in masters]
+    try:
+        wait_until(
+            lambda: not any(c.keys(f"*{{{name}}}*") for c in clients), "leftovers lapsed", 10
+        )
+    finally:
+        for c in clients:
+            c.close()
 
 
 # -- the history checker knows the upgradeable mode (no server) -----------------------------
