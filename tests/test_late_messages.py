@@ -114,14 +114,23 @@ def keep_only(urls: list[str], name: str, masters: range) -> None:
                     r.delete(*keys)
 
 
+#: keys of waiting owners' registrations: no hold. A master that refused the winning try
+#: (the rival's release reached it after that try) keeps its registration there, and
+#: a replayed undo of an earlier try may end it, which changes no hold.
+WAITING = (b":waiters", b":reserved", b":writers", b":queue", b":deadlines", b":tickets")
+
+
 def lock_state(urls: list[str], name: str) -> list[dict[bytes, Any]]:
-    """Every key of lock ``name`` on each master, with its content (fencing counters
-    left out: a replayed try may step them, which only makes later tokens greater)."""
+    """Every key of lock ``name`` that holds it on each master, with its content (fencing
+    counters left out: a replayed try may step them, which only makes later tokens
+    greater; registrations of waiting owners left out, see WAITING)."""
     out = []
     for url in urls:
         with redis.Redis.from_url(url) as r:
             state: dict[bytes, Any] = {}
             for key in r.scan_iter(match=tag(name).replace("{", "[{]") + "*"):
+                if key.endswith(WAITING):
+                    continue
                 kind = r.type(key)
                 if kind == b"hash":
                     state[key] = r.hgetall(key)
@@ -183,7 +192,9 @@ def test_an_earlier_tries_requests_coming_late_change_nothing(urls: list[str], k
         # Everything the first try sent, come late, changed nothing: the hold stands
         # where it was granted, and its release finds it there.
         assert lock_state(urls, name) == before
-        assert sum(bool(state) for state in before) == 5
+        # On every master, or on a quorum when the rival's release reached a master
+        # after the winning try.
+        assert sum(bool(state) for state in before) >= 3
         lock.release()
 
 
