@@ -884,7 +884,7 @@ def test_force_unlock_wakes_one_registered_waiter(world: Worlds) -> None:
     w.take_elsewhere(range(5))
     for m in w.masters:
         m.set_waiters(waiters_key("x"), {"m-other:t7": w.clock() + 5, "m-other:t8": w.clock() + 6})
-    assert w.run(w.engine.force_unlock((EXCLUSIVE,), "x")) is True
+    assert w.run(w.engine.force_unlock_families((EXCLUSIVE,), "x")) is True
     assert w.hub.notices == [((wake_channel("x"),), ("m-other:t7",))]
     assert waiters_of(w) == [["m-other:t7", "m-other:t8"]] * 5
     assert all(woken(m, "m-other:t7") and not woken(m, "m-other:t8") for m in w.masters)
@@ -1221,7 +1221,7 @@ def test_a_deferred_wake_up_and_a_force_unlock_name_their_manager_in_their_relea
     w.clock.advance(GRACE * 1.5)
     due, _ = w.engine.turns.due()
     w.run(w.engine.send_wakes(due))
-    w.run(w.engine.force_unlock((EXCLUSIVE,), "x"))
+    w.run(w.engine.force_unlock_families((EXCLUSIVE,), "x"))
     wake, force = (w.transport.rounds[i][0][0] for i in (-2, -1))
     assert wake.args[0] == "wake" and force.args[0] == "force"
     for call in (wake, force):

@@ -34,8 +34,9 @@ class Election(Lock):
         fencing: bool | None = None,
         cancel_on_loss: bool = False,
         owner: str | None = None,
+        kind: LockKind | None = None,
     ) -> None:
-        super().__init__(engine, driver, name, True, cancel_on_loss, owner)
+        super().__init__(engine, driver, name, True, cancel_on_loss, owner, kind)  # always fenced
 
     def campaign(self, value: bytes | str = b"", timeout: float = -1) -> Campaign:
         """Wait until the current task leads, then proclaim ``value`` (see

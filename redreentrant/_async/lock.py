@@ -49,8 +49,9 @@ class Lock(LockCore):
         fencing: bool | None = None,
         cancel_on_loss: bool = False,
         owner: str | None = None,
+        kind: LockKind | None = None,
     ) -> None:
-        super().__init__(engine, name, fencing, owner)
+        super().__init__(engine, name, fencing, owner, kind)
         self._driver = driver
         if not isinstance(cancel_on_loss, bool):
             raise TypeError(f"cancel_on_loss must be True or False, not {cancel_on_loss!r}")
@@ -148,12 +149,13 @@ class Lock(LockCore):
             raise LockLostError(f"lock {self.name!r} was lost: {hold.lost}") from exc
 
     async def locked(self) -> bool:
-        """Whether anyone holds the lock on a quorum of masters (one round, read-only)."""
+        """Whether anyone holds the lock (a multi-lock: any of its names) on a quorum of
+        masters (read-only rounds)."""
         return await self._driver.run(self._engine.locked(self.kind, self.name))
 
     async def force_unlock(self) -> bool:
         """Delete the lock on every master, whoever holds it, and wake its waiters."""
-        return await self._driver.run(self._engine.force_unlock((self.kind,), self.name))
+        return await self._driver.run(self._engine.force_unlock(self.kind, self.name))
 
     async def raise_fence(self, at_least: int) -> int:
         """See :meth:`redreentrant.Lock.raise_fence`."""
@@ -208,9 +210,3 @@ class FairLock(Lock):
     """The asyncio twin of :class:`redreentrant.FairLock`."""
 
     kind: LockKind = FAIR
-
-
-#: the asyncio lock class of each kind
-LOCK_CLASSES: dict[str, type[Lock]] = {
-    k.kind.label: k for k in (Lock, ReadLock, WriteLock, UpgradeableReadLock, FairLock)
-}

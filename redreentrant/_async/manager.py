@@ -19,15 +19,7 @@ from .._core.decorators import Synchronized, SyncKind
 from .._core.engine import Engine
 from .._core.holds import Hold
 from .._core.keys import validate_name
-from .._core.kinds import (
-    FAMILIES,
-    ElectionKind,
-    LockKind,
-    MultiKind,
-    SemaphoreKind,
-    multi_kind,
-    multi_names,
-)
+from .._core.kinds import FAMILIES, LockKind, MultiKind, multi_kind, multi_names, semaphore_kind
 from .._core.listeners import LockListener
 from .._core.locking import ReadWriteLock
 from .._core.manager import SCAN_COUNT, ManagerCore, names_match, owner_token
@@ -38,7 +30,7 @@ from .cluster import NodeClients, cluster_types
 from .decorators import synchronize
 from .driver import AsyncDriver
 from .election import Election
-from .lock import LOCK_CLASSES, Lock, UpgradeableReadLock
+from .lock import FairLock, Lock, ReadLock, UpgradeableReadLock, WriteLock
 from .multilock import MultiLock
 from .owner import task_token
 from .semaphore import Semaphore
@@ -55,6 +47,13 @@ else:
     Master = str | redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: the registry of lock classes: the class of each kind's lock objects, by the kind's
+#: label (a multi-lock's kind is made per set of names)
+LOCK_CLASSES: dict[str, type[Lock]] = {
+    k.kind.label: k
+    for k in (Lock, ReadLock, WriteLock, UpgradeableReadLock, FairLock, Semaphore, Election)
+} | {MultiKind.label: MultiLock}
 L = TypeVar("L", bound=Lock)
 
 
@@ -193,7 +192,8 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         for :meth:`lock`."""
         self._engine.check_open()
         permits = check_permits(permits)
-        made = Semaphore(self._engine, self._driver, name, permits, False, owner_token(owner))
+        kind = semaphore_kind(permits)
+        made = Semaphore(self._engine, self._driver, name, None, False, owner_token(owner), kind)
         return self._cancelling(made, cancel_on_loss)
 
     @staticmethod
@@ -218,18 +218,13 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         if isinstance(names, str):
             raise TypeError("multi_lock takes several names (a list), not one str")
         kind = multi_kind(multi_names(names))
-        made = MultiLock(self._engine, self._driver, kind, fencing, False, owner_token(owner))
+        token, name = owner_token(owner), kind.label_of_names
+        made = MultiLock(self._engine, self._driver, name, fencing, False, token, kind)
         return self._cancelling(made, cancel_on_loss)
 
     def _make(self, kind: LockKind, name: str, fencing: bool | None, owner: str | None) -> Lock:
-        engine, driver = self._engine, self._driver
-        if isinstance(kind, ElectionKind):
-            return Election(engine, driver, name, None, False, owner)
-        if isinstance(kind, MultiKind):
-            return MultiLock(engine, driver, kind, fencing, False, owner)
-        if isinstance(kind, SemaphoreKind):
-            return Semaphore(engine, driver, name, kind.permits, False, owner)
-        return LOCK_CLASSES[kind.label](engine, driver, name, fencing, False, owner)
+        made = LOCK_CLASSES.get(kind.label, Lock)  # a kind without a class of its own
+        return made(self._engine, self._driver, name, fencing, False, owner, kind.seen_as())
 
     @overload
     def synchronized(
@@ -335,7 +330,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
     async def force_unlock(self, name: str) -> bool:
         """Delete every kind of lock named ``name`` on every master (see the sync manager)."""
         validate_name(name)
-        return await self._driver.run(self._engine.force_unlock(FAMILIES, name))
+        return await self._driver.run(self._engine.force_unlock_families(FAMILIES, name))
 
     async def close(self) -> None:
         """Stop the watchdog task and the wake-up readers, and close the clients made

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .._core.engine import Engine
-from .._core.kinds import SemaphoreKind, semaphore_kind
+from .._core.kinds import SEMAPHORES, LockKind, SemaphoreKind
 from .._core.owner import OwnerInfo, parse_owner
 from .driver import AsyncDriver
 from .lock import Lock
@@ -13,19 +13,19 @@ class Semaphore(Lock):
     """The asyncio twin of :class:`redreentrant.Semaphore`: its permits are owned by
     tasks. Get one from :meth:`LockManager.semaphore`."""
 
-    kind: SemaphoreKind
+    kind: SemaphoreKind = SEMAPHORES
 
     def __init__(
         self,
         engine: Engine,
         driver: AsyncDriver,
         name: str,
-        permits: int,
+        fencing: bool | None = None,
         cancel_on_loss: bool = False,
         owner: str | None = None,
+        kind: LockKind | None = None,
     ) -> None:
-        super().__init__(engine, driver, name, False, cancel_on_loss, owner)
-        self.kind = semaphore_kind(permits)
+        super().__init__(engine, driver, name, False, cancel_on_loss, owner, kind)  # never fenced
 
     def __repr__(self) -> str:
         return f"<Semaphore {self.name!r} permits={self.permits}>"

@@ -27,23 +27,13 @@ from .errors import (
     FencingError,
     LockLostError,
     LockNotOwnedError,
-    LockUpgradeError,
     ManagerClosedError,
     QuorumUnavailableError,
 )
 from .fencing import FENCE_TTL_MS, check_token, floor_of, integer_of
 from .holds import Guard, Hold, Holds, Signal
 from .keys import home_channel
-from .kinds import (
-    EXCLUSIVE,
-    READ,
-    UPGRADE,
-    UPGRADEABLE,
-    WRITE,
-    LockKind,
-    MultiKind,
-    SemaphoreKind,
-)
+from .kinds import UPGRADEABLE, WRITE, FamilyKind, LockKind, MultiKind, SemaphoreKind
 from .listeners import LockInfo, LockListener, tell
 from .masters import connect, master_name
 from .owner import new_manager_id
@@ -302,10 +292,8 @@ class Engine:
             if lease is None and max_hold is None  # the usual acquire, checked cheaply
             else settings.hold_cap(lease, max_hold)
         )
-        if kind.upgrade_from is not None:
-            kind = self._side(kind, name, owner)
-        elif kind.names or self.holds.in_multi:
-            self._refuse_overlap(kind, name, owner)
+        if kind.looks_around or self.holds.in_multi:
+            kind = kind.first_hold(self.holds, name, owner)
         site = call_site(caller)
         deadline = None if timeout == -1 or not blocking else self.clock() + timeout
         # After its turn on several masters, an owner lets the waiter woken go first.
@@ -324,45 +312,6 @@ class Engine:
         if grant is not None and self.closed:
             yield from self._closed_meanwhile(grant.kind or kind, name, owner, grant.tag)
         return self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
-
-    def _side(self, kind: LockKind, name: str, owner: str) -> LockKind:
-        """How ``owner`` takes a first hold of ``kind``, a side of the read/write lock
-        ``name``, given its holds of the other sides: the write side, by the holder of
-        the upgradeable side, is its upgrade (:data:`~.kinds.UPGRADE`, the same hold);
-        the write or the upgradeable side, by a holder of the read side, and the
-        upgradeable side, by a writer, raise :class:`LockUpgradeError` at once (they
-        would wait for the owner itself, or for an upgrade that waits for it)."""
-        holds = self.holds
-        if kind is WRITE and holds.get(UPGRADEABLE, name, owner) is not None:
-            return UPGRADE
-        for side in (READ, WRITE):
-            if side is not kind and holds.get(side, name, owner) is not None:
-                have, want = side.label[3:], kind.label[3:]
-                raise LockUpgradeError(
-                    f"lock {name!r}: a holder of the {have} lock cannot take the {want}"
-                    f" lock (release the {have} lock first)"
-                )
-        return kind
-
-    def _refuse_overlap(self, kind: LockKind, name: str, owner: str) -> None:
-        """A multi-lock takes the plain locks of its names, and a master keeps one hold
-        count per name and owner: an owner cannot hold a name both alone and in a
-        multi-lock (or in two), which would share that count. Such a first hold raises
-        :class:`LockUpgradeError` at once."""
-        in_multi = self.holds.in_multi
-        if kind is EXCLUSIVE:
-            if (name, owner) in in_multi:
-                raise LockUpgradeError(
-                    f"lock {name!r} is held by this owner in a multi-lock: it cannot take"
-                    " that lock by itself too (release the multi-lock first)"
-                )
-            return
-        for n in kind.names:
-            if (n, owner) in in_multi or self.holds.get(EXCLUSIVE, n, owner) is not None:
-                raise LockUpgradeError(
-                    f"lock {n!r} is held by this owner already: a multi-lock of it cannot"
-                    " be taken besides (release that lock first)"
-                )
 
     def _acquire_told(
         self,
@@ -530,28 +479,36 @@ class Engine:
         return hold.fencing_token
 
     def fence_floor(self, kind: LockKind, name: str) -> Steps[int]:
-        """What ``name``'s fencing counters must be raised to for its next tokens to be
-        larger than every token handed out (see ``Lock.fence_floor``)."""
+        """What ``name``'s fencing counters (each of a multi-lock's names') must be
+        raised to for its next tokens to be larger than every token handed out (see
+        ``Lock.fence_floor``)."""
         _check_fenced(kind, name)
         q = self.quorum
-        replies = yield q.everywhere(kind.fence_read(name))
-        return floor_of(q, name, replies)
+        floors = []
+        for family, n in kind.families(name):
+            replies = yield q.everywhere(family.fence_read(n))
+            floors.append(floor_of(q, n, replies))
+        return max(floors)
 
     def raise_fence(self, kind: LockKind, name: str, at_least: int) -> Steps[int]:
-        """Raise ``name``'s fencing counters to at least ``at_least`` on every master
-        (see ``Lock.raise_fence``); returns how many masters acknowledged."""
+        """Raise ``name``'s fencing counters (each of a multi-lock's names') to at least
+        ``at_least`` on every master (see ``Lock.raise_fence``); returns how many masters
+        acknowledged (the fewest for a name)."""
         _check_fenced(kind, name)
         check_token(at_least, "raise_fence(at_least=...)")
         q = self.quorum
-        replies = yield q.everywhere(kind.fence_raise(name, at_least, FENCE_TTL_MS))
-        failed = {
-            i: r[0] if isinstance(r[0], BaseException) else RuntimeError(f"odd reply {r[0]!r}")
-            for i, r in enumerate(replies)
-            if integer_of(r[0]) is None
-        }
-        if len(failed) > q.tolerated:
-            raise q.unavailable(f"raise the fencing counter of {name!r}", failed)
-        return q.size - len(failed)
+        acked = q.size
+        for family, n in kind.families(name):
+            replies = yield q.everywhere(family.fence_raise(n, at_least, FENCE_TTL_MS))
+            failed = {
+                i: r[0] if isinstance(r[0], BaseException) else RuntimeError(f"odd reply {r[0]!r}")
+                for i, r in enumerate(replies)
+                if integer_of(r[0]) is None
+            }
+            if len(failed) > q.tolerated:
+                raise q.unavailable(f"raise the fencing counter of {n!r}", failed)
+            acked = min(acked, q.size - len(failed))
+        return acked
 
     def held(self, kind: LockKind, name: str, owner: str) -> Hold:
         """``owner``'s hold on ``name``, or :class:`LockNotOwnedError`."""
@@ -636,7 +593,8 @@ class Engine:
             # Off the watchdog before the release runs, so it is never renewed after.
             self.holds.remove(hold)
             # The last release of an upgradeable read frees its upgrade (rwlock.lua).
-            upgraded = self.holds.get(WRITE, name, owner) if kind is UPGRADEABLE else None
+            also = kind.ends_too
+            upgraded = self.holds.get(also, name, owner) if also is not None else None
             if upgraded is not None:
                 self.holds.remove(upgraded)
             # A renewal of it under way may reach a master after this release (on
@@ -737,14 +695,26 @@ class Engine:
                 yield from wake_steps(self.quorum, kind, name, reserve, self.id)
 
     def locked(self, kind: LockKind, name: str) -> Steps[bool]:
-        """Whether anyone holds ``name`` on a quorum (read-only)."""
-        views = yield from probe_steps(self.quorum, (kind,), name)
-        return held_by_quorum(self.quorum, kind, views)
+        """Whether anyone holds ``name`` (any of a multi-lock's names) on a quorum
+        (read-only)."""
+        for family, n in kind.families(name):
+            views = yield from probe_steps(self.quorum, (family,), n)
+            if held_by_quorum(self.quorum, family, views):
+                return True
+        return False
 
-    def force_unlock(self, kinds: Sequence[LockKind], name: str) -> Steps[bool]:
+    def force_unlock(self, kind: LockKind, name: str) -> Steps[bool]:
+        """Free ``name``'s lock of ``kind`` (each of a multi-lock's names) whoever holds
+        it (see :meth:`force_unlock_families`)."""
+        deleted = False
+        for family, n in kind.families(name):
+            deleted = (yield from self.force_unlock_families((family,), n)) or deleted
+        return deleted
+
+    def force_unlock_families(self, kinds: Sequence[FamilyKind], name: str) -> Steps[bool]:
         return force_unlock_steps(self.quorum, kinds, name, self.id)
 
-    def probe(self, kinds: Sequence[LockKind], name: str) -> Steps[list[MasterView]]:
+    def probe(self, kinds: Sequence[FamilyKind], name: str) -> Steps[list[MasterView]]:
         return probe_steps(self.quorum, kinds, name)
 
     def permits_free(self, kind: SemaphoreKind, name: str) -> Steps[int]:

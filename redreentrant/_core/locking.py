@@ -27,8 +27,15 @@ class LockCore:
     kind: LockKind = EXCLUSIVE
 
     def __init__(
-        self, engine: Engine, name: str, fencing: bool | None = None, owner: str | None = None
+        self,
+        engine: Engine,
+        name: str,
+        fencing: bool | None = None,
+        owner: str | None = None,
+        kind: LockKind | None = None,
     ) -> None:
+        if kind is not None:  # a kind of each instance's own (a semaphore's, a multi-lock's)
+            self.kind = kind
         self._engine = engine
         self.name = validate_name(name)
         #: whether a first hold of this lock gets a fencing token (see :attr:`token`)

@@ -31,7 +31,7 @@ from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .fencing import FENCE_TTL_MS, integer_of, kept_counter, token_of
 from .holds import Hold
 from .keys import key_slot
-from .kinds import LockKind, Renewal, hold_value
+from .kinds import FamilyKind, LockKind, Renewal, hold_value
 from .quorum import (
     Quorum,
     Tally,
@@ -503,7 +503,7 @@ def extend_steps(
 
 
 def force_unlock_steps(
-    q: Quorum, kinds: Sequence[LockKind], name: str, manager: str
+    q: Quorum, kinds: Sequence[FamilyKind], name: str, manager: str
 ) -> Steps[bool]:
     """Delete ``name``'s locks of the given kinds on every master, whoever holds them,
     and wake their waiters (for ``manager``, its id). True if any master had one."""
@@ -528,7 +528,7 @@ def force_unlock_steps(
     return deleted
 
 
-def probe_steps(q: Quorum, kinds: Sequence[LockKind], name: str) -> Steps[list[MasterView]]:
+def probe_steps(q: Quorum, kinds: Sequence[FamilyKind], name: str) -> Steps[list[MasterView]]:
     """Read ``name``'s locks of the given kinds on every master, changing nothing
     (beyond purging holds and waiters whose time has ended)."""
     replies = yield q.everywhere(*(k.probe(name) for k in kinds))
@@ -550,7 +550,7 @@ def probe_steps(q: Quorum, kinds: Sequence[LockKind], name: str) -> Steps[list[M
     return out
 
 
-def held_by_quorum(q: Quorum, kind: LockKind, views: Sequence[MasterView]) -> bool:
+def held_by_quorum(q: Quorum, kind: FamilyKind, views: Sequence[MasterView]) -> bool:
     """Whether a quorum of masters holds the lock (for ``locked()``)."""
     failed = {i: RuntimeError(v.error) for i, v in enumerate(views) if v.error is not None}
     if len(failed) > q.tolerated:

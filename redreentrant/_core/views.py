@@ -10,7 +10,8 @@ class LockView:
     """One lock kind present under a name on one master."""
 
     kind: str
-    """``"lock"``, ``"rw"`` or ``"fair"``."""
+    """The lock's family: ``"lock"``, ``"rw"``, ``"fair"``, ``"semaphore"`` or
+    ``"election"``."""
     mode: str | None
     """``"read"`` or ``"write"`` for a read/write lock, else None."""
     ttl: float | None

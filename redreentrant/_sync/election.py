@@ -34,8 +34,9 @@ class Election(Lock):
         name: str,
         fencing: bool | None = None,
         owner: str | None = None,
+        kind: LockKind | None = None,
     ) -> None:
-        super().__init__(engine, driver, name, True, owner)
+        super().__init__(engine, driver, name, True, owner, kind)  # always fenced
 
     def campaign(self, value: bytes | str = b"", timeout: float = -1) -> Election:
         """Wait (woken, not polling) until the calling thread leads, then proclaim

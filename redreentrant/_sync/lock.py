@@ -30,8 +30,9 @@ class Lock(LockCore):
         name: str,
         fencing: bool | None = None,
         owner: str | None = None,
+        kind: LockKind | None = None,
     ) -> None:
-        super().__init__(engine, name, fencing, owner)
+        super().__init__(engine, name, fencing, owner, kind)
         self._driver = driver
 
     def acquire(
@@ -128,7 +129,8 @@ class Lock(LockCore):
         self._driver.run(engine.release(self.kind, self.name, self._owner(), quiet))
 
     def locked(self) -> bool:
-        """Whether anyone holds the lock on a quorum of masters (one round, read-only)."""
+        """Whether anyone holds the lock (a multi-lock: any of its names) on a quorum of
+        masters (read-only rounds)."""
         return self._driver.run(self._engine.locked(self.kind, self.name))
 
     def force_unlock(self) -> bool:
@@ -138,7 +140,7 @@ class Lock(LockCore):
         next renewal, re-entry or release raises :class:`LockLostError`. Returns True if
         any master had the lock.
         """
-        return self._driver.run(self._engine.force_unlock((self.kind,), self.name))
+        return self._driver.run(self._engine.force_unlock(self.kind, self.name))
 
     def raise_fence(self, at_least: int) -> int:
         """Raise this lock's fencing counters to at least ``at_least`` on every master;
@@ -242,9 +244,3 @@ class FairLock(Lock):
     """
 
     kind: LockKind = FAIR
-
-
-#: the sync lock class of each kind
-LOCK_CLASSES: dict[str, type[Lock]] = {
-    k.kind.label: k for k in (Lock, ReadLock, WriteLock, UpgradeableReadLock, FairLock)
-}

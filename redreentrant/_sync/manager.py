@@ -16,15 +16,7 @@ from .._core.cluster import ClusterMember
 from .._core.decorators import Synchronized, SyncKind
 from .._core.engine import Engine
 from .._core.keys import validate_name
-from .._core.kinds import (
-    FAMILIES,
-    ElectionKind,
-    LockKind,
-    MultiKind,
-    SemaphoreKind,
-    multi_kind,
-    multi_names,
-)
+from .._core.kinds import FAMILIES, LockKind, MultiKind, multi_kind, multi_names, semaphore_kind
 from .._core.listeners import LockListener
 from .._core.manager import SCAN_COUNT, ManagerCore, names_match, owner_token
 from .._core.masters import no_handshake, with_valkey
@@ -34,7 +26,7 @@ from .cluster import NodeClients, cluster_types
 from .decorators import synchronize
 from .driver import SyncDriver
 from .election import Election
-from .lock import LOCK_CLASSES, Lock, UpgradeableReadLock
+from .lock import FairLock, Lock, ReadLock, UpgradeableReadLock, WriteLock
 from .multilock import MultiLock
 from .owner import thread_token
 from .semaphore import Semaphore
@@ -51,6 +43,13 @@ else:
     Master = str | redis.Redis | redis.cluster.RedisCluster
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: the registry of lock classes: the class of each kind's lock objects, by the kind's
+#: label (a multi-lock's kind is made per set of names)
+LOCK_CLASSES: dict[str, type[Lock]] = {
+    k.kind.label: k
+    for k in (Lock, ReadLock, WriteLock, UpgradeableReadLock, FairLock, Semaphore, Election)
+} | {MultiKind.label: MultiLock}
 
 
 def url_client(url: str, timeout: float) -> redis.Redis:
@@ -148,7 +147,8 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         for what happens while they differ. ``owner`` as for :meth:`lock`."""
         self._engine.check_open()
         permits = check_permits(permits)
-        return Semaphore(self._engine, self._driver, name, permits, owner_token(owner))
+        kind = semaphore_kind(permits)
+        return Semaphore(self._engine, self._driver, name, None, owner_token(owner), kind)
 
     def multi_lock(
         self, names: Iterable[str], *, fencing: bool | None = None, owner: object = None
@@ -160,7 +160,8 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         if isinstance(names, str):
             raise TypeError("multi_lock takes several names (a list), not one str")
         kind = multi_kind(multi_names(names))
-        return MultiLock(self._engine, self._driver, kind, fencing, owner_token(owner))
+        token = owner_token(owner)
+        return MultiLock(self._engine, self._driver, kind.label_of_names, fencing, token, kind)
 
     def election(self, name: str, *, owner: object = None) -> Election:
         """Leader election on ``name`` (see :class:`Election`): ``campaign()`` to lead,
@@ -169,14 +170,8 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         return Election(self._engine, self._driver, name, None, owner_token(owner))
 
     def _make(self, kind: LockKind, name: str, fencing: bool | None, owner: str | None) -> Lock:
-        engine, driver = self._engine, self._driver
-        if isinstance(kind, ElectionKind):
-            return Election(engine, driver, name, None, owner)
-        if isinstance(kind, MultiKind):
-            return MultiLock(engine, driver, kind, fencing, owner)
-        if isinstance(kind, SemaphoreKind):
-            return Semaphore(engine, driver, name, kind.permits, owner)
-        return LOCK_CLASSES[kind.label](engine, driver, name, fencing, owner)
+        made = LOCK_CLASSES.get(kind.label, Lock)  # a kind without a class of its own
+        return made(self._engine, self._driver, name, fencing, owner, kind.seen_as())
 
     @overload
     def synchronized(
@@ -293,7 +288,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         wake the waiters. Returns True if any master had one. The holders are not told
         until their next renewal, re-entry or release raises :class:`LockLostError`."""
         validate_name(name)
-        return self._driver.run(self._engine.force_unlock(FAMILIES, name))
+        return self._driver.run(self._engine.force_unlock_families(FAMILIES, name))
 
     def close(self) -> None:
         """Stop the watchdog and the wake-up subscriber, and close the clients made from

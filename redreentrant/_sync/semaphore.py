@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .._core.engine import Engine
-from .._core.kinds import SemaphoreKind, semaphore_kind
+from .._core.kinds import SEMAPHORES, LockKind, SemaphoreKind
 from .._core.owner import OwnerInfo, parse_owner
 from .driver import SyncDriver
 from .lock import Lock
@@ -19,18 +19,18 @@ class Semaphore(Lock):
     release, not by polling. Get one from :meth:`LockManager.semaphore`.
     """
 
-    kind: SemaphoreKind
+    kind: SemaphoreKind = SEMAPHORES
 
     def __init__(
         self,
         engine: Engine,
         driver: SyncDriver,
         name: str,
-        permits: int,
+        fencing: bool | None = None,
         owner: str | None = None,
+        kind: LockKind | None = None,
     ) -> None:
-        super().__init__(engine, driver, name, False, owner)
-        self.kind = semaphore_kind(permits)
+        super().__init__(engine, driver, name, False, owner, kind)  # never fenced
 
     def __repr__(self) -> str:
         return f"<Semaphore {self.name!r} permits={self.permits} hold_count={self.hold_count}>"

@@ -1,0 +1,144 @@
+"""The fair lock: granted in order of arrival (see ``lua/fairlock.lua``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import keys, scripts
+from ..effects import Call
+from ..quorum import Quorum
+from ..views import LockView, pairs, text, ttl_of
+from .base import FamilyKind, count_of
+
+
+class FairKind(FamilyKind):
+    """The fair lock: granted in order of arrival (see ``lua/fairlock.lua``)."""
+
+    label = "fair"
+    family = "fair"
+    stems = ("fair",)
+    queued = True
+    targeted = False
+    hands_over = False
+
+    # The keys are named after the family: "fair" here, "election" for ElectionKind.
+    def _keys(self, name: str) -> tuple[str, ...]:
+        stem = self.family
+        return (
+            keys.aux_key(name, stem),
+            keys.aux_key(name, f"{stem}:queue"),
+            keys.aux_key(name, f"{stem}:deadlines"),
+            keys.aux_key(name, f"{stem}:tickets"),
+        )
+
+    def _prefix(self, name: str) -> str:
+        return keys.aux_key(name, f"{self.family}:wake:")
+
+    def key(self, name: str) -> str:
+        return keys.aux_key(name, self.family)
+
+    def fence_key(self, name: str) -> str:
+        return keys.aux_key(name, f"{self.family}:fence")
+
+    def wake_channel(self, name: str, owner: str) -> str:
+        return self._prefix(name) + owner
+
+    def notify_channels(self, name: str) -> tuple[str, ...]:
+        return ()  # the next owner is chosen in Redis and woken through its own channel
+
+    def attempt(
+        self,
+        q: Quorum,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        hold: str,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
+        ticket: int = 0,
+    ) -> Call:
+        return self.acquire(name, owner, lease_ms, hold, wait_ms, ticket=ticket)
+
+    def acquire(
+        self,
+        name: str,
+        owner: str,
+        lease_ms: int,
+        hold: str,
+        wait_ms: int,
+        polite_ms: int = 0,
+        place_ms: int = 0,
+        ticket: int = 0,
+    ) -> Call:
+        # Never polite, and no proposed place: fairlock.lua keeps its own queue, each
+        # place in it tagged with the ticket of the acquire that took it (see settle).
+        queued = ticket if ticket and wait_ms > 0 and hold.startswith("1:") else ""
+        args = ("acquire", owner, lease_ms, hold, wait_ms, queued)
+        return Call(scripts.FAIRLOCK, self._keys(name), args, None, (3,))
+
+    def release(
+        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
+    ) -> Call:
+        return self._release(name, owner, left, release_id, "1")
+
+    def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
+        return self._release(name, owner, left, release_id, "0")
+
+    def _release(self, name: str, owner: str, left: str, rid: str, leave_queue: str) -> Call:
+        args = ("release", owner, left, self._prefix(name), rid, leave_queue)
+        return Call(scripts.FAIRLOCK, self._keys(name), args)
+
+    def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
+        # Leaves the queue only: a try that was granted is undone, holding nothing.
+        return Call(
+            scripts.FAIRLOCK, self._keys(name), ("abandon", owner, self._prefix(name), release_id)
+        )
+
+    def settle(
+        self, name: str, owner: str, replies: Sequence[Sequence[object]], release_id: str
+    ) -> Call | None:
+        # Masters whose queues disagree grant different heads, round after round. A
+        # waiter caught in such a split yields to the head of the most masters (of the
+        # smallest owner id among equals) unless that is itself: the order most masters
+        # saw wins everywhere, and the next round reaches a quorum. A head is a place
+        # in the queues: its owner and the ticket of the acquire that took it. The
+        # yield moves the waiter behind that place only: by the time it runs, the head
+        # may have been a holder that released and queued again, now a new arrival.
+        heads: dict[tuple[str, str], int] = {}
+        for per_master in replies:
+            reply = per_master[0] if per_master else None
+            if not isinstance(reply, list) or not reply:
+                continue
+            head = (owner, "")
+            if int(reply[0]) != 1:
+                if len(reply) < 3 or not reply[2]:
+                    continue
+                head = (text(reply[2]), text(reply[3]) if len(reply) >= 4 else "")
+                if head[0] == owner:
+                    head = (owner, "")
+            heads[head] = heads.get(head, 0) + 1
+        first, ticket = min(heads, key=lambda h: (-heads[h], h), default=(owner, ""))
+        if first == owner:
+            return None
+        args = ("yield", owner, first, self._prefix(name), release_id, ticket)
+        return Call(scripts.FAIRLOCK, self._keys(name), args)
+
+    def force_unlock(self, name: str, release_id: str) -> Call:
+        return Call(scripts.FAIRLOCK, self._keys(name), ("force", self._prefix(name), release_id))
+
+    def probe(self, name: str) -> Call:
+        return Call(scripts.FAIRLOCK, self._keys(name), ("probe",))
+
+    def view(self, reply: object) -> LockView | None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            raise ValueError(f"unexpected probe reply {reply!r}")
+        holders = {owner: count_of(hold) for owner, hold in pairs(reply[1]).items()}
+        # The holder keeps its place at the head until it releases: not a waiter.
+        queue = [w for w in map(text, reply[2]) if w not in holders]
+        if not holders and not queue:
+            return None
+        return LockView(self.family, None, ttl_of(reply[0]), holders, queue)
+
+
+FAIR = FairKind()

@@ -1,0 +1,72 @@
+"""A lock kind added as the architecture page says (a kind over scripts, one
+registration): the rounds, the watchdog, inspection, ``names()``, ``force_unlock`` and
+the report of a lost hold then serve it, on real masters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from helpers import wait_until
+
+from redreentrant import LockManager
+from redreentrant._core import keys, kinds
+from redreentrant._sync.lock import Lock
+from redreentrant.testing import LocalEnsemble
+
+pytestmark = pytest.mark.integration
+
+
+class DemoKind(kinds.PlainKind):
+    """The plain lock's scripts over keys of a family of its own (stem ``demo``)."""
+
+    label = family = noun = "demo"
+    stems = ("demo",)
+
+    def _keys(self, name: str) -> tuple[str, ...]:
+        return tuple(keys.aux_key(name, s) for s in ("demo", "demo:waiters", "demo:reserved"))
+
+    def key(self, name: str) -> str:
+        return keys.aux_key(name, "demo")
+
+    def fence_key(self, name: str) -> str:
+        return keys.aux_key(name, "demo:fence")
+
+
+DEMO = DemoKind()
+
+
+@pytest.fixture
+def demo() -> Iterator[DemoKind]:
+    kinds.register(DEMO)
+    yield DEMO
+    kinds.FAMILIES.remove(DEMO)
+
+
+def test_a_kind_added_through_its_steps_is_served_like_the_others(
+    ensemble: LocalEnsemble, demo: DemoKind
+) -> None:
+    urls = ensemble.urls[:3]
+    lost: list[object] = []
+    with LockManager(urls, lease=1.0, on_lost=lost.append) as mgr, LockManager(urls) as other:
+        mine = Lock(mgr._engine, mgr._driver, "job", kind=demo)
+        theirs = Lock(other._engine, other._driver, "job", kind=demo)
+        assert mine.acquire(timeout=1)
+        with pytest.raises(ValueError, match="registered already"):
+            kinds.register(DemoKind())
+        # Its own keys: the plain lock of the name is another lock.
+        plain = other.lock("job")
+        assert plain.acquire(blocking=False)
+        assert not theirs.acquire(blocking=False)
+        assert mine.locked() and mine.hold_count == 1
+        assert mgr.names() == {"job": ("lock", "demo")}
+        assert [v.locks[-1].kind for v in mgr.inspect("job")] == ["demo"] * 3
+        wait_until(lambda: mine.remaining() > 0.9 and mine.is_owned(), "a renewal", 3)
+        # Forced open: the holder is told (a lock object of its kind) at its next renewal.
+        assert theirs.force_unlock()
+        wait_until(lambda: lost, "the loss reported", 3)
+        assert isinstance(lost[0], Lock) and lost[0].kind is demo and lost[0].name == "job"
+        assert theirs.acquire(timeout=1)
+        theirs.release()
+        plain.release()
+    assert not any(ensemble.keys("*demo*").values())
