@@ -890,7 +890,7 @@ def test_renewals_split_per_slot_and_go_to_each_node_in_one_pipeline() -> None:
     from redreentrant._core.holds import Hold
     from redreentrant._core.kinds import EXCLUSIVE
     from redreentrant._core.quorum import Quorum
-    from redreentrant._core.rounds import renew_steps
+    from redreentrant._core.watchdog import renew_steps
 
     a, b = ("127.0.0.1", 7000), ("127.0.0.1", 7001)
     m = ClusterMember([a], {})

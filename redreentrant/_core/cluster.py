@@ -3,7 +3,7 @@ a round's calls to the nodes that own their slots (no I/O).
 
 A cluster member is one vote in the quorum, like a plain master. Every call of a lock
 names keys of one hash slot (they share the ``{name}`` tag; a renewal batch is split per
-slot for such members, see :func:`~.rounds.renew_steps`), so each call goes to the node
+slot for such members, see :func:`~.watchdog.renew_steps`), so each call goes to the node
 that owns its slot. A transport runs the routed round as it runs any round, over
 *endpoints*: endpoint ``i`` is plain master ``i`` (the same numbers as the members), and
 the nodes of cluster members get endpoints of their own as they are first routed to

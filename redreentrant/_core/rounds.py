@@ -1,5 +1,5 @@
 """The rounds, written once as generators of effects (see :mod:`.effects`): acquire,
-release, force-unlock, probe and renewal.
+release, force-unlock and probe (renewal: :mod:`.watchdog`).
 
 The sync and asyncio front ends drive these same generators; every lock kind runs
 through them, differing only in the calls its :class:`~.kinds.LockKind` builds.
@@ -8,13 +8,10 @@ through them, differing only in the calls its :class:`~.kinds.LockKind` builds.
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .effects import (
-    Call,
     Early,
     Fanout,
     Handed,
@@ -29,9 +26,7 @@ from .effects import (
 )
 from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .fencing import FENCE_TTL_MS, integer_of, kept_counter, token_of
-from .holds import Hold
-from .keys import key_slot
-from .kinds import FamilyKind, LockKind, Renewal, hold_value
+from .kinds import FamilyKind, LockKind, hold_value
 from .quorum import (
     Quorum,
     Tally,
@@ -557,111 +552,3 @@ def held_by_quorum(q: Quorum, kind: FamilyKind, views: Sequence[MasterView]) -> 
         raise q.unavailable("probe", failed)
     held = sum(1 for v in views if any(kind.is_locked(lock) for lock in v.locks))
     return held >= q.needed
-
-
-# -- renewal ----------------------------------------------------------------------------
-
-
-@dataclass
-class Renewals:
-    """The outcome of one watchdog round."""
-
-    #: the holds renewed on a quorum in time, and the new end of their validity
-    renewed: list[Hold]
-    valid_until: float
-    #: the holds gone from so many masters that no renewal can succeed
-    gone: list[Hold]
-    #: the masters whose calls failed, with the first error of each
-    failed: dict[int, BaseException] = field(default_factory=dict)
-
-
-def renew_steps(
-    q: Quorum, holds: Sequence[Hold], lease: float, cluster: set[int]
-) -> Steps[Renewals]:
-    """Renew many holds in one round: per master one call per kind (per hash slot on
-    the masters in ``cluster``, which a CROSSSLOT reply adds to that set).
-
-    A hold whose validity still runs when the round starts is also taken again where
-    it is gone and the lock is free (a master that forgot it, or that could not be
-    reached when it was granted), so that it stands on every master that answers, not
-    on a bare quorum, and one later fault on one master cannot open the lock to a
-    rival. Only masters that kept the hold count toward its renewal: one taken again
-    counts as gone (the hold was not there for a while), so a hold that was gone from
-    a majority is lost, as before, whatever was taken again."""
-    ms = lease_ms(lease)
-    started = q.clock()
-    plain = _renew_calls(holds, ms, False, started)  # the same for every master outside a cluster
-    per_master = [
-        _renew_calls(holds, ms, True, started) if i in cluster else plain for i in range(q.size)
-    ]
-    replies = yield Fanout(tuple(calls for calls, _ in per_master))
-    crossed = [i for i, rs in enumerate(replies) if any(map(_cross_slot, rs))]
-    if crossed:
-        cluster.update(crossed)
-        for i in crossed:
-            per_master[i] = _renew_calls(holds, ms, True, started)
-        again = yield Fanout(tuple(per_master[i][0] if i in crossed else () for i in range(q.size)))
-        for i in crossed:
-            replies[i] = again[i]
-    q.watch.observe(replies, started, q.clock())
-    # Votes per hold, by its place in ``holds``; a master whose clock was seen to jump
-    # does not vote.
-    place = {id(h): n for n, h in enumerate(holds)}
-    renewed = [0] * len(holds)
-    gone = [0] * len(holds)
-    for i, (_, order) in enumerate(per_master):
-        if not q.watch.counts(i):
-            continue
-        for reply, group in zip(replies[i], order, strict=False):
-            if not isinstance(reply, list):
-                continue  # failed: neither renewed nor gone there
-            for h, flag in zip(group, reply, strict=False):  # the time, last, is left out
-                if flag == 1:
-                    renewed[place[id(h)]] += 1
-                elif flag is not None:  # gone there (2: and taken again)
-                    gone[place[id(h)]] += 1
-    valid_until = started + lease - q.drift(lease)
-    needed = q.needed if valid_until > q.clock() else q.size + 1  # too late: none
-    tolerated = q.tolerated
-    failed = {
-        i: error
-        for i, rs in enumerate(replies)
-        if (error := next((r for r in rs if isinstance(r, BaseException)), None)) is not None
-    }
-    return Renewals(
-        [h for h, votes in zip(holds, renewed, strict=True) if votes >= needed],
-        valid_until,
-        [h for h, votes in zip(holds, gone, strict=True) if votes > tolerated],
-        failed,
-    )
-
-
-def _cross_slot(reply: Reply) -> bool:
-    """A cluster node refused keys of several hash slots in one call."""
-    # Matched by name and text: the core imports no client library, and a valkey-py
-    # client raises its own class of the same name.
-    return isinstance(reply, Exception) and (
-        type(reply).__name__ == "ClusterCrossSlotError" or "CROSSSLOT" in str(reply)
-    )
-
-
-def _renew_calls(
-    holds: Sequence[Hold], ms: int, by_slot: bool, started: float
-) -> tuple[tuple[Call, ...], list[list[Hold]]]:
-    # Per kind object: a semaphore's slots are kinds of their own (one per slot).
-    groups: dict[tuple[LockKind, int], list[Hold]] = defaultdict(list)
-    for h in holds:
-        slot = key_slot(h.kind.key(h.name)) if by_slot else 0
-        groups[(h.kind, slot)].append(h)
-    order = list(groups.values())
-    calls = tuple(
-        kind.renew([_renewal(h, started) for h in group], ms) for (kind, _), group in groups.items()
-    )
-    return calls, order
-
-
-def _renewal(hold: Hold, started: float) -> Renewal:
-    """What a renewal round sends for ``hold``: taken again where the lock is free only
-    while its validity runs (count 0 says renew only)."""
-    count = hold.count if hold.valid_until > started else 0
-    return hold.name, hold.owner, hold_value(count, hold.tag)
