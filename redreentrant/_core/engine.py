@@ -200,7 +200,9 @@ class Engine:
 
     def owner_id(self) -> str:
         """The calling owner's id under this manager."""
-        return self.owner_of(self._token())
+        token = self._token()
+        owner = self._owner_ids.get(token)  # owner_of's lookup, without its call
+        return owner if owner is not None else self.owner_of(token)
 
     def owner_of(self, token: str) -> str:
         """The id under this manager of the owner of ``token``."""

@@ -49,9 +49,8 @@ def tag(name: str) -> str:
     return f"{PREFIX}{{{escaped}}}!"
 
 
-def lock_key(name: str) -> str:
-    """The hash holding ``owner -> hold count`` for lock ``name``."""
-    return tag(name)
+#: the hash holding ``owner -> hold`` for the plain lock ``name``: its tag itself
+lock_key = tag
 
 
 @functools.lru_cache(maxsize=4096)
@@ -69,6 +68,13 @@ def reserved_key(name: str) -> str:
     """The plain lock's reservation: the owner id of the waiter a release woke (and
     only it may take the lock), for a few milliseconds."""
     return aux_key(name, "reserved")
+
+
+@functools.lru_cache(maxsize=4096)
+def plain_keys(name: str) -> tuple[str, str, str]:
+    """The plain lock's keys, as its scripts take them: the lock, its waiters and its
+    reservation."""
+    return tag(name), waiters_key(name), reserved_key(name)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -117,7 +117,7 @@ class LockKind(ABC):
         return keys.lock_key(name)
 
     def _keys(self, name: str) -> tuple[str, ...]:
-        return keys.lock_key(name), keys.waiters_key(name), keys.reserved_key(name)
+        return keys.plain_keys(name)
 
     def wake_channel(self, name: str, owner: str) -> str:
         """Where ``owner`` waits for a release of ``name``."""

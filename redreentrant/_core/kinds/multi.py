@@ -38,11 +38,7 @@ class MultiKind(LockKind):
 
     def _all(self) -> tuple[str, ...]:
         # Each name's plain lock keys, as acquire.lua and release.lua have them.
-        return tuple(
-            k
-            for n in self.names
-            for k in (keys.lock_key(n), keys.waiters_key(n), keys.reserved_key(n))
-        )
+        return tuple(k for n in self.names for k in keys.plain_keys(n))
 
     def first_hold(self, holds: OwnHolds, name: str, owner: str) -> LockKind:
         # A master keeps one hold count per name and owner: a name may not be held both
