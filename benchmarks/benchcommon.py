@@ -611,11 +611,11 @@ def raw_calls(name: str) -> tuple[tuple[object, ...], Callable[[int], tuple[obje
     ``name`` by one owner, exactly as its lock kind builds them (an uncontended,
     non-blocking acquire by a try of tag 1, then the final release of that hold with
     release number ``n``)."""
-    from redreentrant._core.kinds import EXCLUSIVE, hold_value
+    from redreentrant._core.kinds import EXCLUSIVE, Try, hold_value
     from redreentrant._core.owner import new_manager_id
 
     owner = f"{new_manager_id()}:t1"  # <host>:<pid>:<uuid>:<thread token>
-    take = EXCLUSIVE.acquire(name, owner, int(LEASE_S * 1000), hold_value(1, 1), 0)
+    take = EXCLUSIVE.acquire(Try(name, owner, int(LEASE_S * 1000), hold_value(1, 1), 0))
     acquire = (len(take.keys), *take.keys, *take.args)
 
     def release(n: int) -> tuple[object, ...]:

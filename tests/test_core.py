@@ -40,7 +40,7 @@ from redreentrant._core.keys import (
     waiters_key,
     wake_channel,
 )
-from redreentrant._core.kinds import EXCLUSIVE, FAIR
+from redreentrant._core.kinds import EXCLUSIVE, FAIR, Try
 from redreentrant._core.mock import AsyncMockTransport, FakeClock, MockTransport
 from redreentrant._core.packing import evalsha_args
 from redreentrant._core.quorum import Quorum, lease_ms, tally_grants
@@ -1076,7 +1076,7 @@ def test_on_several_masters_the_owner_lets_the_waiter_woken_at_its_turns_end_go_
             assert all(not m._hash(lock_key("x")) for m in w.masters)  # still free
             seen.append([(set(m.registered(waiters_key("x"))), woken(m, other)) for m in w.masters])
             for m in w.masters:
-                granted = m.run(EXCLUSIVE.acquire("x", other, lease_ms(LEASE), "1:1", 0))
+                granted = m.run(EXCLUSIVE.acquire(Try("x", other, lease_ms(LEASE), "1:1", 0)))
                 assert isinstance(granted, list) and granted[:2] == [1, 1]
 
     w.hub.on_wait = waiter_comes
@@ -1942,7 +1942,7 @@ def test_the_fanout_round_is_decided_by_votes_and_a_no_wait_round_at_once() -> N
     from redreentrant._core.fanout import FanoutRound
     from redreentrant._core.quorum import NO_WAIT, first_granted
 
-    call = Call(EXCLUSIVE.acquire("x", "o", 1000, 1, 0).script, ("k",), ())
+    call = Call(EXCLUSIVE.acquire(Try("x", "o", 1000, "1", 0)).script, ("k",), ())
     fan = FanoutRound([(call,)] * 5, Early(3, first_granted))
     for i, reply in enumerate([[1, 1], [0, 5], [1, 1]]):
         assert not fan.decided
@@ -2156,7 +2156,7 @@ def test_the_c_packer_packs_a_round_as_redis_py_would() -> None:
         assert pack is None  # without hiredis the client's own packer serves
         return
     assert pack is not None  # hiredis is installed with the dev extra
-    call = EXCLUSIVE.acquire("n\u00e9e}x", "host:1:uuid:t", 30000, 1, 0)
+    call = EXCLUSIVE.acquire(Try("n\u00e9e}x", "host:1:uuid:t", 30000, "1", 0))
     commands = [evalsha_args(call), ("SCRIPT", "LOAD", "return 1")]
     conn = redis.Connection()  # packs without connecting
     assert b"".join(pack(commands)) == b"".join(conn.pack_commands(commands))
@@ -2230,7 +2230,7 @@ def test_a_semaphore_try_sends_every_slot_in_an_order_drawn_from_the_injected_so
 
     draws = iter([0.2, 3.9, 1.5])  # j for i = 3, 2, 1 (Fisher-Yates)
     q = Quorum(("a", "b", "c"), 0.01, 0.1, FakeClock(), lambda lo, hi: next(draws))
-    call = semaphore_kind(4).attempt(q, "s", "o", 1000, "1:1", 0)
+    call = semaphore_kind(4).attempt(q, Try("s", "o", 1000, "1:1", 0))
     order = call.args[6:]
     assert sorted(order) == [1, 2, 3, 4]  # positions of the four slots' keys
     assert order == (4, 2, 3, 1)  # i=3 swaps with 0; i=2 and i=1 stay
@@ -2502,7 +2502,7 @@ def test_a_fair_waiter_does_not_yield_to_a_head_that_left_and_queued_again(
 
     def p0_again() -> None:
         everywhere(FAIR.release("x", p0, freed(p0), "p0:1"), [1, 2, 3])
-        call = FAIR.acquire("x", p0, lease_ms(LEASE), f"1:{next_tag()}", lease_ms(LEASE))
+        call = FAIR.acquire(Try("x", p0, lease_ms(LEASE), f"1:{next_tag()}", lease_ms(LEASE)))
         everywhere(Call(call.script, call.keys, (*call.args[:5], "p0-again")), range(4))
 
     w.hub.on_wait = released_on_m0

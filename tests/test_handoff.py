@@ -26,7 +26,7 @@ from redreentrant import LockManager
 from redreentrant._core import turns
 from redreentrant._core.effects import Call
 from redreentrant._core.keys import PREFIX, home_channel, lock_key, waiters_key, wake_channel
-from redreentrant._core.kinds import EXCLUSIVE
+from redreentrant._core.kinds import EXCLUSIVE, Try
 from redreentrant.asyncio import LockManager as AsyncLockManager
 from redreentrant.testing import LocalEnsemble
 from redreentrant.testing.proxy import TcpProxy
@@ -244,14 +244,16 @@ def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
         with LockManager(urls, lease=30.0) as mgr:
             # A first wait makes the manager hear its home channel (until every master
             # confirmed it, a wait counts as woken at once: a wake-up may be missed).
+            warm_up = EXCLUSIVE.acquire(Try("warm-up", slow, 200, "1", 0))
             for url in urls:
-                assert run_call(url, EXCLUSIVE.acquire("warm-up", slow, 200, "1", 0))[:2] == [1, 1]
+                assert run_call(url, warm_up)[:2] == [1, 1]
             with mgr.lock("warm-up"):
                 pass
             lock = mgr.lock(name)
             lock.acquire()
+            waits = EXCLUSIVE.acquire(Try(name, slow, 30_000, "1", 30_000))
             for url in urls:  # refused, registered as a waiter
-                assert run_call(url, EXCLUSIVE.acquire(name, slow, 30_000, "1", 30_000))[0] == 0
+                assert run_call(url, waits)[0] == 0
             time.sleep(turns.TENURE * 3)  # the turn is over: the release wakes the waiter
             lock.release()
             for p in listeners:
@@ -268,7 +270,7 @@ def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
                     )
                     time.sleep(0.1)  # the waiter is slow
                     outcome.extend(
-                        run_call(url, EXCLUSIVE.acquire(name, slow, 30_000, "1", 0))[:2]
+                        run_call(url, EXCLUSIVE.acquire(Try(name, slow, 30_000, "1", 0)))[:2]
                         for url in urls
                     )
                     for url in urls:  # its release wakes the owner, registered behind it

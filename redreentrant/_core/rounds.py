@@ -26,7 +26,7 @@ from .effects import (
 )
 from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
 from .fencing import FENCE_TTL_MS, integer_of, kept_counter, token_of
-from .kinds import FamilyKind, LockKind, hold_value
+from .kinds import FamilyKind, LockKind, Try, hold_value
 from .quorum import (
     Quorum,
     Tally,
@@ -179,10 +179,10 @@ def acquire_steps(
                 if place <= wall_ms:  # the first try, or the place ended: a new one
                     place = wall_ms + wait_ms
             try_tag = tag if count > 1 else next(_tags)
-            attempt = kind.attempt(
-                q, name, owner, ms, f"{count}:{try_tag}", wait_ms, polite,  # hold_value
+            attempt = kind.attempt(q, Try(
+                name, owner, ms, f"{count}:{try_tag}", wait_ms, polite,  # hold_value
                 place if propose else 0, ticket,
-            )  # fmt: skip
+            ))  # fmt: skip
             polite = 0
             acquire = q.everywhere(attempt, *fence_calls, early=early)
             try:

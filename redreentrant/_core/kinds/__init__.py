@@ -17,7 +17,17 @@ for a family kind (see the architecture page).
 from __future__ import annotations
 
 from .. import keys
-from .base import EXCLUSIVE, FamilyKind, LockKind, PlainKind, Renewal, count_of, hold_value, tag_of
+from .base import (
+    EXCLUSIVE,
+    FamilyKind,
+    LockKind,
+    PlainKind,
+    Renewal,
+    Try,
+    count_of,
+    hold_value,
+    tag_of,
+)
 from .election import ELECTION, ElectionKind
 from .fair import FAIR, FairKind
 from .multi import MultiKind, multi_kind, multi_names
@@ -27,7 +37,7 @@ from .semaphore import SEMAPHORES, SemaphoreKind, semaphore_kind
 __all__ = [
     "ELECTION", "EXCLUSIVE", "FAIR", "FAMILIES", "READ", "SEMAPHORES", "UPGRADE", "UPGRADEABLE",
     "WRITE", "ElectionKind", "FairKind", "FamilyKind", "LockKind", "MultiKind", "PlainKind",
-    "ReadKind", "Renewal", "SemaphoreKind", "UpgradeKind", "UpgradeableKind", "WriteKind",
+    "ReadKind", "Renewal", "SemaphoreKind", "Try", "UpgradeKind", "UpgradeableKind", "WriteKind",
     "count_of", "hold_value", "multi_kind", "multi_names", "name_and_family", "register",
     "semaphore_kind", "tag_of",
 ]  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .. import keys, scripts
 from ..effects import Call, Early, Fanout
@@ -36,6 +36,24 @@ def count_of(hold: object) -> int:
 def tag_of(hold: str) -> int:
     """The tag of a hold (see :func:`hold_value`)."""
     return int(hold.rpartition(":")[2])
+
+
+class Try(NamedTuple):
+    """One try of an acquire, as its kind makes the call (see :meth:`LockKind.acquire`)."""
+
+    name: str
+    owner: str
+    lease_ms: int
+    #: ``"<count>:<tag>"`` (see :func:`hold_value`): count 1 takes, more re-enters
+    hold: str
+    #: how long a refused take registers the owner as a waiter (0: not at all)
+    wait_ms: int
+    #: a polite take's longest wait for another owner's registration (see :mod:`..turns`)
+    polite_ms: int = 0
+    #: the end of the owner's place as a waiter that it proposes, ms since the epoch
+    place_ms: int = 0
+    #: names the acquire, the same in each of its tries
+    ticket: int = 0
 
 
 class OwnHolds(Protocol):
@@ -133,23 +151,12 @@ class LockKind(ABC):
         """When a try's round may stop reading: once a quorum granted."""
         return q.until_granted
 
-    def attempt(
-        self,
-        q: Quorum,
-        name: str,
-        owner: str,
-        lease_ms: int,
-        hold: str,
-        wait_ms: int,
-        polite_ms: int = 0,
-        place_ms: int = 0,
-        ticket: int = 0,
-    ) -> Call:
+    def attempt(self, q: Quorum, t: Try) -> Call:
         """The call of one try (see :meth:`acquire`); ``q`` draws at random for a kind
-        that needs to. ``ticket`` names the acquire, the same in each of its tries: a
+        that needs to. ``t.ticket`` names the acquire, the same in each of its tries: a
         kind that queues its waiters in order (the fair lock) tags the owner's place
         with it."""
-        return self.acquire(name, owner, lease_ms, hold, wait_ms, polite_ms, place_ms)
+        return self.acquire(t)
 
     def judge(
         self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
@@ -165,17 +172,8 @@ class LockKind(ABC):
         take back."""
         return None
 
-    def acquire(
-        self,
-        name: str,
-        owner: str,
-        lease_ms: int,
-        hold: str,
-        wait_ms: int,
-        polite_ms: int = 0,
-        place_ms: int = 0,
-    ) -> Call:
-        """Take (count 1) or re-enter (count > 1) with ``hold``, ``"<count>:<tag>"``
+    def acquire(self, t: Try) -> Call:
+        """Take (count 1) or re-enter (count > 1) with ``t.hold``, ``"<count>:<tag>"``
         (see :func:`hold_value`); replies ``{1, n, time}`` or ``{0, ms, time}`` (the
         server's time in ms last, as every try's reply has it).
 
@@ -184,14 +182,11 @@ class LockKind(ABC):
         the same on every master: see ``lua/acquire.lua``). A ``polite_ms`` take (see
         :mod:`.turns`) is refused, although the lock is free, while another owner is
         registered, and told what is left of that registration, at most ``polite_ms``."""
-        args: tuple[str | int, ...] = (owner, lease_ms, hold, wait_ms)
-        if place_ms:
-            return Call(
-                scripts.ACQUIRE, self._keys(name), (*args, polite_ms, place_ms), None, (2, 5)
-            )
-        if polite_ms:
-            args = (*args, polite_ms)
-        return Call(scripts.ACQUIRE, self._keys(name), args, None, (2,))
+        # The script's arguments are the try's fields from the owner on.
+        if t.place_ms:
+            return Call(scripts.ACQUIRE, self._keys(t.name), t[1:7], None, (2, 5))
+        args = t[1:6] if t.polite_ms else t[1:5]
+        return Call(scripts.ACQUIRE, self._keys(t.name), args, None, (2,))
 
     def release(
         self, name: str, owner: str, left: str, release_id: str, handover: str = "0"

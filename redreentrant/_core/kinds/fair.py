@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 from .. import keys, scripts
 from ..effects import Call
-from ..quorum import Quorum
 from ..views import LockView, pairs, text, ttl_of
-from .base import FamilyKind, count_of
+from .base import FamilyKind, Try, count_of
 
 
 class FairKind(FamilyKind):
@@ -46,36 +45,12 @@ class FairKind(FamilyKind):
     def notify_channels(self, name: str) -> tuple[str, ...]:
         return ()  # the next owner is chosen in Redis and woken through its own channel
 
-    def attempt(
-        self,
-        q: Quorum,
-        name: str,
-        owner: str,
-        lease_ms: int,
-        hold: str,
-        wait_ms: int,
-        polite_ms: int = 0,
-        place_ms: int = 0,
-        ticket: int = 0,
-    ) -> Call:
-        return self.acquire(name, owner, lease_ms, hold, wait_ms, ticket=ticket)
-
-    def acquire(
-        self,
-        name: str,
-        owner: str,
-        lease_ms: int,
-        hold: str,
-        wait_ms: int,
-        polite_ms: int = 0,
-        place_ms: int = 0,
-        ticket: int = 0,
-    ) -> Call:
+    def acquire(self, t: Try) -> Call:
         # Never polite, and no proposed place: fairlock.lua keeps its own queue, each
         # place in it tagged with the ticket of the acquire that took it (see settle).
-        queued = ticket if ticket and wait_ms > 0 and hold.startswith("1:") else ""
-        args = ("acquire", owner, lease_ms, hold, wait_ms, queued)
-        return Call(scripts.FAIRLOCK, self._keys(name), args, None, (3,))
+        queued = t.ticket if t.ticket and t.wait_ms > 0 and t.hold.startswith("1:") else ""
+        args = ("acquire", *t[1:5], queued)
+        return Call(scripts.FAIRLOCK, self._keys(t.name), args, None, (3,))
 
     def release(
         self, name: str, owner: str, left: str, release_id: str, handover: str = "0"

@@ -11,7 +11,7 @@ from .. import keys, scripts
 from ..effects import Call, Groups
 from ..errors import LockUpgradeError
 from ..quorum import Quorum, Tally
-from .base import EXCLUSIVE, FamilyKind, LockKind, OwnHolds, Renewal
+from .base import EXCLUSIVE, FamilyKind, LockKind, OwnHolds, Renewal, Try
 
 
 class MultiKind(LockKind):
@@ -71,17 +71,8 @@ class MultiKind(LockKind):
         groups = Groups(3, len(args), 0, merge)
         return Call(scripts.MULTILOCK, self._all(), args, groups, varies)
 
-    def acquire(
-        self,
-        name: str,
-        owner: str,
-        lease_ms: int,
-        hold: str,
-        wait_ms: int,
-        polite_ms: int = 0,
-        place_ms: int = 0,
-    ) -> Call:
-        return self._call(("acquire", owner, lease_ms, hold, wait_ms), _all_granted, (3,))
+    def acquire(self, t: Try) -> Call:
+        return self._call(("acquire", *t[1:5]), _all_granted, (3,))
 
     def judge(
         self, q: Quorum, name: str, replies: Sequence[Sequence[object]]

@@ -9,7 +9,7 @@ from .. import keys, scripts
 from ..effects import Call
 from ..errors import LockUpgradeError
 from ..views import LockView, pairs, text, ttl_of
-from .base import FamilyKind, LockKind, OwnHolds, Renewal, count_of
+from .base import FamilyKind, LockKind, OwnHolds, Renewal, Try, count_of
 
 
 class _ReadWriteKind(FamilyKind):
@@ -63,20 +63,11 @@ class _ReadWriteKind(FamilyKind):
                 )
         return self
 
-    def acquire(
-        self,
-        name: str,
-        owner: str,
-        lease_ms: int,
-        hold: str,
-        wait_ms: int,
-        polite_ms: int = 0,
-        place_ms: int = 0,
-    ) -> Call:
+    def acquire(self, t: Try) -> Call:
         # Never polite: a read/write lock takes no turns (it does not hand over). No
         # place either: its waiting writers are woken by broadcast, not in order.
-        args = ("acquire", self.side, owner, lease_ms, hold, wait_ms)
-        return Call(scripts.RWLOCK, self._keys(name), args, None, (4,))
+        args = ("acquire", self.side, *t[1:5])
+        return Call(scripts.RWLOCK, self._keys(t.name), args, None, (4,))
 
     def release(
         self, name: str, owner: str, left: str, release_id: str, handover: str = "0"

@@ -10,7 +10,7 @@ from .. import keys, scripts
 from ..effects import Call, Early, Fanout
 from ..quorum import NO_WAIT, Quorum, Tally, tally_grants
 from ..views import LockView, MasterView, text, ttl_of
-from .base import FamilyKind, LockKind, Renewal, tag_of
+from .base import FamilyKind, LockKind, Renewal, Try, tag_of
 
 
 class SemaphoreKind(FamilyKind):
@@ -75,40 +75,20 @@ class SemaphoreKind(FamilyKind):
         # Masters may grant different slots: a try reads them all.
         return None if self.slot is None else q.until_granted
 
-    def attempt(
-        self,
-        q: Quorum,
-        name: str,
-        owner: str,
-        lease_ms: int,
-        hold: str,
-        wait_ms: int,
-        polite_ms: int = 0,
-        place_ms: int = 0,
-        ticket: int = 0,
-    ) -> Call:
+    def attempt(self, q: Quorum, t: Try) -> Call:
         if self.slot is not None:
-            return self.acquire(name, owner, lease_ms, hold, wait_ms)
+            return self.acquire(t)
         order = list(range(1, self.permits + 1))  # positions in the keys, 1-based
         for i in range(len(order) - 1, 0, -1):  # Fisher-Yates, on the injected source
             j = min(i, int(q.uniform(0.0, i + 1)))
             order[i], order[j] = order[j], order[i]
-        args: tuple[str | int, ...] = ("acquire", owner, lease_ms, hold, wait_ms, place_ms, *order)
-        return Call(scripts.SEMAPHORE, self._all(name), args)
+        args: tuple[str | int, ...] = ("acquire", *t[1:5], t.place_ms, *order)
+        return Call(scripts.SEMAPHORE, self._all(t.name), args)
 
-    def acquire(
-        self,
-        name: str,
-        owner: str,
-        lease_ms: int,
-        hold: str,
-        wait_ms: int,
-        polite_ms: int = 0,
-        place_ms: int = 0,
-    ) -> Call:
+    def acquire(self, t: Try) -> Call:
         # This slot: a re-entry (see attempt for a first acquire).
-        args = ("acquire", owner, lease_ms, hold, wait_ms, place_ms, 1)
-        return Call(scripts.SEMAPHORE, self._own(name), args)
+        args = ("acquire", *t[1:5], t.place_ms, 1)
+        return Call(scripts.SEMAPHORE, self._own(t.name), args)
 
     def judge(
         self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
