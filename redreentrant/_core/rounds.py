@@ -39,6 +39,10 @@ from .quorum import (
 )
 from .views import MasterView
 
+#: makes a Try as the tuple it is: NamedTuple's own constructor is a Python call, which
+#: costs an uncontended acquire about 1 % more instructions (bench_instructions.py)
+_new_try = tuple.__new__
+
 #: names each acquire (an owner id and one of these name it uniquely: see kinds.attempt)
 _tickets = itertools.count(1)
 #: tags each try of an acquire, each hand-over and each give-up (see kinds.hold_value),
@@ -179,10 +183,10 @@ def acquire_steps(
                 if place <= wall_ms:  # the first try, or the place ended: a new one
                     place = wall_ms + wait_ms
             try_tag = tag if count > 1 else next(_tags)
-            attempt = kind.attempt(q, Try(
+            attempt = kind.attempt(q, _new_try(Try, (
                 name, owner, ms, f"{count}:{try_tag}", wait_ms, polite,  # hold_value
                 place if propose else 0, ticket,
-            ))  # fmt: skip
+            )))  # fmt: skip
             polite = 0
             acquire = q.everywhere(attempt, *fence_calls, early=early)
             try:

@@ -182,11 +182,15 @@ class LockKind(ABC):
         the same on every master: see ``lua/acquire.lua``). A ``polite_ms`` take (see
         :mod:`.turns`) is refused, although the lock is free, while another owner is
         registered, and told what is left of that registration, at most ``polite_ms``."""
-        # The script's arguments are the try's fields from the owner on.
-        if t.place_ms:
-            return Call(scripts.ACQUIRE, self._keys(t.name), t[1:7], None, (2, 5))
-        args = t[1:6] if t.polite_ms else t[1:5]
-        return Call(scripts.ACQUIRE, self._keys(t.name), args, None, (2,))
+        name, owner, lease_ms, hold, wait_ms, polite_ms, place_ms, _ = t
+        args: tuple[str | int, ...] = (owner, lease_ms, hold, wait_ms)
+        if place_ms:
+            return Call(
+                scripts.ACQUIRE, self._keys(name), (*args, polite_ms, place_ms), None, (2, 5)
+            )
+        if polite_ms:
+            args = (*args, polite_ms)
+        return Call(scripts.ACQUIRE, self._keys(name), args, None, (2,))
 
     def release(
         self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
