@@ -8,11 +8,10 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from .._core import election
-from .._core.engine import Engine, entry_caller
+from .._core.engine import entry_caller
 from .._core.errors import LockTimeoutError
 from .._core.kinds import ELECTION, LockKind
 from .._core.owner import new_token
-from .driver import AsyncDriver
 from .lock import Lock
 from .owner import current_task
 from .signals import LostSignal
@@ -25,18 +24,7 @@ class Election(Lock):
     Get one from :meth:`LockManager.election`."""
 
     kind: LockKind = ELECTION
-
-    def __init__(
-        self,
-        engine: Engine,
-        driver: AsyncDriver,
-        name: str,
-        fencing: bool | None = None,
-        cancel_on_loss: bool = False,
-        owner: str | None = None,
-        kind: LockKind | None = None,
-    ) -> None:
-        super().__init__(engine, driver, name, True, cancel_on_loss, owner, kind)  # always fenced
+    fixed_fencing = True
 
     def campaign(self, value: bytes | str = b"", timeout: float = -1) -> Campaign:
         """Wait until the current task leads, then proclaim ``value`` (see

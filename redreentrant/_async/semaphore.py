@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from .._core.engine import Engine
-from .._core.kinds import SEMAPHORES, LockKind, SemaphoreKind
+from .._core.kinds import SEMAPHORES, SemaphoreKind
 from .._core.owner import OwnerInfo, parse_owner
-from .driver import AsyncDriver
 from .lock import Lock
 
 
@@ -14,18 +12,7 @@ class Semaphore(Lock):
     tasks. Get one from :meth:`LockManager.semaphore`."""
 
     kind: SemaphoreKind = SEMAPHORES
-
-    def __init__(
-        self,
-        engine: Engine,
-        driver: AsyncDriver,
-        name: str,
-        fencing: bool | None = None,
-        cancel_on_loss: bool = False,
-        owner: str | None = None,
-        kind: LockKind | None = None,
-    ) -> None:
-        super().__init__(engine, driver, name, False, cancel_on_loss, owner, kind)  # never fenced
+    fixed_fencing = False
 
     def __repr__(self) -> str:
         return f"<Semaphore {self.name!r} permits={self.permits}>"

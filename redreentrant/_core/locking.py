@@ -25,6 +25,9 @@ class LockCore:
     """A lock named ``name`` of one kind, seen from one manager (local state only)."""
 
     kind: LockKind = EXCLUSIVE
+    #: whether its first holds always (True) or never (False) get a fencing token,
+    #: whatever is asked (an election's term is its token; a semaphore's holders share)
+    fixed_fencing: bool | None = None
 
     def __init__(
         self,
@@ -39,7 +42,11 @@ class LockCore:
         self._engine = engine
         self.name = validate_name(name)
         #: whether a first hold of this lock gets a fencing token (see :attr:`token`)
-        self.fencing = engine.settings.fencing if fencing is None else check_fencing(fencing)
+        self.fencing = (
+            (engine.settings.fencing if fencing is None else check_fencing(fencing))
+            if self.fixed_fencing is None
+            else self.fixed_fencing
+        )
         # The token of the object that owns this lock's holds (``owner=``); None: the
         # calling thread or task.
         self._owner_token = owner

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from .._core import election
-from .._core.engine import Engine, entry_caller
+from .._core.engine import entry_caller
 from .._core.errors import LockTimeoutError
 from .._core.kinds import ELECTION, LockKind
 from .._core.owner import new_token
-from .driver import SyncDriver
 from .lock import Lock
 
 
@@ -26,17 +25,7 @@ class Election(Lock):
     """
 
     kind: LockKind = ELECTION
-
-    def __init__(
-        self,
-        engine: Engine,
-        driver: SyncDriver,
-        name: str,
-        fencing: bool | None = None,
-        owner: str | None = None,
-        kind: LockKind | None = None,
-    ) -> None:
-        super().__init__(engine, driver, name, True, owner, kind)  # always fenced
+    fixed_fencing = True
 
     def campaign(self, value: bytes | str = b"", timeout: float = -1) -> Election:
         """Wait (woken, not polling) until the calling thread leads, then proclaim

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from .._core.engine import Engine
-from .._core.kinds import SEMAPHORES, LockKind, SemaphoreKind
+from .._core.kinds import SEMAPHORES, SemaphoreKind
 from .._core.owner import OwnerInfo, parse_owner
-from .driver import SyncDriver
 from .lock import Lock
 
 
@@ -20,17 +18,7 @@ class Semaphore(Lock):
     """
 
     kind: SemaphoreKind = SEMAPHORES
-
-    def __init__(
-        self,
-        engine: Engine,
-        driver: SyncDriver,
-        name: str,
-        fencing: bool | None = None,
-        owner: str | None = None,
-        kind: LockKind | None = None,
-    ) -> None:
-        super().__init__(engine, driver, name, False, owner, kind)  # never fenced
+    fixed_fencing = False
 
     def __repr__(self) -> str:
         return f"<Semaphore {self.name!r} permits={self.permits} hold_count={self.hold_count}>"
