@@ -351,7 +351,8 @@ class FanoutProtocol:
             m.idle.append(lone[0])
         else:
             replies = self._settle(0, lone[0], None, 1, lone[2], got, clock)
-        return None if is_noscript(replies[0]) else [replies]
+        reply = replies[0]
+        return None if isinstance(reply, Exception) and is_noscript(reply) else [replies]
 
     def steps(self, fanout: Fanout, clock: Callable[[], float]) -> Steps[list[list[Reply]]]:
         """The steps of one round carrying out ``fanout``; ``clock`` is monotonic."""

@@ -41,18 +41,14 @@ def host_name() -> str:
 
 
 def _pid_after_fork() -> None:
-    _pid[0] = os.getpid()
+    PID[0] = os.getpid()
 
 
-_pid = [os.getpid()]
+#: ``PID[0]``: this process's id, as ``os.getpid()`` but without a system call per
+#: look (the fan-out checks it every round, to notice a fork): kept by a fork hook
+PID = [os.getpid()]
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_pid_after_fork)
-
-
-def process_id() -> int:
-    """This process's id, as ``os.getpid()`` but without a system call per look (the
-    fan-out checks it every round, to notice a fork)."""
-    return _pid[0]
 
 
 def new_manager_id() -> str:

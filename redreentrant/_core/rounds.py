@@ -128,177 +128,251 @@ def acquire_steps(
     its token was written back to a quorum within the validity; otherwise the grant is
     undone and the acquire tries again like a contended one. Raises
     :class:`FencingError` (nothing held) when the counters were lost on too many masters.
-    """
-    ms = lease_ms(lease)
-    fenced = fencing and count == 1 and kind.fenced
-    # A fenced round may end once a quorum granted with counters that were kept.
-    early = Early(q.voting, kept_counter) if fenced else kind.early(q)
-    # The counters a fenced grant steps (one per name: a multi-lock has several).
-    fences = kind.fence_calls(name, owner, FENCE_TTL_MS) if fenced else []
-    fence_calls = [call for _, call in fences] if fenced else fences
 
-    channel = kind.wake_channel(name, owner)
-    generation: int | None = None
-    # Whether the last wait ended with a wake-up (which only one waiter gets): a waiter
-    # that gives up after one must pass it on, or the other waiters would sleep on.
-    woken = False
-    # Whether a try may have left the owner's place as a waiter on a master: a waiter
-    # that gives up then takes it back.
-    registered = False
-    # When the first try that may have registered the owner went out: a master can
-    # hand the lock over to a registered waiter only after that.
-    first_try: float | None = None
-    # Whether a release may hand this acquire the lock (see release_steps): a
-    # fenced one needs a token, which only a round of its own steps.
-    handing = kind.hands_over and count == 1 and not fenced
-    splits = 0
-    polite = polite_ms if count == 1 and blocking else 0
-    # The end of the owner's place as a waiter, proposed to every master (ms since the
-    # epoch, by q.wall): the same in each try, so that the masters order their waiters
-    # alike whatever order the tries reach them in (see lua/acquire.lua). One master
-    # orders them alike by itself: it is not sent there (its registration ends a wait
-    # after the first try reached it, about when the place does).
-    place = 0
-    propose = q.size > 1
-    # Names this acquire in each of its tries: where it queues (the fair lock), its
-    # place is tagged with it, so that a later acquire of the owner is told apart.
-    ticket = next(_tickets)
+    The loop: one try (:meth:`Acquire.try_steps`), then, when it did not win, give up
+    or wait (:meth:`Acquire.wait_steps`) and try again; :class:`Acquire` keeps what
+    the tries share.
+    """
+    a = Acquire(q, kind, name, owner, count, lease, blocking, deadline, fencing, polite_ms, tag)
     try:
         while True:
             if closed():
                 raise ManagerClosedError("the lock manager was closed while waiting")
-            started = q.clock()
-            # How long a waiter's place on the masters lasts unless its next try renews it.
-            wait_s = 0.0
-            if blocking and count == 1:
-                wait_s = lease
-                if deadline is not None and not kind.in_arrival_order:
-                    wait_s = min(lease, deadline - started)
-            wait_ms = ms if wait_s == lease else lease_ms(wait_s) if wait_s > 0 else 0
-            registered = registered or wait_ms > 0
-            if registered and first_try is None:
-                first_try = started
-            if wait_ms and kind.targeted:
-                wall_ms = int(q.wall() * 1000)
-                if place <= wall_ms:  # the first try, or the place ended: a new one
-                    place = wall_ms + wait_ms
-            try_tag = tag if count > 1 else next(_tags)
-            attempt = kind.attempt(q, _new_try(Try, (
-                name, owner, ms, f"{count}:{try_tag}", wait_ms, polite,  # hold_value
-                place if propose else 0, ticket,
-            )))  # fmt: skip
-            polite = 0
-            acquire = q.everywhere(attempt, *fence_calls, early=early)
-            try:
-                replies = yield acquire
-            except BaseException:
-                # Interrupted mid-round: some masters may have granted.
-                yield _undo(q, kind, name, owner, count, try_tag)
-                raise
-            now = q.clock()
-            q.watch.observe(replies, started, now)
-            tally, held = kind.judge(q, name, replies)
-            valid_until = started + lease - q.drift(lease)
-            if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
-                if not fenced:
-                    taken_back = kind.kept(q, name, owner, tally, held, try_tag)
-                    if taken_back is not None:
-                        yield taken_back
-                    return Grant(valid_until, None, len(tally.granted), held, try_tag)
-                try:
-                    proofs = [
-                        token_of(q, label, tally.granted, replies, 1 + j)
-                        for j, (label, _) in enumerate(fences)
-                    ]
-                    tokens = [t for t in proofs if t is not None]
-                    proven = len(tokens) == len(fences) and (
-                        yield from _write_back(q, kind, name, tokens)
-                    )
-                except BaseException:  # FencingError, or interrupted: held nowhere after
-                    yield _undo(q, kind, name, owner, count, try_tag)
-                    raise
-                now = q.clock()
-                if proven and valid_until > now:
-                    # A multi-lock's: one per name, even of one name.
-                    token = tuple(tokens) if kind.names else tokens[0]
-                    return Grant(valid_until, token, len(tally.granted), held, try_tag)
-                # Not proven in time: undone below, and tried again.
-            if contended is not None:
-                contended(tally)
-            # The next try waits for the votes of then: masters may have been counted out.
-            early = Early(q.voting, kept_counter) if fenced else kind.early(q)
-            if tally.granted or tally.failed or tally.unread:
-                # Undo everywhere, also where the reply was lost or not read: such a
-                # master may have granted.
-                yield _undo(q, kind, name, owner, count, try_tag)
-                settle = None
-                if tally.granted:
-                    settle = kind.settle(name, owner, replies, release_id(owner))
-                if settle is not None:
-                    yield q.everywhere(settle, cleanup=True)
-            if tally.wrong_type is not None:
-                raise tally.wrong_type
-            if len(tally.failed) > q.tolerated:
-                raise q.unavailable(f"acquire {name!r}", tally.failed)
-            if count > 1:
-                if len(tally.refused) > q.tolerated:  # gone from so many: not on a quorum
-                    raise LockLostError(
-                        f"lock {name!r} was lost: re-entry found no hold on a quorum"
-                    )
-                raise q.unavailable(f"re-enter {name!r}", tally.failed)  # held? not known
-            remaining = float("inf") if deadline is None else deadline - now
+            outcome = yield from a.try_steps(contended)
+            if type(outcome) is Grant:
+                return outcome
+            assert isinstance(outcome, Tally)
+            remaining = float("inf") if deadline is None else deadline - q.clock()
             if not blocking or remaining <= 0:
-                yield from _give_up(q, kind, name, owner, channel, woken, registered)
+                yield from a.give_up_steps()
                 return None
-            if generation is None:
-                generation = yield Watch(channel, owner, kind.broadcast, kind.targeted)
-                if not kind.targeted:
-                    # Subscribed just now: a release may have come before. Try again.
-                    continue
-                # Targeted: this try registered the owner, and a release wakes it by
-                # name on the manager's home channel. A wake-up that came before the
-                # watch, or that may have been missed because that channel was not yet
-                # heard everywhere, is already counted: the wait below ends at once.
-            if tally.granted and not kind.queued:
-                # A split vote: back off for a random time that no release cuts short
-                # (the split's own undos announce releases: a wait for one would end at
-                # once, and every contender would retry in step and split again). Its
-                # bound doubles once for a second split: a longer growth leaves the
-                # contenders that split most asleep while others take turns (starved).
-                splits += 1
-                bound = q.retry_jitter * 2 ** min(splits - 1, SPLIT_BACKOFF_DOUBLINGS)
-                yield Pause(min(remaining, q.uniform(0.0, bound)))
-                continue
-            if tally.granted or tally.holder_ttl is None:
-                # A split vote of a queued kind (it settles by queue order), or a holder
-                # with no TTL seen: retry after a random delay.
-                pause = q.uniform(0.0, q.retry_jitter)
-            else:
-                # Expiry publishes nothing: wake by the holder's TTL at the latest.
-                pause = tally.holder_ttl + 0.001
-            if kind.queued:
-                pause = min(pause, wait_s / 3)  # refresh our place before it lapses
-            elif kind.targeted:
-                # Renew the registration as it ends: at the end of its place (proposed
-                # at an earlier try, so sooner than this try's wait), else of the wait.
-                ends = place / 1000 - q.wall() if place else wait_s
-                pause = min(pause, max(ends, 0.0))
-            before = generation
-            generation = yield Wait(channel, owner, generation, min(remaining, pause))
-            woken = generation != before
-            if woken and handing:
-                handover = yield Handed(channel, owner)
-                if handover is not None:
-                    grant = _handed_grant(q, handover, first_try, ms)
-                    if grant is not None:
-                        return grant
-                    # Not usable as it is (another lease, too little validity left, or
-                    # too few masters): the next try takes it, as the owner's own hold.
+            grant = yield from a.wait_steps(outcome, remaining)
+            if grant is not None:
+                return grant
     except GeneratorExit:
         raise
     except BaseException:
-        yield from _give_up(q, kind, name, owner, channel, woken, registered)
+        yield from a.give_up_steps()
         raise
+
+
+class Acquire:
+    """What the tries of one acquire share (see :func:`acquire_steps`): its request,
+    the calls every try sends besides its own, and what earlier tries and waits left:
+    the owner's place as a waiter, the wake-ups seen, the split votes met."""
+
+    __slots__ = (
+        "blocking", "channel", "count", "deadline", "early", "fence_calls", "fenced",
+        "fences", "first_try", "generation", "handing", "kind", "lease", "ms", "name",
+        "owner", "place", "polite", "propose", "q", "registered", "splits", "tag",
+        "ticket", "wait_s", "woken",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        q: Quorum,
+        kind: LockKind,
+        name: str,
+        owner: str,
+        count: int,
+        lease: float,
+        blocking: bool,
+        deadline: float | None,
+        fencing: bool,
+        polite_ms: int,
+        tag: int,
+    ) -> None:
+        self.q, self.kind, self.name, self.owner, self.count = q, kind, name, owner, count
+        self.lease, self.blocking, self.deadline, self.tag = lease, blocking, deadline, tag
+        self.ms = lease_ms(lease)
+        fenced = self.fenced = fencing and count == 1 and kind.fenced
+        # A fenced round may end once a quorum granted with counters that were kept.
+        self.early = Early(q.voting, kept_counter) if fenced else kind.early(q)
+        # The counters a fenced grant steps (one per name: a multi-lock has several).
+        fences = self.fences = kind.fence_calls(name, owner, FENCE_TTL_MS) if fenced else []
+        self.fence_calls = [call for _, call in fences] if fenced else fences
+        self.channel = kind.wake_channel(name, owner)
+        self.generation: int | None = None
+        # Whether the last wait ended with a wake-up (which only one waiter gets): a
+        # waiter that gives up after one must pass it on, or the other waiters would
+        # sleep on.
+        self.woken = False
+        # Whether a try may have left the owner's place as a waiter on a master: a
+        # waiter that gives up then takes it back.
+        self.registered = False
+        # When the first try that may have registered the owner went out: a master can
+        # hand the lock over to a registered waiter only after that.
+        self.first_try: float | None = None
+        # Whether a release may hand this acquire the lock (see release_steps): a
+        # fenced one needs a token, which only a round of its own steps.
+        self.handing = kind.hands_over and count == 1 and not fenced
+        self.splits = 0
+        self.polite = polite_ms if count == 1 and blocking else 0
+        # The end of the owner's place as a waiter, proposed to every master (ms since
+        # the epoch, by q.wall): the same in each try, so that the masters order their
+        # waiters alike whatever order the tries reach them in (see lua/acquire.lua).
+        # One master orders them alike by itself: it is not sent there (its
+        # registration ends a wait after the first try reached it, about when the
+        # place does).
+        self.place = 0
+        self.propose = q.size > 1
+        # Names this acquire in each of its tries: where it queues (the fair lock), its
+        # place is tagged with it, so that a later acquire of the owner is told apart.
+        self.ticket = next(_tickets)
+        # How long the last try's place as a waiter lasts unless a next try renews it.
+        self.wait_s = 0.0
+
+    def try_steps(self, contended: Callable[[Tally], None] | None) -> Steps[Grant | Tally]:
+        """One try: its round, judged. Returns the grant, or the tally of a try that
+        did not win, undone (raises when the masters' replies end the acquire: a key
+        of another type, too few answers, a re-entry whose hold is gone)."""
+        q, kind, name, owner, count, lease = (
+            self.q, self.kind, self.name, self.owner, self.count, self.lease
+        )  # fmt: skip
+        started = q.clock()
+        wait_s = 0.0
+        if self.blocking and count == 1:
+            wait_s = lease
+            if self.deadline is not None and not kind.in_arrival_order:
+                wait_s = min(lease, self.deadline - started)
+        self.wait_s = wait_s
+        ms = self.ms
+        wait_ms = ms if wait_s == lease else lease_ms(wait_s) if wait_s > 0 else 0
+        if wait_ms > 0:
+            self.registered = True
+            if self.first_try is None:
+                self.first_try = started
+            if kind.targeted:
+                wall_ms = int(q.wall() * 1000)
+                if self.place <= wall_ms:  # the first try, or the place ended: a new one
+                    self.place = wall_ms + wait_ms
+        try_tag = self.tag if count > 1 else next(_tags)
+        attempt = kind.attempt(q, _new_try(Try, (
+            name, owner, ms, f"{count}:{try_tag}", wait_ms, self.polite,  # hold_value
+            self.place if self.propose else 0, self.ticket,
+        )))  # fmt: skip
+        self.polite = 0
+        try:
+            replies = yield q.everywhere(attempt, *self.fence_calls, early=self.early)
+        except BaseException:
+            # Interrupted mid-round: some masters may have granted.
+            yield _undo(q, kind, name, owner, count, try_tag)
+            raise
+        now = q.clock()
+        q.watch.observe(replies, started, now)
+        tally, held = kind.judge(q, name, replies)
+        valid_until = started + lease - q.drift(lease)
+        if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
+            if not self.fenced:
+                taken_back = kind.kept(q, name, owner, tally, held, try_tag)
+                if taken_back is not None:
+                    yield taken_back
+                return Grant(valid_until, None, len(tally.granted), held, try_tag)
+            fences = self.fences
+            try:
+                proofs = [
+                    token_of(q, label, tally.granted, replies, 1 + j)
+                    for j, (label, _) in enumerate(fences)
+                ]
+                tokens = [t for t in proofs if t is not None]
+                proven = len(tokens) == len(fences) and (
+                    yield from _write_back(q, kind, name, tokens)
+                )
+            except BaseException:  # FencingError, or interrupted: held nowhere after
+                yield _undo(q, kind, name, owner, count, try_tag)
+                raise
+            if proven and valid_until > q.clock():
+                # A multi-lock's: one per name, even of one name.
+                token = tuple(tokens) if kind.names else tokens[0]
+                return Grant(valid_until, token, len(tally.granted), held, try_tag)
+            # Not proven in time: undone below, and tried again.
+        if contended is not None:
+            contended(tally)
+        # The next try waits for the votes of then: masters may have been counted out.
+        self.early = Early(q.voting, kept_counter) if self.fenced else kind.early(q)
+        if tally.granted or tally.failed or tally.unread:
+            # Undo everywhere, also where the reply was lost or not read: such a master
+            # may have granted.
+            yield _undo(q, kind, name, owner, count, try_tag)
+            settle = None
+            if tally.granted:
+                settle = kind.settle(name, owner, replies, release_id(owner))
+            if settle is not None:
+                yield q.everywhere(settle, cleanup=True)
+        if tally.wrong_type is not None:
+            raise tally.wrong_type
+        if len(tally.failed) > q.tolerated:
+            raise q.unavailable(f"acquire {name!r}", tally.failed)
+        if count > 1:
+            if len(tally.refused) > q.tolerated:  # gone from so many: not on a quorum
+                raise LockLostError(f"lock {name!r} was lost: re-entry found no hold on a quorum")
+            raise q.unavailable(f"re-enter {name!r}", tally.failed)  # held? not known
+        return tally
+
+    def wait_steps(self, tally: Tally, remaining: float) -> Steps[Grant | None]:
+        """The wait after a try that did not win (``tally``), ``remaining`` seconds
+        at most: until a release wakes the owner, its place needs renewing, or a split
+        vote's back-off ends. Returns a grant a release handed over, else None: try
+        again."""
+        q, kind, owner, channel = self.q, self.kind, self.owner, self.channel
+        if self.generation is None:
+            self.generation = yield Watch(channel, owner, kind.broadcast, kind.targeted)
+            if not kind.targeted:
+                # Subscribed just now: a release may have come before. Try again.
+                return None
+            # Targeted: this try registered the owner, and a release wakes it by name on
+            # the manager's home channel. A wake-up that came before the watch, or that
+            # may have been missed because that channel was not yet heard everywhere,
+            # is already counted: the wait below ends at once.
+        if tally.granted and not kind.queued:
+            # A split vote: back off for a random time that no release cuts short (the
+            # split's own undos announce releases: a wait for one would end at once,
+            # and every contender would retry in step and split again). Its bound
+            # doubles once for a second split: a longer growth leaves the contenders
+            # that split most asleep while others take turns (starved).
+            self.splits += 1
+            bound = q.retry_jitter * 2 ** min(self.splits - 1, SPLIT_BACKOFF_DOUBLINGS)
+            yield Pause(min(remaining, q.uniform(0.0, bound)))
+            return None
+        if tally.granted or tally.holder_ttl is None:
+            # A split vote of a queued kind (it settles by queue order), or a holder
+            # with no TTL seen: retry after a random delay.
+            pause = q.uniform(0.0, q.retry_jitter)
+        else:
+            # Expiry publishes nothing: wake by the holder's TTL at the latest.
+            pause = tally.holder_ttl + 0.001
+        if kind.queued:
+            pause = min(pause, self.wait_s / 3)  # refresh our place before it lapses
+        elif kind.targeted:
+            # Renew the registration as it ends: at the end of its place (proposed at
+            # an earlier try, so sooner than this try's wait), else of the wait.
+            ends = self.place / 1000 - q.wall() if self.place else self.wait_s
+            pause = min(pause, max(ends, 0.0))
+        before = self.generation
+        self.generation = yield Wait(channel, owner, before, min(remaining, pause))
+        self.woken = self.generation != before
+        if self.woken and self.handing:
+            handover = yield Handed(channel, owner)
+            if handover is not None:
+                # Not usable as it is (another lease, too little validity left, or too
+                # few masters): None, and the next try takes it, as the owner's own.
+                return _handed_grant(q, handover, self.first_try, self.ms)
+        return None
+
+    def give_up_steps(self) -> Steps[None]:
+        """Take back the owner's place as a waiter, if a try may have left one (and,
+        where the lock is free, pass on a wake-up it had); or pass the wake-up on."""
+        q, owner = self.q, self.owner
+        call = None
+        if self.registered:
+            call = self.kind.abandon(self.name, owner, release_id(owner), next(_tags))
+        passed_on = False
+        if call is not None:
+            replies = yield q.everywhere(call, cleanup=True)
+            # Where the lock is free, the masters woke the next registered waiter already.
+            passed_on = bool(woken_by(replies))
+        if self.woken and not passed_on:
+            yield Relay(self.channel, owner)
 
 
 def _undo(q: Quorum, kind: LockKind, name: str, owner: str, count: int, tag: int) -> Fanout:
@@ -344,25 +418,6 @@ def _write_back(q: Quorum, kind: LockKind, name: str, tokens: Sequence[int]) -> 
     raise_calls = kind.fence_raise_calls(name, tokens, FENCE_TTL_MS)
     replies = yield q.everywhere(*raise_calls, early=Early(q.voting, acked))
     return sum(1 for per_master in replies if acked(per_master)) >= q.needed
-
-
-def _give_up(
-    q: Quorum,
-    kind: LockKind,
-    name: str,
-    owner: str,
-    channel: str,
-    woken: bool,
-    registered: bool,
-) -> Steps[None]:
-    call = kind.abandon(name, owner, release_id(owner), next(_tags)) if registered else None
-    passed_on = False
-    if call is not None:
-        replies = yield q.everywhere(call, cleanup=True)
-        # Where the lock is free, the masters woke the next registered waiter already.
-        passed_on = bool(woken_by(replies))
-    if woken and not passed_on:
-        yield Relay(channel, owner)
 
 
 def release_steps(
@@ -426,9 +481,10 @@ def release_steps(
             if woken and handover_ms
             else ()
         )
-        # On one master, a lost reply may hide a hand-over to any of our waiters: all
-        # of them are told, and find out by trying.
-        everyone = bool(handover_ms) and any(not isinstance(r[0], list) for r in replies)
+        # On one master (the only one a hand-over is made on), a lost reply may hide
+        # a hand-over to any of our waiters: all of them are told, and find out by
+        # trying.
+        everyone = bool(handover_ms) and not isinstance(replies[0][0], list)
         # Only a master that said so: one whose reply was lost (slow, or frozen) is
         # not worth a round of wake-ups on every master; on one master the caller
         # sends it anyway (the release fails).

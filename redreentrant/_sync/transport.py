@@ -25,7 +25,7 @@ from redis.exceptions import ResponseError
 
 from .._core import fanout as io
 from .._core.effects import Fanout, Reply
-from .._core.owner import process_id
+from .._core.owner import PID
 from .._core.transport import FanoutTransport, send_failed
 from .cluster import NodeClients
 from .wire import wire_pool
@@ -53,10 +53,10 @@ class SyncTransport(FanoutTransport):
 
     def fanout(self, fanout: Fanout) -> list[list[Reply]]:
         protocol = self.protocol
-        if self._pid != process_id():  # a forked child must not share the parent's sockets
+        if self._pid != PID[0]:  # a forked child must not share the parent's sockets
             if self._pid != -1:
                 protocol.reset()
-            self._pid = process_id()
+            self._pid = PID[0]
             self._connector = None
         try:
             lone = protocol.lone(fanout, time.monotonic)
@@ -176,7 +176,7 @@ class SyncTransport(FanoutTransport):
     def close(self) -> None:
         """Hand the kept connections back to their pools."""
         self.protocol.closed = True
-        if self._pid == process_id():  # not a forked child's: its parent's to close
+        if self._pid == PID[0]:  # not a forked child's: its parent's to close
             if self._connector is not None:
                 self._connector.shutdown(wait=False)
             self._release()

@@ -127,7 +127,7 @@ class WakeupHub:
         """A release made in this process freed a lock: wake its waiters here at once
         (on a targeted channel, the one the masters woke, if it waits here, with the
         lock if they handed it over to it)."""
-        if not notice.handovers and not any(c in self._subs.channels for c in notice.channels):
+        if not notice.handovers and self._subs.channels.keys().isdisjoint(notice.channels):
             return  # nobody here waits: skip the lock on the release path
         with self._lock:
             self._wake(self._subs.notified(notice))

@@ -80,7 +80,9 @@ class WireConnection:
         return self._pack(list(commands))
 
     def send_packed_command(self, command: list[bytes], check_health: bool = False) -> None:
-        sock = self._socket()
+        sock = self._sock  # self._socket(), without a call on the hot path
+        if sock is None:
+            raise RedisConnectionError(f"{self._name}: connection closed")
         try:
             for part in command:
                 sock.sendall(part)
@@ -102,7 +104,9 @@ class WireConnection:
     def _fill(self) -> None:
         """Read once from the socket (blocking, within the socket's time-out) and
         parse what came."""
-        sock = self._socket()
+        sock = self._sock  # self._socket(), without a call on the hot path
+        if sock is None:
+            raise RedisConnectionError(f"{self._name}: connection closed")
         try:
             n = sock.recv_into(self._buffer)
         except (BlockingIOError, TimeoutError):
