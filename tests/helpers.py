@@ -7,6 +7,8 @@ Test modules import from here, never from one another.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import os
 import queue
 import subprocess
@@ -15,13 +17,15 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import redis
 
+import redreentrant
+import redreentrant.asyncio
 from redreentrant._core.keys import PREFIX, lock_key, waiters_key
 from redreentrant.cli.common import MASTERS_ENV
 from redreentrant.cli.ensemble import STATE_ENV
@@ -60,6 +64,33 @@ def wait_until(condition: Callable[[], object], what: str, limit: float = 10.0) 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a test's coroutine in an event loop of its own."""
     return asyncio.run(coro)
+
+
+# -- one test body for both flavours --------------------------------------------------------
+
+#: the sync and the asyncio API, for ``@pytest.mark.parametrize("api", FLAVOURS)``: a test
+#: body written as a coroutine with :func:`aw` and :func:`entered` runs either one
+FLAVOURS = [
+    pytest.param(redreentrant, id="sync"),
+    pytest.param(redreentrant.asyncio, id="asyncio"),
+]
+
+
+async def aw(value: Any) -> Any:
+    """``value`` awaited if it is awaitable (an asyncio call's), else as it is (a sync
+    call's)."""
+    return await value if inspect.isawaitable(value) else value
+
+
+@contextlib.asynccontextmanager
+async def entered(manager: Any) -> AsyncIterator[Any]:
+    """``async with`` an asyncio context manager, ``with`` a sync one."""
+    if hasattr(manager, "__aenter__"):
+        async with manager as value:
+            yield value
+    else:
+        with manager as value:
+            yield value
 
 
 # -- what the masters hold ----------------------------------------------------------------
