@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
+from helpers import FLAVOURS, aw, run
 
 import redreentrant.asyncio as aio
 from redreentrant import (
@@ -440,22 +443,27 @@ def test_raise_fence_refuses_a_value_outside_the_range_before_sending_it(
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("api", FLAVOURS)
 def test_a_fenced_store_compares_tokens_exactly_and_refuses_out_of_range_ones(
-    fenced_urls: list[str],
+    fenced_urls: list[str], api: Any
 ) -> None:
-    resource = redis.Redis.from_url(fenced_urls[0])
-    store = FencedStore(resource, "{big}:value")
-    try:
-        for step, (token, value, ok) in enumerate(STORE_WRITES):
-            assert store.write(token, value) is ok, (token, value)
-            assert store.largest_token() == largest_accepted(step)
-        for bad in STORE_OUT_OF_RANGE:
-            with pytest.raises(ValueError, match=STORE_REFUSED):
-                store.write(bad, "x")  # type: ignore[arg-type]
-        assert (store.read(), store.largest_token()) == STORE_LAST
-    finally:
-        resource.delete("{big}:value", "{big}:value:fencing-token")
-        resource.close()
+    async def main() -> None:
+        client = redis.asyncio if api is aio else redis
+        resource = client.Redis.from_url(fenced_urls[0])
+        store = api.FencedStore(resource, "{big}:value")
+        try:
+            for step, (token, value, ok) in enumerate(STORE_WRITES):
+                assert await aw(store.write(token, value)) is ok, (token, value)
+                assert await aw(store.largest_token()) == largest_accepted(step)
+            for bad in STORE_OUT_OF_RANGE:
+                with pytest.raises(ValueError, match=STORE_REFUSED):
+                    await aw(store.write(bad, "x"))
+            assert (await aw(store.read()), await aw(store.largest_token())) == STORE_LAST
+        finally:
+            await aw(resource.delete("{big}:value", "{big}:value:fencing-token"))
+            await aw(resource.aclose() if api is aio else resource.close())
+
+    run(main())
 
 
 @pytest.mark.integration
@@ -518,25 +526,3 @@ def test_asyncio_refuses_out_of_range_floors_and_grants_past_the_maximum(
 
     asyncio.run(main())
     assert counters(ensemble, "amax") == [str(MAX).encode()] * 5
-
-
-@pytest.mark.integration
-def test_asyncio_fenced_store_compares_tokens_exactly(fenced_urls: list[str]) -> None:
-    async def main() -> None:
-        import redis.asyncio as aredis
-
-        client = aredis.Redis.from_url(fenced_urls[0])
-        store = aio.FencedStore(client, "{abig}:v")
-        try:
-            for step, (token, value, ok) in enumerate(STORE_WRITES):
-                assert await store.write(token, value) is ok, (token, value)
-                assert await store.largest_token() == largest_accepted(step)
-            for bad in STORE_OUT_OF_RANGE:
-                with pytest.raises(ValueError, match=STORE_REFUSED):
-                    await store.write(bad, "x")  # type: ignore[arg-type]
-            assert (await store.read(), await store.largest_token()) == STORE_LAST
-        finally:
-            await client.delete("{abig}:v", "{abig}:v:fencing-token")
-            await client.aclose()
-
-    asyncio.run(main())
