@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -36,6 +37,7 @@ from faultkit import (
     PERMITS,
     Outcome,
     Run,
+    Worker,
     contend,
     counter_of,
     during,
@@ -52,6 +54,7 @@ from helpers import heal
 
 from redreentrant import LockManager
 from redreentrant.testing import LocalEnsemble, LocalServer
+from redreentrant.testing.history import Event
 from redreentrant.testing.proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -100,6 +103,60 @@ def run(
         r.close()
 
 
+def inject(run: Run, masters: LocalEnsemble, fault: str, at: float = 0.6) -> None:
+    """Inject ``fault`` on the masters ``at`` seconds on, while workers contend: "minority
+    killed" (2 of 5, restarted empty 0.8 s later), "minority frozen" (2 of 5 SIGSTOPped
+    for 1 s), "master restarted after a lease" (1 master down for a lease), or "none"."""
+    if fault == "minority killed":
+
+        def kill() -> None:
+            run.mark("kill")
+            masters[0].kill()
+            masters[1].kill()
+
+        during(at, kill, lambda: (masters[0].start(), masters[1].start()), 0.8)
+    elif fault == "minority frozen":
+        during(
+            at,
+            lambda: (masters[3].pause(), masters[4].pause()),
+            lambda: (masters[3].resume(), masters[4].resume()),
+            1.0,
+        )
+    elif fault == "master restarted after a lease":
+        during(0.3, masters[0].kill, masters[0].start, LEASE + 0.3)
+
+
+def frozen_past_its_lease(run: Run, contenders: Callable[[], list[Worker]], **spec: Any) -> str:
+    """A ``hold`` worker "holder" (``spec``) takes the lock and is SIGSTOPped while the
+    workers ``contenders()`` starts run to their end; resumed, it reports its loss and is
+    told to go on (write, release). Returns the line it said when it took the lock."""
+    holder = run.worker("holder", mode="hold", **spec)
+    holder.expect("ready")
+    held = holder.expect("held")
+    holder.signal(signal.SIGSTOP)
+    run.mark("sigstop")
+    for w in contenders():
+        w.finish(timeout=30)
+    holder.signal(signal.SIGCONT)
+    run.mark("sigcont")
+    run.wait_lost("holder")
+    holder.go()
+    return held
+
+
+def holders(events: list[Event], op: str) -> list[Event]:
+    """The events ``op`` of the client "holder"."""
+    return [e for e in events if e.op == op and e.client == "holder"]
+
+
+def told(released: list[Event], lost: list[Event], verb: str = "release") -> str:
+    """What the resumed holder's last release (or resignation) and on_lost did."""
+    return (
+        f"{verb} {'raised LockLostError' if released[-1].phase == 'fail' else 'passed'};"
+        f" loss {'reported' if lost else 'NOT reported'}"
+    )
+
+
 # -- scenarios: contention and masters' faults ---------------------------------------------
 
 
@@ -117,17 +174,7 @@ def test_contention(run: Run) -> None:
 
 def test_minority_killed_and_restarted(run: Run, masters: LocalEnsemble) -> None:
     workers = contend(run)
-
-    def kill() -> None:
-        run.mark("kill")
-        masters[0].kill()
-        masters[1].kill()
-
-    def restart() -> None:
-        masters[0].start()
-        masters[1].start()
-
-    during(0.6, kill, restart, 0.8)
+    inject(run, masters, "minority killed")
     for w in workers:
         w.finish()
     report = judge(run)
@@ -144,12 +191,7 @@ def test_minority_killed_and_restarted(run: Run, masters: LocalEnsemble) -> None
 
 def test_minority_frozen(run: Run, masters: LocalEnsemble) -> None:
     workers = contend(run)
-    during(
-        0.6,
-        lambda: (masters[3].pause(), masters[4].pause()),
-        lambda: (masters[3].resume(), masters[4].resume()),
-        1.0,
-    )
+    inject(run, masters, "minority frozen")
     for w in workers:
         w.finish()
     report = judge(run)
@@ -263,33 +305,21 @@ def test_majority_down_then_back_after_a_lease(run: Run, masters: LocalEnsemble)
 
 
 def test_holder_paused_past_its_lease(run: Run) -> None:
-    holder = run.worker("holder", mode="hold")
-    holder.expect("ready")
-    old = int(holder.expect("held").split()[1])
-    holder.signal(signal.SIGSTOP)
-    run.mark("sigstop")
-    others = contend(run, clients=2, duration=LEASE + 1.5)
-    for w in others:
-        w.finish()
-    holder.signal(signal.SIGCONT)
-    run.mark("sigcont")
-    run.wait_lost("holder")
-    holder.send("go")  # it writes with its old token, then releases
-    holder.finish()
+    # Resumed, it writes with its old token, then releases.
+    held = frozen_past_its_lease(run, lambda: contend(run, clients=2, duration=LEASE + 1.5))
+    old = int(held.split()[1])
     events = run.events()
     report = judge(run, late_writes=True)
-    late = [e for e in events if e.op == "write" and e.client == "holder" and e.phase == "ok"]
-    released = [e for e in events if e.op == "release" and e.client == "holder"]
+    late = [e for e in holders(events, "write") if e.phase == "ok"]
+    released, lost = holders(events, "release"), holders(events, "lost")
     newer = [e.token for e in events if e.op == "acquire" and e.phase == "ok" and e.token]
-    lost = [e for e in events if e.op == "lost" and e.client == "holder"]
     outcome = record(
         run,
         "holder SIGSTOPped for longer than its lease, others take the lock",
         "loss reported; its late fenced write refused; no overlap",
         report,
-        f"late write {'refused' if late and not late[0].accepted else 'ACCEPTED'};"
-        f" release {'raised LockLostError' if released[-1].phase == 'fail' else 'passed'};"
-        f" loss {'reported' if lost else 'NOT reported'}",
+        f"late write {'refused' if late and not late[0].accepted else 'ACCEPTED'}; "
+        + told(released, lost),
         detect=("sigcont", "holder"),
     )
     assert report.ok, report.format()
@@ -496,12 +526,7 @@ def test_rw_lock_with_a_minority_killed(run: Run, masters: LocalEnsemble) -> Non
     readers = [run.worker(f"r{i}", kind="r", duration=2.0, work=0.005) for i in range(2)]
     for w in writers + readers:
         w.expect("ready")
-    during(
-        0.5,
-        lambda: (masters[0].kill(), masters[1].kill()),
-        lambda: (masters[0].start(), masters[1].start()),
-        0.7,
-    )
+    inject(run, masters, "minority killed", at=0.5)
     for w in writers + readers:
         w.finish()
     events = run.events()
@@ -530,15 +555,7 @@ def test_upgradeable_reader_under_faults(run: Run, masters: LocalEnsemble, fault
     ]
     for w in upgraders + others:
         w.expect("ready")
-    if fault == "minority killed":
-        during(
-            0.5,
-            lambda: (masters[0].kill(), masters[1].kill()),
-            lambda: (masters[0].start(), masters[1].start()),
-            0.7,
-        )
-    else:
-        during(0.3, masters[0].kill, masters[0].start, LEASE + 0.3)
+    inject(run, masters, fault, at=0.5)
     for w in upgraders + others:
         w.finish(timeout=30)
     events = run.events()
@@ -565,32 +582,23 @@ def test_upgradeable_reader_under_faults(run: Run, masters: LocalEnsemble, fault
 
 
 def test_upgradeable_holder_paused_past_its_lease(run: Run) -> None:
-    holder = run.worker("holder", kind="u", mode="hold")
-    holder.expect("ready")
-    holder.expect("held")
-    holder.signal(signal.SIGSTOP)
-    run.mark("sigstop")
-    others = [run.worker(f"p{i}", kind=k, duration=LEASE + 1.5) for i, k in enumerate("uw")]
-    for w in others:
-        w.expect("ready")
-    for w in others:
-        w.finish(timeout=30)
-    holder.signal(signal.SIGCONT)
-    run.mark("sigcont")
-    run.wait_lost("holder")
-    holder.go()
+    def contenders() -> list[Worker]:
+        others = [run.worker(f"p{i}", kind=k, duration=LEASE + 1.5) for i, k in enumerate("uw")]
+        for w in others:
+            w.expect("ready")
+        return others
+
+    frozen_past_its_lease(run, contenders, kind="u")
     events = run.events()
     report = judge(run)
-    released = [e for e in events if e.op == "release" and e.client == "holder"]
-    lost = [e for e in events if e.op == "lost" and e.client == "holder"]
+    released, lost = holders(events, "release"), holders(events, "lost")
     taken = [e for e in events if e.op == "acquire" and e.phase == "ok" and e.client != "holder"]
     record(
         run,
         "upgradeable reader SIGSTOPped past its lease; an upgrader and a writer contend",
         "loss reported; no violation",
         report,
-        f"release {'raised LockLostError' if released[-1].phase == 'fail' else 'passed'};"
-        f" loss {'reported' if lost else 'NOT reported'}; {len(taken)} grants to others",
+        told(released, lost) + f"; {len(taken)} grants to others",
         detect=("sigcont", "holder"),
     )
     assert report.ok, report.format()
@@ -659,22 +667,7 @@ def test_a_dead_owner_frees_the_lock(run: Run, owner: str) -> None:
 def test_semaphore_keeps_at_most_p_holders(run: Run, masters: LocalEnsemble, fault: str) -> None:
     spec = {"kind": "sem", "permits": PERMITS, "fencing": False, "work": 0.02}
     workers = contend(run, clients=5, duration=2.5, **spec)
-    if fault == "minority killed":
-        during(
-            0.6,
-            lambda: (masters[0].kill(), masters[1].kill()),
-            lambda: (masters[0].start(), masters[1].start()),
-            0.8,
-        )
-    elif fault == "minority frozen":
-        during(
-            0.6,
-            lambda: (masters[3].pause(), masters[4].pause()),
-            lambda: (masters[3].resume(), masters[4].resume()),
-            1.0,
-        )
-    elif fault == "master restarted after a lease":
-        during(0.3, masters[0].kill, masters[0].start, LEASE + 0.3)
+    inject(run, masters, fault)
     for w in workers:
         w.finish(timeout=30)
     report = judge_permits(run)
@@ -697,29 +690,18 @@ def test_semaphore_keeps_at_most_p_holders(run: Run, masters: LocalEnsemble, fau
 
 def test_semaphore_holder_paused_past_its_lease(run: Run) -> None:
     spec = {"kind": "sem", "permits": PERMITS, "fencing": False}
-    holder = run.worker("holder", mode="hold", **spec)
-    holder.expect("ready")
-    holder.expect("held")
-    holder.signal(signal.SIGSTOP)
-    run.mark("sigstop")
-    others = contend(run, clients=3, duration=LEASE + 1.5, work=0.02, **spec)
-    for w in others:
-        w.finish(timeout=30)
-    holder.signal(signal.SIGCONT)
-    run.mark("sigcont")
-    run.wait_lost("holder")
-    holder.go()
+    frozen_past_its_lease(
+        run, lambda: contend(run, clients=3, duration=LEASE + 1.5, work=0.02, **spec), **spec
+    )
     events = run.events()
     report = judge_permits(run)
-    released = [e for e in events if e.op == "release" and e.client == "holder"]
-    lost = [e for e in events if e.op == "lost" and e.client == "holder"]
+    released, lost = holders(events, "release"), holders(events, "lost")
     record(
         run,
         "semaphore: a permit holder SIGSTOPped past its lease, 3 others contend",
         f"loss reported; at most {PERMITS} holders",
         report,
-        f"release {'raised LockLostError' if released[-1].phase == 'fail' else 'passed'};"
-        f" loss {'reported' if lost else 'NOT reported'}",
+        told(released, lost),
         detect=("sigcont", "holder"),
     )
     assert report.ok, report.format()
@@ -745,21 +727,7 @@ ELECTION_FAULTS = {
 @pytest.mark.parametrize("fault", list(ELECTION_FAULTS))
 def test_election_under_faults(run: Run, masters: LocalEnsemble, fault: str) -> None:
     workers = contend(run, kind="lead", duration=2.5)
-    if fault == "minority killed":
-
-        def kill() -> None:
-            run.mark("kill")
-            masters[0].kill()
-            masters[1].kill()
-
-        during(0.6, kill, lambda: (masters[0].start(), masters[1].start()), 0.8)
-    elif fault == "minority frozen":
-        during(
-            0.6,
-            lambda: (masters[3].pause(), masters[4].pause()),
-            lambda: (masters[3].resume(), masters[4].resume()),
-            1.0,
-        )
+    inject(run, masters, fault)
     for w in workers:
         w.finish(timeout=30)
     events = run.events()
@@ -782,32 +750,24 @@ def test_election_leader_paused_past_its_lease(run: Run) -> None:
     # The leader is frozen (SIGSTOP) past its lease; the others lead meanwhile and write
     # under their terms. Resumed, it writes under its old term (refused by the store),
     # and its resignation finds the leadership lost.
-    leader = run.worker("holder", kind="lead", mode="hold")
-    leader.expect("ready")
-    old = int(leader.expect("held").split()[1])
-    leader.signal(signal.SIGSTOP)
-    run.mark("sigstop")
-    others = contend(run, clients=2, kind="lead", duration=LEASE + 1.5)
-    for w in others:
-        w.finish(timeout=30)
-    leader.signal(signal.SIGCONT)
-    run.mark("sigcont")
-    run.wait_lost("holder")
-    leader.go()  # it writes under its old term, then resigns
+    # Resumed, it writes under its old term, then resigns.
+    held = frozen_past_its_lease(
+        run, lambda: contend(run, clients=2, kind="lead", duration=LEASE + 1.5), kind="lead"
+    )
+    old = int(held.split()[1])
     events = run.events()
     report = judge(run, late_writes=True)
-    late = [e for e in events if e.op == "write" and e.client == "holder" and e.phase == "ok"]
-    resigned = [e for e in events if e.op == "release" and e.client == "holder"]
-    lost = [e for e in events if e.op == "lost" and e.client == "holder"]
+    late = [e for e in holders(events, "write") if e.phase == "ok"]
+    resigned, lost = holders(events, "release"), holders(events, "lost")
     newer = [t for t in terms_of(events) if t != old]
     outcome = record(
         run,
         "election: the leader SIGSTOPped past its lease, 2 other candidates lead",
         "leadership reported lost; its late fenced write refused; one leader at a time",
         report,
-        f"late write {'refused' if late and not late[0].accepted else 'ACCEPTED'};"
-        f" resign {'raised LockLostError' if resigned[-1].phase == 'fail' else 'passed'};"
-        f" loss {'reported' if lost else 'NOT reported'}; {len(newer)} later terms",
+        f"late write {'refused' if late and not late[0].accepted else 'ACCEPTED'}; "
+        + told(resigned, lost, "resign")
+        + f"; {len(newer)} later terms",
         detect=("sigcont", "holder"),
     )
     assert report.ok, report.format()
