@@ -103,10 +103,18 @@ def run(
         r.close()
 
 
+#: the masters' faults :func:`inject` makes, as the outcome table says them
+FAULTS = {
+    "none": "no fault",
+    "minority killed": "2 of 5 masters killed and restarted",
+    "minority frozen": "SIGSTOP 2 of 5 masters for 1 s",
+    "master restarted after a lease": "1 master killed, restarted after a lease",
+}
+
+
 def inject(run: Run, masters: LocalEnsemble, fault: str, at: float = 0.6) -> None:
-    """Inject ``fault`` on the masters ``at`` seconds on, while workers contend: "minority
-    killed" (2 of 5, restarted empty 0.8 s later), "minority frozen" (2 of 5 SIGSTOPped
-    for 1 s), "master restarted after a lease" (1 master down for a lease), or "none"."""
+    """Inject ``fault`` (of :data:`FAULTS`) on the masters ``at`` seconds on, while workers
+    contend; a minority is killed for 0.8 s (restarted empty), or frozen for 1 s."""
     if fault == "minority killed":
 
         def kill() -> None:
@@ -144,6 +152,14 @@ def frozen_past_its_lease(run: Run, contenders: Callable[[], list[Worker]], **sp
     return held
 
 
+def judged_ok(run: Run, fault: str, expected: str, also: str = "", **options: Any) -> None:
+    """Judge the run's history (``options``), add its row to the outcome table (observed:
+    "no violation" or the checker's summary, then ``also``), and assert no violation."""
+    report = judge(run, **options)
+    record(run, fault, expected, report, ("no violation" if report.ok else report.summary()) + also)
+    assert report.ok, report.format()
+
+
 def holders(events: list[Event], op: str) -> list[Event]:
     """The events ``op`` of the client "holder"."""
     return [e for e in events if e.op == op and e.client == "holder"]
@@ -164,11 +180,8 @@ def test_contention(run: Run) -> None:
     workers = contend(run)
     for w in workers:
         w.finish()
-    report = judge(run)
-    events = run.events()
-    record(run, "none: 4 processes contend", "no violation", report, "no violation")
-    assert report.ok, report.format()
-    assert tokens_increase(events)
+    judged_ok(run, "none: 4 processes contend", "no violation")
+    assert tokens_increase(run.events())
     assert counter_of(run) > 20  # the clients made progress
 
 
@@ -177,15 +190,9 @@ def test_minority_killed_and_restarted(run: Run, masters: LocalEnsemble) -> None
     inject(run, masters, "minority killed")
     for w in workers:
         w.finish()
-    report = judge(run)
-    record(
-        run,
-        "SIGKILL 2 of 5 masters, restarted at once without data",
-        "no violation; tokens grow",
-        report,
-        "no violation" if report.ok else report.summary(),
+    judged_ok(
+        run, "SIGKILL 2 of 5 masters, restarted at once without data", "no violation; tokens grow"
     )
-    assert report.ok, report.format()
     assert tokens_increase(run.events())
 
 
@@ -194,15 +201,7 @@ def test_minority_frozen(run: Run, masters: LocalEnsemble) -> None:
     inject(run, masters, "minority frozen")
     for w in workers:
         w.finish()
-    report = judge(run)
-    record(
-        run,
-        "SIGSTOP 2 of 5 masters for 1 s",
-        "no violation",
-        report,
-        "no violation" if report.ok else report.summary(),
-    )
-    assert report.ok, report.format()
+    judged_ok(run, "SIGSTOP 2 of 5 masters for 1 s", "no violation")
     assert counter_of(run) > 20
 
 
@@ -227,16 +226,8 @@ def test_minority_behind_a_faulty_network(run: Run, masters: LocalEnsemble, faul
     finally:
         for p in proxies:
             p.stop()
-    report = judge(run)
     what = {"blackhole": "bytes dropped", "delay": "50 ms each way", "reset": "connections reset"}
-    record(
-        run,
-        f"2 of 5 masters behind a proxy: {what[fault]}, 1 s",
-        "no violation",
-        report,
-        "no violation" if report.ok else report.summary(),
-    )
-    assert report.ok, report.format()
+    judged_ok(run, f"2 of 5 masters behind a proxy: {what[fault]}, 1 s", "no violation")
     assert counter_of(run) > 10
 
 
@@ -253,15 +244,7 @@ def test_client_pause_on_a_minority(run: Run, masters: LocalEnsemble) -> None:
     during(0.6, pause, lambda: None, 1.2)
     for w in workers:
         w.finish()
-    report = judge(run)
-    record(
-        run,
-        "CLIENT PAUSE 1 s on 2 of 5 masters",
-        "no violation",
-        report,
-        "no violation" if report.ok else report.summary(),
-    )
-    assert report.ok, report.format()
+    judged_ok(run, "CLIENT PAUSE 1 s on 2 of 5 masters", "no violation")
 
 
 def test_majority_down_then_back_after_a_lease(run: Run, masters: LocalEnsemble) -> None:
@@ -436,15 +419,7 @@ def test_restart_delayed_past_the_lease_keeps_exclusion(run: Run, masters: Local
         s.start()
     run.rival(duration=0.5, fencing=False)
     holder.go()
-    report = judge(run)
-    record(
-        run,
-        "3 of 5 masters killed, restarted empty after one lease",
-        "no violation",
-        report,
-        "no violation" if report.ok else report.summary(),
-    )
-    assert report.ok, report.format()
+    judged_ok(run, "3 of 5 masters killed, restarted empty after one lease", "no violation")
 
 
 @pytest.mark.parametrize("deleted", [1, 2, 3])
@@ -529,17 +504,13 @@ def test_rw_lock_with_a_minority_killed(run: Run, masters: LocalEnsemble) -> Non
     inject(run, masters, "minority killed", at=0.5)
     for w in writers + readers:
         w.finish()
-    events = run.events()
-    report = judge(run)
-    torn = [e for e in events if e.op == "read" and e.value]
-    record(
+    torn = [e for e in run.events() if e.op == "read" and e.value]
+    judged_ok(
         run,
         "rw lock: 2 writers, 2 readers; 2 of 5 masters killed and restarted",
         "no violation; readers see no write",
-        report,
-        ("no violation" if report.ok else report.summary()) + f"; torn reads: {len(torn)}",
+        f"; torn reads: {len(torn)}",
     )
-    assert report.ok, report.format()
     assert not torn
 
 
@@ -559,25 +530,17 @@ def test_upgradeable_reader_under_faults(run: Run, masters: LocalEnsemble, fault
     for w in upgraders + others:
         w.finish(timeout=30)
     events = run.events()
-    report = judge(run)
     torn = [e for e in events if e.op == "read" and e.value]
     upgrades = [
         e for e in events if e.op == "acquire" and e.phase == "ok" and e.mode == "w"
         and e.client.startswith("u")
     ]  # fmt: skip
-    record(
+    judged_ok(
         run,
-        "upgradeable reader: 2 upgraders, a writer, a reader; "
-        + {
-            "minority killed": "2 of 5 masters killed and restarted",
-            "master restarted after a lease": "1 master killed, restarted after a lease",
-        }[fault],
+        f"upgradeable reader: 2 upgraders, a writer, a reader; {FAULTS[fault]}",
         "no violation, no gap in an upgrade; reads see no write",
-        report,
-        ("no violation" if report.ok else report.summary())
-        + f"; {len(upgrades)} upgrades; torn reads: {len(torn)}",
+        f"; {len(upgrades)} upgrades; torn reads: {len(torn)}",
     )
-    assert report.ok, report.format()
     assert not torn and upgrades
 
 
@@ -613,15 +576,12 @@ def test_fair_lock_with_a_minority_frozen(run: Run, masters: LocalEnsemble) -> N
     # The slack covers the time from a recorded invoke to the waiter's place in the
     # queues: a round trip, plus scheduling on a loaded 2-core machine, where four
     # client processes and five servers share the CPUs (100 ms was seen exceeded).
-    report = judge(run, fifo_slack_ns=300 * MS)
-    record(
+    judged_ok(
         run,
         "fair lock: 4 processes; 1 of 5 masters frozen for 1 s",
         "no violation, FIFO kept",
-        report,
-        "no violation" if report.ok else report.summary(),
+        fifo_slack_ns=300 * MS,
     )
-    assert report.ok, report.format()
 
 
 @pytest.mark.parametrize("owner", ["thread", "task", "process"])
@@ -661,9 +621,7 @@ def test_a_dead_owner_frees_the_lock(run: Run, owner: str) -> None:
 # -- the semaphore: at most P holders ---------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "fault", ["none", "minority killed", "minority frozen", "master restarted after a lease"]
-)
+@pytest.mark.parametrize("fault", list(FAULTS))
 def test_semaphore_keeps_at_most_p_holders(run: Run, masters: LocalEnsemble, fault: str) -> None:
     spec = {"kind": "sem", "permits": PERMITS, "fencing": False, "work": 0.02}
     workers = contend(run, clients=5, duration=2.5, **spec)
@@ -673,13 +631,7 @@ def test_semaphore_keeps_at_most_p_holders(run: Run, masters: LocalEnsemble, fau
     report = judge_permits(run)
     record(
         run,
-        f"semaphore of {PERMITS}, 5 processes; "
-        + {
-            "none": "no fault",
-            "minority killed": "2 of 5 masters killed and restarted",
-            "minority frozen": "SIGSTOP 2 of 5 masters for 1 s",
-            "master restarted after a lease": "1 master killed, restarted after a lease",
-        }[fault],
+        f"semaphore of {PERMITS}, 5 processes; {FAULTS[fault]}",
         f"at most {PERMITS} holders",
         report,
         f"at most {most_at_once(report)} at once" + ("" if report.ok else f"; {report.summary()}"),
@@ -731,18 +683,13 @@ def test_election_under_faults(run: Run, masters: LocalEnsemble, fault: str) -> 
     for w in workers:
         w.finish(timeout=30)
     events = run.events()
-    report = judge(run)
-    terms = terms_of(events)
-    leaders = leaders_of(events)
-    record(
+    terms, leaders = terms_of(events), leaders_of(events)
+    judged_ok(
         run,
         f"election: 4 candidate processes; {ELECTION_FAULTS[fault]}",
         "one leader at a time; terms grow; no stale fenced write",
-        report,
-        ("no violation" if report.ok else report.summary())
-        + f"; {len(terms)} terms, {len(leaders)} leaders",
+        f"; {len(terms)} terms, {len(leaders)} leaders",
     )
-    assert report.ok, report.format()
     assert len(terms) > 10 and len(leaders) > 1, (terms, leaders)  # progress, handed on
 
 
@@ -750,7 +697,6 @@ def test_election_leader_paused_past_its_lease(run: Run) -> None:
     # The leader is frozen (SIGSTOP) past its lease; the others lead meanwhile and write
     # under their terms. Resumed, it writes under its old term (refused by the store),
     # and its resignation finds the leadership lost.
-    # Resumed, it writes under its old term, then resigns.
     held = frozen_past_its_lease(
         run, lambda: contend(run, clients=2, kind="lead", duration=LEASE + 1.5), kind="lead"
     )
@@ -801,19 +747,15 @@ def test_election_with_a_minority_restarted_empty(run: Run, masters: LocalEnsemb
     for w in workers:
         w.finish(timeout=30)
     events = run.events()
-    report = judge(run)
     errors = errors_of(events)
     later = [t for t in terms_of(events) if t != old]
-    record(
+    judged_ok(
         run,
         "election: 2 of 5 masters restarted empty at once, twice (the leader's, then"
         " during contention)",
         "terms grow (or FencingError, never a smaller term); one leader at a time",
-        report,
-        ("no violation" if report.ok else report.summary())
-        + f"; {len(later)} later terms; {errors.get('FencingError', 0)} FencingError",
+        f"; {len(later)} later terms; {errors.get('FencingError', 0)} FencingError",
     )
-    assert report.ok, report.format()
     assert later and min(later) > old, (old, later)
     after = run.faults["restart 1"]
     assert any(e.op == "acquire" and e.phase == "ok" and e.t > after for e in events), (
