@@ -93,6 +93,22 @@ async def entered(manager: Any) -> AsyncIterator[Any]:
             yield value
 
 
+def in_threads(
+    target: Callable[..., object],
+    args: Iterable[tuple[Any, ...]] = ((),),
+    timeout: float | None = 60.0,
+) -> list[threading.Thread]:
+    """Run ``target`` in a thread per tuple of ``args`` (one thread without arguments by
+    default), all started before any is joined; returns the threads once each ended or
+    was waited for ``timeout`` seconds."""
+    threads = [threading.Thread(target=target, args=a) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return threads
+
+
 # -- what the masters hold ----------------------------------------------------------------
 
 

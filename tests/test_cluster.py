@@ -19,7 +19,7 @@ import pytest
 import redis
 import redis.asyncio.cluster
 import redis.cluster
-from helpers import heal, wait_until
+from helpers import heal, in_threads, wait_until
 
 import redreentrant.asyncio as aio
 from redreentrant import LockLostError, LockManager, QuorumUnavailableError
@@ -327,11 +327,7 @@ def test_threads_exclude_each_other_on_three_cluster_members(three: list[LocalCl
     with LockManager(urls, lease=LEASE) as a, LockManager(urls, lease=LEASE) as b:
         for name in names:
             counter["value"] = 0
-            threads = [threading.Thread(target=work, args=(m, name)) for m in (a, b, a, b)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=60)
+            in_threads(work, [(m, name) for m in (a, b, a, b)])
             assert counter["value"] == 4 * per_thread
     for c in three:
         assert not node_keys(c)

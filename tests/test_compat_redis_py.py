@@ -25,7 +25,16 @@ import redis
 import redis.asyncio
 import redis.asyncio.lock
 import redis.lock
-from helpers import IN_CI, SOURCES, library_source, lock_keys, run, run_library_tests, wait_until
+from helpers import (
+    IN_CI,
+    SOURCES,
+    in_threads,
+    library_source,
+    lock_keys,
+    run,
+    run_library_tests,
+    wait_until,
+)
 from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
 import redreentrant
@@ -112,11 +121,7 @@ def test_mutual_exclusion_across_threads_objects_and_clients(
             with make():
                 counting_work(counter, lambda: time.sleep(0.0005))
 
-    threads = [threading.Thread(target=worker, args=(makers[i % 3],)) for i in range(9)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(worker, [(makers[i % 3],) for i in range(9)], timeout=None)
     assert counter["n"] == 9 * 20
     assert lock_keys(ensemble) == {}
 
@@ -175,9 +180,7 @@ def test_thread_local_tokens(r: redis.Redis) -> None:
             seen["error"] = error
 
     assert lock.acquire()
-    thread = threading.Thread(target=other)
-    thread.start()
-    thread.join()
+    in_threads(other, timeout=None)
     assert seen["owned"] is False and type(seen["error"]) is LockError
     assert lock.owned() and lock.locked()
     lock.release()
@@ -186,9 +189,7 @@ def test_thread_local_tokens(r: redis.Redis) -> None:
 def test_thread_local_false_lets_any_thread_release(r: redis.Redis) -> None:
     lock = r.lock("a", thread_local=False, lock_class=Lock)
     assert lock.acquire()
-    thread = threading.Thread(target=lock.release)
-    thread.start()
-    thread.join()
+    in_threads(lock.release, timeout=None)
     assert lock.local.token is None and not lock.locked()
 
 
@@ -200,9 +201,7 @@ def test_a_hold_outlives_the_thread_and_its_token_releases_it(r: redis.Redis) ->
         assert lock.acquire()
         tokens.append(lock.local.token)
 
-    thread = threading.Thread(target=take)
-    thread.start()
-    thread.join()
+    in_threads(take, timeout=None)
     assert lock.locked() and not lock.owned()  # held, as redis-py's key, by no thread
     assert Lock(r, "a").acquire(blocking=False) is False
     lock.local.token = tokens[0]  # the token names the owner: this thread may release

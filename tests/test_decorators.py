@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from helpers import run
+from helpers import in_threads, run
 
 import redreentrant.asyncio as aio
 from redreentrant import LockManager, LockTimeoutError, LockUpgradeError, ManagerClosedError
@@ -68,11 +68,7 @@ def test_decorated_calls_of_threads_exclude_each_other(manager: LockManager) -> 
         for _ in range(15):
             bump()
 
-    pool = [threading.Thread(target=work) for _ in range(6)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(timeout=60)
+    in_threads(work, [()] * 6)
     assert counter[0] == 90
     assert not manager.lock("counter").locked()
 
@@ -92,14 +88,7 @@ def test_each_name_made_from_the_arguments_is_a_lock_of_its_own(urls: list[str])
 
     try:
         workers = [slow_bump(managers[i % 2]) for i in range(4)]
-        pool = [
-            threading.Thread(target=lambda w=w, k=k: [w(k) for _ in range(10)])
-            for w, k in zip(workers, "abab", strict=True)
-        ]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join(timeout=60)
+        in_threads(lambda w, k: [w(k) for _ in range(10)], zip(workers, "abab", strict=True))
         assert counters == {"a": 20, "b": 20}
 
         # Two names do not exclude each other: each call waits inside for the other.
@@ -111,14 +100,7 @@ def test_each_name_made_from_the_arguments_is_a_lock_of_its_own(urls: list[str])
             return arrived[other].wait(10)
 
         results: list[bool] = []
-        pair = [
-            threading.Thread(target=lambda r=r, o=o: results.append(meet(r, o)))
-            for r, o in (("a", "b"), ("b", "a"))
-        ]
-        for t in pair:
-            t.start()
-        for t in pair:
-            t.join(timeout=30)
+        in_threads(lambda r, o: results.append(meet(r, o)), [("a", "b"), ("b", "a")], 30)
         assert results == [True, True]
     finally:
         for m in managers:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
-from helpers import WORKERS, lock_keys, wait_until
+from helpers import WORKERS, in_threads, lock_keys, wait_until
 
 from redreentrant import LockManager
 from redreentrant.testing import LocalEnsemble
@@ -30,11 +30,7 @@ def hammer(guard: Callable[[], AbstractContextManager[object]], threads: int, ti
                 time.sleep(0.001)
                 counter[0] = value + 1
 
-    pool = [threading.Thread(target=work) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(timeout=60)
+    in_threads(work, [()] * threads)
     return counter[0]
 
 

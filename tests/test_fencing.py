@@ -4,14 +4,13 @@ masters, also when masters restart without persistence."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
-from helpers import FLAVOURS, aw, run
+from helpers import FLAVOURS, aw, in_threads, run
 
 import redreentrant.asyncio as aio
 from redreentrant import (
@@ -194,11 +193,7 @@ def test_concurrent_holders_get_tokens_in_the_order_they_held(fenced_urls: list[
         except BaseException as error:
             errors.append(error)
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(worker, [()] * 4, timeout=None)
     assert not errors
     assert len(held) == 32 and held == sorted(held) and len(set(held)) == 32
 

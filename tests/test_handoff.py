@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import WORKERS, registered, wait_until
+from helpers import WORKERS, in_threads, registered, wait_until
 from workers import contend, take
 
 from redreentrant import LockManager
@@ -122,11 +122,7 @@ def count_under_lock(
                                     return
                             done[i] += 1
 
-                threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(timeout=60)
+                in_threads(work, [(i,) for i in range(workers)])
         else:
 
             async def main() -> None:

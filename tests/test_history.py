@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers import in_threads
 from typing_extensions import Unpack
 
 from redreentrant import Lock, LockLostError, LockManager
@@ -147,11 +148,7 @@ def test_threads_share_a_recorder_safely(tmp_path: Path) -> None:
             for n in range(200):
                 child.ok("incr", "c", value=n)
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        in_threads(work, [(i,) for i in range(8)], timeout=None)
     lines = path.read_text().splitlines()
     events = [Event.from_json(line) for line in lines]
     assert len(events) == 1600

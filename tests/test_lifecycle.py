@@ -30,6 +30,7 @@ from helpers import (
     cluster_port,
     entered,
     fields_on,
+    in_threads,
     lock_keys,
     registered,
     run,
@@ -278,9 +279,7 @@ def test_a_task_that_ends_holding_a_lock_frees_it_and_is_reported(
 def test_a_fixed_lease_of_a_dead_owner_is_left_to_lapse(ensemble: LocalEnsemble) -> None:
     with LockManager(ensemble.urls, lease=1.0) as mgr:
         mgr.lock("kept-running").acquire()  # a managed hold: the watchdog runs
-        worker = threading.Thread(target=lambda: mgr.lock("fixed").acquire(lease=5.0))
-        worker.start()
-        worker.join()
+        in_threads(lambda: mgr.lock("fixed").acquire(lease=5.0), timeout=None)
         time.sleep(1.0)  # three watchdog ticks
         assert all(fields_on(ensemble, "fixed"))  # untouched: it ends with its lease
         mgr.lock("kept-running").release()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import redis
-from helpers import lock_keys, run, wait_until
+from helpers import in_threads, lock_keys, run, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import (
@@ -47,9 +47,7 @@ def test_every_name_is_taken_together_and_excludes_its_plain_lock(
         assert holders(masters, "from") == holders(masters, "to")  # every name, or none
         # A plain lock of one of the names is the same lock: held, by another owner here.
         refused: list[bool] = []
-        t = threading.Thread(target=lambda: refused.append(mgr.lock("to").acquire(blocking=False)))
-        t.start()
-        t.join()
+        in_threads(lambda: refused.append(mgr.lock("to").acquire(blocking=False)), timeout=None)
         assert refused == [False]
     wait_until(lambda: holders(masters, "to") == [set()] * len(masters), "released everywhere")
     assert holders(masters, "from") == [set()] * len(masters)
@@ -94,9 +92,7 @@ def test_a_multi_lock_is_one_reentrant_owned_hold(mgr: LockManager) -> None:
             except BaseException as error:  # reported below
                 errors.append(error)
 
-        t = threading.Thread(target=other)
-        t.start()
-        t.join()
+        in_threads(other, timeout=None)
         assert len(errors) == 1 and isinstance(errors[0], LockNotOwnedError)
         assert not signal.is_set()
     assert not many.is_owned()
@@ -137,13 +133,7 @@ def test_crossing_orders_never_deadlock_and_exclude_each_other(masters: list[str
                             inside[n] -= 1
                     lock.release()
 
-        threads = [
-            threading.Thread(target=work, args=(m, s)) for m, s in zip(managers, sets, strict=True)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        threads = in_threads(work, zip(managers, sets, strict=True), timeout=120)
         assert not any(t.is_alive() for t in threads)
     finally:
         for m in managers:

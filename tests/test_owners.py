@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import threading
 
 import pytest
-from helpers import drop_counters, lock_keys, run, wait_until
+from helpers import drop_counters, in_threads, lock_keys, run, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import LockManager, LockNotOwnedError, OwnerInfo, parse_owner
@@ -23,12 +22,6 @@ class Request:
     """An application's object that owns locks."""
 
 
-def in_thread(fn: object) -> None:
-    t = threading.Thread(target=fn)  # type: ignore[arg-type]
-    t.start()
-    t.join(10)
-
-
 def test_an_objects_hold_is_taken_in_one_thread_and_released_in_another(
     mgr: LockManager,
 ) -> None:
@@ -37,14 +30,14 @@ def test_an_objects_hold_is_taken_in_one_thread_and_released_in_another(
     assert lock.acquire()
     assert lock.acquire()  # re-entered by the same owner, from any thread
     counts: list[int] = []
-    in_thread(lambda: (lock.release(), counts.append(lock.hold_count)))
+    in_threads(lambda: (lock.release(), counts.append(lock.hold_count)), timeout=10)
     assert counts == [1] and lock.is_owned()
     # The calling thread is another owner: it waits like anyone else.
     assert not mgr.lock("job").acquire(blocking=False)
     # Another object is another owner too; a view made anew of the same owner is not.
     assert not mgr.lock("job", owner=Request()).acquire(blocking=False)
     assert mgr.lock("job", owner=request).hold_count == 1
-    in_thread(lock.release)
+    in_threads(lock.release, timeout=10)
     assert not lock.is_owned()
     with pytest.raises(LockNotOwnedError):
         lock.release()
@@ -71,7 +64,7 @@ def test_every_kind_takes_an_owner(mgr: LockManager, ensemble: LocalEnsemble) ->
     ]
     for lock in locks:
         assert lock.acquire(timeout=5)
-    in_thread(lambda: [lock.release() for lock in locks])
+    in_threads(lambda: [lock.release() for lock in locks], timeout=10)
     assert not any(lock.is_owned() for lock in locks)
     with rw.upgradeable:  # the upgradeable reader, of the same owner, from this thread
         pass

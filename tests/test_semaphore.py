@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import CLI, PY, clean_env, lock_keys, run, run_cli, wait_until
+from helpers import CLI, PY, clean_env, in_threads, lock_keys, run, run_cli, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import LockLostError, LockManager, LockNotOwnedError, Semaphore
@@ -59,11 +59,7 @@ def test_at_most_p_threads_hold_a_permit_and_p_do(masters: list[str], permits: i
                     time.sleep(0.03)
                     gauge.leave()
 
-        threads = [threading.Thread(target=work, args=(m,)) for m in managers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        in_threads(work, [(m,) for m in managers])
         assert gauge.entered == 24
         assert gauge.most == permits  # never more, and as many as allowed
     finally:
@@ -149,9 +145,7 @@ def test_a_permit_is_owned_reentrant_and_counted_once(mgr: LockManager) -> None:
             except BaseException as error:  # reported below
                 errors.append(error)
 
-        t = threading.Thread(target=other)
-        t.start()
-        t.join()
+        in_threads(other, timeout=None)
         assert len(errors) == 1 and isinstance(errors[0], LockNotOwnedError)
     assert sem.available() == 2 and not sem.is_owned()
 
