@@ -110,7 +110,6 @@ def node_pttl(c: LocalCluster, index: int, name: str) -> int:
 # -- mixed with plain masters ----------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_a_cluster_member_is_one_vote_beside_plain_masters(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -138,7 +137,6 @@ def test_a_cluster_member_is_one_vote_beside_plain_masters(
     assert not node_keys(cluster)
 
 
-@pytest.mark.integration
 def test_a_semaphore_works_through_a_cluster_member(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -170,7 +168,6 @@ def test_a_semaphore_works_through_a_cluster_member(
     assert not node_keys(cluster)
 
 
-@pytest.mark.integration
 def test_an_election_works_through_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
     with LockManager(urls, lease=LEASE) as a, LockManager(urls, lease=LEASE) as b:
@@ -191,7 +188,6 @@ def test_an_election_works_through_cluster_members(three: list[LocalCluster]) ->
         assert all(k.endswith(":election:fence") for keys in node_keys(cl).values() for k in keys)
 
 
-@pytest.mark.integration
 def test_asyncio_election_through_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
 
@@ -209,7 +205,6 @@ def test_asyncio_election_through_cluster_members(three: list[LocalCluster]) -> 
     assert first < second
 
 
-@pytest.mark.integration
 def test_a_multi_lock_takes_names_on_several_nodes_together(
     cluster: LocalCluster, plain: list[str], ensemble: LocalEnsemble
 ) -> None:
@@ -239,7 +234,6 @@ def test_a_multi_lock_takes_names_on_several_nodes_together(
     ensemble.flushall()
 
 
-@pytest.mark.integration
 def test_multi_locks_in_crossing_orders_never_deadlock_on_cluster_members(
     three: list[LocalCluster],
 ) -> None:
@@ -299,7 +293,6 @@ def test_multi_locks_in_crossing_orders_never_deadlock_on_cluster_members(
         assert not node_keys(c)
 
 
-@pytest.mark.integration
 def test_fencing_tokens_grow_through_cluster_members(three: list[LocalCluster]) -> None:
     with LockManager([c.url for c in three], lease=LEASE, fencing=True) as mgr:
         tokens = []
@@ -309,7 +302,6 @@ def test_fencing_tokens_grow_through_cluster_members(three: list[LocalCluster]) 
         assert tokens == sorted(tokens) and len(set(tokens)) == 3, tokens
 
 
-@pytest.mark.integration
 def test_threads_exclude_each_other_on_three_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
     counter = {"value": 0}
@@ -336,7 +328,6 @@ def test_threads_exclude_each_other_on_three_cluster_members(three: list[LocalCl
 # -- resharding --------------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_renewals_follow_a_held_locks_slot_to_its_new_node(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -360,7 +351,6 @@ def test_renewals_follow_a_held_locks_slot_to_its_new_node(
     cluster.migrate_slot(slot, 0)  # as it was, for the other tests
 
 
-@pytest.mark.integration
 def test_renewals_ask_the_importing_node_during_a_migration(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -390,7 +380,6 @@ def test_renewals_ask_the_importing_node_during_a_migration(
 # -- a node killed ----------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_a_killed_node_fails_its_slots_on_that_member_only(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -411,7 +400,6 @@ def test_a_killed_node_fails_its_slots_on_that_member_only(
         assert any(m.startswith("cluster:") for m in caught.value.errors)
 
 
-@pytest.mark.integration
 def test_three_cluster_members_keep_a_quorum_with_one_node_down(three: list[LocalCluster]) -> None:
     name = three[1].names_on(1, 1, "down")[0]
     with LockManager([c.url for c in three], lease=LEASE) as mgr:
@@ -430,7 +418,6 @@ def test_three_cluster_members_keep_a_quorum_with_one_node_down(three: list[Loca
 # -- wake-ups ---------------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["lock", "fair", "write"])
 def test_wakeups_reach_a_waiter_through_cluster_members(
     three: list[LocalCluster], kind: str
@@ -469,7 +456,6 @@ def test_wakeups_reach_a_waiter_through_cluster_members(
         assert not node_keys(c)
 
 
-@pytest.mark.integration
 def test_the_wakeup_subscriber_moves_to_another_node_when_its_node_dies(
     cluster: LocalCluster,
 ) -> None:
@@ -510,7 +496,6 @@ def test_the_wakeup_subscriber_moves_to_another_node_when_its_node_dies(
         assert got and got[0] - released < 2.0
 
 
-@pytest.mark.integration
 def test_the_command_line_takes_a_cluster_url(
     cluster: LocalCluster, plain: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -532,7 +517,6 @@ def test_the_command_line_takes_a_cluster_url(
     assert document["masters"][0]["locks"]
 
 
-@pytest.mark.integration
 def test_names_and_top_scan_every_node_of_a_cluster_member(cluster: LocalCluster) -> None:
     from redreentrant.cli.top import Watcher
 
@@ -582,7 +566,6 @@ def test_names_and_top_scan_every_node_of_a_cluster_member(cluster: LocalCluster
 # -- clients, URLs and the asyncio twin --------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) -> None:
     host, port = cluster.addresses[1]
     client = redis.cluster.RedisCluster(host=host, port=port)
@@ -598,7 +581,6 @@ def test_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) ->
         client.close()
 
 
-@pytest.mark.integration
 def test_valkey_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) -> None:
     valkey_cluster = pytest.importorskip("valkey.cluster")
     host, port = cluster.addresses[2]
@@ -611,7 +593,6 @@ def test_valkey_cluster_clients_are_members(cluster: LocalCluster, plain: list[s
         vclient.close()
 
 
-@pytest.mark.integration
 def test_asyncio_twin_on_cluster_members(three: list[LocalCluster], plain: list[str]) -> None:
     c = three[0]
     host, port = c.addresses[0]
@@ -669,7 +650,6 @@ def test_asyncio_twin_on_cluster_members(three: list[LocalCluster], plain: list[
         assert not node_keys(cl)
 
 
-@pytest.mark.integration
 def test_an_upgradeable_reader_upgrades_through_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
     lease = 60.0  # only a wake-up, not a lease's end or a retry (lease / 3), ends the wait
@@ -709,7 +689,6 @@ def test_an_upgradeable_reader_upgrades_through_cluster_members(three: list[Loca
         assert sum(not v.locks for v in a.inspect(name)) >= 2
 
 
-@pytest.mark.integration
 def test_asyncio_synchronizers_on_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
     names = [three[0].names_on(k, 1, "sync")[0] for k in range(3)]  # one per node

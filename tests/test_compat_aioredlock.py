@@ -28,8 +28,6 @@ from redreentrant.compat.aioredlock import (
 )
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 def in_loop(masters: list[str], test: Callable[[], Awaitable[None]]) -> None:
     """Run ``test`` in an event loop of its own, and close the loop's shared manager."""

@@ -31,8 +31,6 @@ from redreentrant.compat.pottery import (
 )
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 SHIMS = Path(__file__).resolve().parent / "compat_shims" / "pottery"
 
 

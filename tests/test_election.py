@@ -31,8 +31,6 @@ from redreentrant import (
 from redreentrant._core.kinds import ELECTION
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(params=[1, 5], ids=["one-master", "five-masters"])
 def masters(request: pytest.FixtureRequest, ensemble: LocalEnsemble) -> Iterator[list[str]]:

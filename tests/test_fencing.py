@@ -151,7 +151,6 @@ def fenced_urls(ensemble: LocalEnsemble) -> Iterator[list[str]]:
     ensemble.flushall()
 
 
-@pytest.mark.integration
 def test_tokens_grow_with_every_grant_across_managers_and_kinds(fenced_urls: list[str]) -> None:
     with LockManager(fenced_urls, fencing=True) as a, LockManager(fenced_urls) as b:
         tokens = []
@@ -179,7 +178,6 @@ def test_tokens_grow_with_every_grant_across_managers_and_kinds(fenced_urls: lis
             _ = plain.token
 
 
-@pytest.mark.integration
 def test_concurrent_holders_get_tokens_in_the_order_they_held(fenced_urls: list[str]) -> None:
     held: list[int] = []
     errors: list[BaseException] = []
@@ -198,7 +196,6 @@ def test_concurrent_holders_get_tokens_in_the_order_they_held(fenced_urls: list[
     assert len(held) == 32 and held == sorted(held) and len(set(held)) == 32
 
 
-@pytest.mark.integration
 def test_tokens_stay_monotonic_when_a_minority_restarts_without_persistence(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -224,7 +221,6 @@ def test_tokens_stay_monotonic_when_a_minority_restarts_without_persistence(
                 pytest.fail("the lock never came back after a minority restart")
 
 
-@pytest.mark.integration
 def test_counters_lost_on_a_majority_refuse_until_an_operator_raises_them(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -251,7 +247,6 @@ def test_counters_lost_on_a_majority_refuse_until_an_operator_raises_them(
             assert lock.token == last + 1001
 
 
-@pytest.mark.integration
 def test_with_fencing_off_no_key_of_a_released_lock_remains(ensemble: LocalEnsemble) -> None:
     with LockManager(ensemble.urls) as mgr:
         plain, write, fair = mgr.lock("off"), mgr.rw_lock("off").write, mgr.fair_lock("off")
@@ -260,7 +255,6 @@ def test_with_fencing_off_no_key_of_a_released_lock_remains(ensemble: LocalEnsem
     assert all(not keys for keys in ensemble.keys("*").values())
 
 
-@pytest.mark.integration
 def test_a_fenced_store_refuses_the_late_write_of_a_holder_whose_lease_ran_out(
     fenced_urls: list[str],
 ) -> None:
@@ -285,7 +279,6 @@ def test_a_fenced_store_refuses_the_late_write_of_a_holder_whose_lease_ran_out(
     resource.close()
 
 
-@pytest.mark.integration
 def test_asyncio_tokens_and_store(fenced_urls: list[str]) -> None:
     async def main() -> None:
         import redis.asyncio as aredis
@@ -373,7 +366,6 @@ def test_tokens_outside_the_range_are_refused_with_the_argument_named(value: obj
     assert check_token(MAX, "x") == MAX and check_token(0, "x") == 0
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("start", STARTS, ids=["2**53-2", "10**18", "2**63-4"])
 def test_grants_and_raises_are_exact_at_any_size(
     ensemble: LocalEnsemble, fenced_urls: list[str], start: int
@@ -390,7 +382,6 @@ def test_grants_and_raises_are_exact_at_any_size(
         assert counters(ensemble, "big") == [str(start + 3).encode()] * 5
 
 
-@pytest.mark.integration
 def test_raise_fence_compares_exactly_past_2_53(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -404,7 +395,6 @@ def test_raise_fence_compares_exactly_past_2_53(
             assert lock.token == 2**53 + 2
 
 
-@pytest.mark.integration
 def test_a_grant_past_the_maximum_raises_and_changes_nothing(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -426,7 +416,6 @@ def test_a_grant_past_the_maximum_raises_and_changes_nothing(
             lock.acquire(timeout=2)
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("value", [2**63, -(2**63) - 1, True, 7.0], ids=repr)
 def test_raise_fence_refuses_a_value_outside_the_range_before_sending_it(
     ensemble: LocalEnsemble, fenced_urls: list[str], value: object
@@ -437,7 +426,6 @@ def test_raise_fence_refuses_a_value_outside_the_range_before_sending_it(
     assert counters(ensemble, "out") == [None] * 5
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("api", FLAVOURS)
 def test_a_fenced_store_compares_tokens_exactly_and_refuses_out_of_range_ones(
     fenced_urls: list[str], api: Any
@@ -461,7 +449,6 @@ def test_a_fenced_store_compares_tokens_exactly_and_refuses_out_of_range_ones(
     run(main())
 
 
-@pytest.mark.integration
 def test_fence_cli_refuses_an_out_of_range_floor_as_a_usage_error(
     ensemble: LocalEnsemble,
     fenced_urls: list[str],
@@ -479,7 +466,6 @@ def test_fence_cli_refuses_an_out_of_range_floor_as_a_usage_error(
     assert counters(ensemble, "cli") == [str(MAX).encode()] * 5
 
 
-@pytest.mark.integration
 def test_asyncio_grants_and_raises_are_exact_past_2_53(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -501,7 +487,6 @@ def test_asyncio_grants_and_raises_are_exact_past_2_53(
     assert counters(ensemble, "abig") == [str(2**53 + 4).encode()] * 5
 
 
-@pytest.mark.integration
 def test_asyncio_refuses_out_of_range_floors_and_grants_past_the_maximum(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:

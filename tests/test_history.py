@@ -572,7 +572,6 @@ def contend(
     return check(load([rec.path]), final_counter=int(r.get(counter) or 0))
 
 
-@pytest.mark.integration
 def test_the_checker_catches_a_broken_lock(urls: list[str], tmp_path: Path) -> None:
     with redis.Redis.from_url(urls[0]) as r, Recorder(tmp_path / "p0.jsonl", "p0") as rec:
         report = contend(
@@ -589,7 +588,6 @@ def test_the_checker_catches_a_broken_lock(urls: list[str], tmp_path: Path) -> N
     assert len(report.holds) == 60
 
 
-@pytest.mark.integration
 def test_the_checker_passes_the_librarys_lock(
     manager: LockManager, urls: list[str], tmp_path: Path
 ) -> None:
@@ -609,7 +607,6 @@ def test_the_checker_passes_the_librarys_lock(
     assert len(report.holds) == 60 and {h.ended_by for h in report.holds} == {"release"}
 
 
-@pytest.mark.integration
 def test_work_that_outlives_its_lease_loses_updates_without_overlapping(
     urls: list[str], tmp_path: Path
 ) -> None:
@@ -654,7 +651,6 @@ return {1, seq}
 """
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "unfenced"])
 def test_the_checker_catches_a_store_that_accepts_a_paused_holders_write(
     urls: list[str], tmp_path: Path, fenced: bool

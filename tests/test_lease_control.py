@@ -16,8 +16,6 @@ from redreentrant import LockLostError, LockManager, LockNotOwnedError, LostSign
 from redreentrant._core.keys import aux_key, lock_key
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 def pttls(urls: list[str], key: str) -> list[int]:
     out = []

@@ -24,8 +24,6 @@ from redreentrant import (
 from redreentrant._core.keys import lock_key
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 def holders(urls: list[str], name: str) -> list[set[bytes]]:
     out = []

@@ -15,8 +15,6 @@ import redreentrant.asyncio as ra
 from redreentrant import LockManager, LockNotOwnedError, OwnerInfo, parse_owner
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 class Request:
     """An application's object that owns locks."""

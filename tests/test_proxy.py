@@ -12,8 +12,6 @@ from redreentrant.testing import LocalEnsemble
 from redreentrant.testing.loopback import client
 from redreentrant.testing.proxy import TcpProxy
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def proxy(ensemble: LocalEnsemble) -> Iterator[TcpProxy]:

@@ -22,8 +22,6 @@ from redreentrant import LockLostError, LockManager, LockNotOwnedError, Semaphor
 from redreentrant._core.keys import aux_key
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 class Gauge:
     """How many holders are inside at once: the most ever seen, and how many entered."""

@@ -27,8 +27,6 @@ from redreentrant.cli.common import MASTERS_ENV
 from redreentrant.cli.ensemble import STATE_ENV
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 # The CLI with 'rich' made impossible to import.
 NO_RICH = (
     "import sys; sys.modules['rich'] = None; from redreentrant.cli import main; sys.exit(main())"
