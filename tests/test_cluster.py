@@ -19,7 +19,7 @@ import pytest
 import redis
 import redis.asyncio.cluster
 import redis.cluster
-from helpers import heal, in_threads, wait_until
+from helpers import aincrement, cross, heal, in_threads, increment, many_managers, wait_until
 
 import redreentrant.asyncio as aio
 from redreentrant import LockLostError, LockManager, QuorumUnavailableError
@@ -243,51 +243,8 @@ def test_multi_locks_in_crossing_orders_never_deadlock_on_cluster_members(
     x, y, z = (three[0].names_on(k, 1, "cross")[0] for k in range(3))  # one per node
     orders = [[x, y, z], [z, y, x]] * 3
     rounds = 10
-    counters = dict.fromkeys((x, y, z), 0)
-    inside = dict.fromkeys((x, y, z), 0)
-    guard = threading.Lock()
-    overlaps: list[str] = []
-    errors: list[BaseException] = []
-    managers = [LockManager(urls, lease=LEASE) for _ in orders]
-
-    def work(mgr: LockManager, names: list[str]) -> None:
-        try:
-            many = mgr.multi_lock(names)
-            for _ in range(rounds):
-                assert many.acquire(timeout=30), f"{names}: not in 30 s (deadlocked?)"
-                try:
-                    with guard:
-                        for n in names:
-                            inside[n] += 1
-                            if inside[n] > 1:
-                                overlaps.append(n)
-                    for n in names:  # read, sleep, write: any overlap loses an update
-                        seen = counters[n]
-                        time.sleep(0.001)
-                        counters[n] = seen + 1
-                finally:
-                    with guard:
-                        for n in names:
-                            inside[n] -= 1
-                    many.release()
-        except BaseException as error:  # reported below
-            errors.append(error)
-
-    threads = [
-        threading.Thread(target=work, args=(m, names))
-        for m, names in zip(managers, orders, strict=True)
-    ]
-    try:
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 90
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        assert not any(t.is_alive() for t in threads), "still taking after 90 s (deadlocked?)"
-    finally:
-        for m in managers:
-            m.close()
-    assert errors == [] and overlaps == []
+    with many_managers(len(orders), urls, lease=LEASE) as managers:
+        counters = cross(managers, orders, rounds, pause=0.001)
     assert counters == dict.fromkeys((x, y, z), len(orders) * rounds)
     for c in three:
         assert not node_keys(c)
@@ -312,9 +269,9 @@ def test_threads_exclude_each_other_on_three_cluster_members(three: list[LocalCl
         lock = mgr.lock(name)
         for _ in range(per_thread):
             with lock:
-                seen = counter["value"]
-                time.sleep(0.0005)  # read, sleep, write: any overlap loses an update
-                counter["value"] = seen + 1
+                increment(
+                    counter, "value", 0.0005
+                )  # read, sleep, write: any overlap loses an update
 
     with LockManager(urls, lease=LEASE) as a, LockManager(urls, lease=LEASE) as b:
         for name in names:
@@ -568,8 +525,7 @@ def test_names_and_top_scan_every_node_of_a_cluster_member(cluster: LocalCluster
 
 def test_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) -> None:
     host, port = cluster.addresses[1]
-    client = redis.cluster.RedisCluster(host=host, port=port)
-    try:
+    with redis.cluster.RedisCluster(host=host, port=port) as client:
         with LockManager([plain[0], client, plain[1]], lease=LEASE) as mgr:
             assert mgr.masters[1].startswith("cluster:127.0.0.1:")
             for k in range(3):
@@ -577,20 +533,15 @@ def test_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) ->
                     assert mgr.inspect(lock.name)[1].locks
         with pytest.raises(ValueError, match="given twice"):
             LockManager([cluster.url, client, plain[0]])
-    finally:
-        client.close()
 
 
 def test_valkey_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) -> None:
     valkey_cluster = pytest.importorskip("valkey.cluster")
     host, port = cluster.addresses[2]
-    vclient = valkey_cluster.ValkeyCluster(host=host, port=port)
-    try:
+    with valkey_cluster.ValkeyCluster(host=host, port=port) as vclient:
         name = cluster.names_on(2, 1, "valkey")[0]
         with LockManager([vclient, *plain], lease=LEASE) as mgr, mgr.lock(name) as lock:
             assert mgr.inspect(lock.name)[0].locks
-    finally:
-        vclient.close()
 
 
 def test_asyncio_twin_on_cluster_members(three: list[LocalCluster], plain: list[str]) -> None:
@@ -610,9 +561,7 @@ def test_asyncio_twin_on_cluster_members(three: list[LocalCluster], plain: list[
                 async def work(mgr: aio.LockManager, name: str) -> None:
                     for _ in range(10):
                         async with mgr.lock(name):
-                            seen = counter["value"]
-                            await asyncio.sleep(0.001)
-                            counter["value"] = seen + 1
+                            await aincrement(counter, "value")
 
                 for name in names:
                     counter["value"] = 0

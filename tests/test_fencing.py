@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from helpers import FLAVOURS, aw, in_threads, run
+from helpers import FLAVOURS, aw, in_threads, on_masters, run
 
 import redreentrant.asyncio as aio
 from redreentrant import (
@@ -333,12 +333,7 @@ def largest_accepted(step: int) -> int:
 
 def counters(ensemble: LocalEnsemble, name: str) -> list[bytes | None]:
     """Each master's fencing counter of the plain lock ``name``, as stored."""
-    key = EXCLUSIVE.fence_key(name)
-    values = []
-    for url in ensemble.urls:
-        with redis.Redis.from_url(url) as client:
-            values.append(client.get(key))
-    return values
+    return on_masters(ensemble.urls, lambda r: r.get(EXCLUSIVE.fence_key(name)))
 
 
 def test_counter_replies_are_read_exactly_as_integers_or_decimal_strings() -> None:
@@ -409,9 +404,7 @@ def test_a_grant_past_the_maximum_raises_and_changes_nothing(
         assert counters(ensemble, "max") == [str(MAX).encode()] * 5
         assert lock.raise_fence(MAX) == 5  # in range: a no-op here
         # A counter past the range (not written by this library) refuses alike.
-        for url in fenced_urls:
-            with redis.Redis.from_url(url) as client:
-                client.set(EXCLUSIVE.fence_key("max"), str(2**63))
+        on_masters(fenced_urls, lambda r: r.set(EXCLUSIVE.fence_key("max"), str(2**63)))
         with pytest.raises(FencingError, match="maximum"):
             lock.acquire(timeout=2)
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import redis
-from helpers import fields_on, holds_on, in_threads, registered, wait_until
+from helpers import fields_on, holds_on, in_threads, on_masters, registered, wait_until
 
 from redreentrant import (
     LockKeyTypeError,
@@ -149,9 +149,7 @@ def test_a_local_release_wakes_local_waiters_without_pubsub(ensemble: LocalEnsem
             lambda: all(len(r) == 3 for r in registered(ensemble.urls, "local")),
             "all three registered on every master",
         )
-        for server in ensemble.servers:
-            with redis.Redis.from_url(server.url) as r:
-                r.client_kill_filter(_type="pubsub")
+        on_masters(ensemble.urls, lambda r: r.client_kill_filter(_type="pubsub"))
         lock.release()
         for t in threads:
             t.join(timeout=60)
