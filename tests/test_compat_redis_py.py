@@ -28,7 +28,10 @@ import redis.lock
 from helpers import (
     IN_CI,
     SOURCES,
+    aincrement,
+    aw,
     in_threads,
+    increment,
     library_source,
     lock_keys,
     run,
@@ -60,13 +63,6 @@ def url(ensemble: Any) -> str:
 def r(url: str) -> redis.Redis:
     # Not closed: the shared manager may keep the first client of this server.
     return redis.Redis.from_url(url)
-
-
-def counting_work(counter: dict[str, int], pause: Callable[[], None]) -> None:
-    """A non-atomic increment: read, pause, write."""
-    n = counter["n"]
-    pause()
-    counter["n"] = n + 1
 
 
 # -- the API: redis-py's names and signatures ---------------------------------------------
@@ -119,7 +115,7 @@ def test_mutual_exclusion_across_threads_objects_and_clients(
     def worker(make: Callable[[], Any]) -> None:
         for _ in range(20):
             with make():
-                counting_work(counter, lambda: time.sleep(0.0005))
+                increment(counter, "n", 0.0005)
 
     in_threads(worker, [(makers[i % 3],) for i in range(9)], timeout=None)
     assert counter["n"] == 9 * 20
@@ -296,37 +292,28 @@ def test_a_lease_shorter_than_the_shortest_is_raised_to_it(r: redis.Redis) -> No
         tiny.release()
 
 
-def test_a_server_that_answers_late_is_waited_for(ensemble: Any, r: redis.Redis) -> None:
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_server_that_answers_late_is_waited_for(
+    ensemble: Any, r: redis.Redis, url: str, flavour: str
+) -> None:
     """A server busy for half a second delays a try, as with redis-py, instead of failing
     it (the adapters' managers wait up to MASTER_TIMEOUT, not the core's 0.25 s)."""
-    lock = Lock(r, "slow", timeout=10)
-    assert lock.acquire(blocking=False)  # the manager made, its connection open
-    lock.release()
-    ensemble[0].pause()
-    resume = threading.Timer(0.5, ensemble[0].resume)
-    resume.start()
-    try:
-        assert lock.acquire(blocking=False)
-    finally:
-        resume.join()
-    lock.release()
 
-
-def test_async_a_server_that_answers_late_is_waited_for(ensemble: Any, url: str) -> None:
     async def main() -> None:
-        ar = redis.asyncio.Redis.from_url(url)
-        lock = AsyncLock(ar, "slow", timeout=10)
-        assert await lock.acquire(blocking=False)
-        await lock.release()
+        client = redis.asyncio.Redis.from_url(url) if flavour == "asyncio" else r
+        lock = (AsyncLock if flavour == "asyncio" else Lock)(client, "slow", timeout=10)
+        assert await aw(lock.acquire(blocking=False))  # the manager made, its connection open
+        await aw(lock.release())
         ensemble[0].pause()
         resume = threading.Timer(0.5, ensemble[0].resume)
         resume.start()
         try:
-            assert await lock.acquire(blocking=False)
+            assert await aw(lock.acquire(blocking=False))
         finally:
             resume.join()
-        await lock.release()
-        await ar.aclose()
+        await aw(lock.release())
+        if flavour == "asyncio":
+            await client.aclose()
 
     run(main())
 
@@ -428,9 +415,7 @@ def test_async_mutual_exclusion_and_errors(ensemble: Any, url: str) -> None:
                 async with client.lock(
                     "counter", lock_class=AsyncLock, timeout=None if i % 3 else 10
                 ):
-                    n = counter["n"]
-                    await asyncio.sleep(0.0005)
-                    counter["n"] = n + 1
+                    await aincrement(counter, "n", 0.0005)
 
         await asyncio.gather(*(worker(i) for i in range(8)))
         assert counter["n"] == 8 * 20

@@ -28,6 +28,7 @@ from helpers import (
     FLAVOURS,
     aw,
     cluster_port,
+    delete_everywhere,
     entered,
     fields_on,
     in_threads,
@@ -131,12 +132,12 @@ def test_loss_is_reported_before_validity_ends_with_the_slowest_master_timeout(
     def on_lost(_: object) -> None:
         reported.append(time.monotonic())
 
-    async def watch_async() -> None:
-        async with aio.LockManager(
-            ensemble.urls, lease=lease, master_timeout=master_timeout, on_lost=on_lost
-        ) as mgr:
+    async def watch() -> None:
+        manager = aio.LockManager if flavour == "asyncio" else LockManager
+        options = {"lease": lease, "master_timeout": master_timeout, "on_lost": on_lost}
+        async with entered(manager(ensemble.urls, **options)) as mgr:
             lock = mgr.lock("edge")
-            await lock.acquire()
+            await aw(lock.acquire())
             sample(lock)
             with blackholed(ensemble, (0, 1, 2)):
                 end = time.monotonic() + 4 * lease
@@ -144,24 +145,9 @@ def test_loss_is_reported_before_validity_ends_with_the_slowest_master_timeout(
                     sample(lock)
                     await asyncio.sleep(0.005)
             with pytest.raises((LockLostError, QuorumUnavailableError)):
-                await lock.release()
+                await aw(lock.release())
 
-    if flavour == "asyncio":
-        run(watch_async())
-    else:
-        with LockManager(
-            ensemble.urls, lease=lease, master_timeout=master_timeout, on_lost=on_lost
-        ) as mgr:
-            lock = mgr.lock("edge")
-            lock.acquire()
-            sample(lock)
-            with blackholed(ensemble, (0, 1, 2)):
-                end = time.monotonic() + 4 * lease
-                while not reported and time.monotonic() < end:
-                    sample(lock)
-                    time.sleep(0.005)
-            with pytest.raises((LockLostError, QuorumUnavailableError)):
-                lock.release()
+    run(watch())
     assert reported, "the loss was not reported"
     assert reported[0] < ends[-1], f"reported {reported[0] - ends[-1]:.3f}s after validity ended"
 
@@ -466,9 +452,7 @@ def test_a_slow_on_lost_delays_no_other_renewal(ensemble: LocalEnsemble) -> None
         doomed, kept = mgr.lock("doomed"), mgr.lock("kept")
         doomed.acquire()
         kept.acquire()
-        for server in ensemble.servers:
-            with redis.Redis.from_url(server.url) as r:
-                r.delete(lock_key("doomed"))
+        delete_everywhere(ensemble.urls, lock_key("doomed"))
         assert slow_started.wait(10)
         end = time.monotonic() + 2.5  # well past the 1 s lease of "kept"
         while time.monotonic() < end:
@@ -495,9 +479,7 @@ def test_a_slow_async_on_lost_delays_no_other_renewal(ensemble: LocalEnsemble) -
             doomed, kept = mgr.lock("doomed"), mgr.lock("kept")
             await doomed.acquire()
             await kept.acquire()
-            for server in ensemble.servers:
-                with redis.Redis.from_url(server.url) as r:
-                    r.delete(lock_key("doomed"))
+            delete_everywhere(ensemble.urls, lock_key("doomed"))
             await asyncio.wait_for(started.wait(), 10)
             end = time.monotonic() + 2.5
             while time.monotonic() < end:
