@@ -7,6 +7,8 @@ Test modules import from here, never from one another.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import os
 import queue
 import subprocess
@@ -15,13 +17,15 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import redis
 
+import redreentrant
+import redreentrant.asyncio
 from redreentrant._core.keys import PREFIX, lock_key, waiters_key
 from redreentrant.cli.common import MASTERS_ENV
 from redreentrant.cli.ensemble import STATE_ENV
@@ -62,6 +66,117 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+# -- one test body for both flavours --------------------------------------------------------
+
+#: the sync and the asyncio API, for ``@pytest.mark.parametrize("api", FLAVOURS)``: a test
+#: body written as a coroutine with :func:`aw` and :func:`entered` runs either one
+FLAVOURS = [
+    pytest.param(redreentrant, id="sync"),
+    pytest.param(redreentrant.asyncio, id="asyncio"),
+]
+
+
+async def aw(value: Any) -> Any:
+    """``value`` awaited if it is awaitable (an asyncio call's), else as it is (a sync
+    call's)."""
+    return await value if inspect.isawaitable(value) else value
+
+
+@contextlib.asynccontextmanager
+async def entered(manager: Any) -> AsyncIterator[Any]:
+    """``async with`` an asyncio context manager, ``with`` a sync one."""
+    if hasattr(manager, "__aenter__"):
+        async with manager as value:
+            yield value
+    else:
+        with manager as value:
+            yield value
+
+
+def in_threads(
+    target: Callable[..., object],
+    args: Iterable[tuple[Any, ...]] = ((),),
+    timeout: float | None = 60.0,
+) -> list[threading.Thread]:
+    """Run ``target`` in a thread per tuple of ``args`` (one thread without arguments by
+    default), all started before any is joined; returns the threads once each ended or
+    was waited for ``timeout`` seconds."""
+    threads = [threading.Thread(target=target, args=a) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return threads
+
+
+def increment(counter: Any, key: Any = 0, pause: float = 0.001) -> int:
+    """A non-atomic increment of ``counter[key]``: read, sleep ``pause``, write (two
+    holders at once lose an update). Returns the value written."""
+    value = counter[key]
+    time.sleep(pause)
+    counter[key] = value + 1
+    return int(value + 1)
+
+
+async def aincrement(counter: Any, key: Any = 0, pause: float = 0.001) -> int:
+    """:func:`increment` for a task: it pauses with ``asyncio.sleep``."""
+    value = counter[key]
+    await asyncio.sleep(pause)
+    counter[key] = value + 1
+    return int(value + 1)
+
+
+def cross(managers: list[Any], sets: list[list[str]], rounds: int, pause: float) -> dict[str, int]:
+    """A thread per manager takes the multi-lock of its set of names (sets that overlap,
+    named in crossing orders) ``rounds`` times, and each time increments a counter per
+    name (read, sleep ``pause``, write: an overlap loses an update). Asserts that each
+    ended within 120 s (no deadlock), with no error, and that no name ever had two
+    holders; returns the counters."""
+    counters = {n: 0 for names in sets for n in names}
+    inside = dict.fromkeys(counters, 0)
+    guard = threading.Lock()
+    overlaps: list[str] = []
+    errors: list[BaseException] = []
+
+    def work(mgr: Any, names: list[str]) -> None:
+        try:
+            many = mgr.multi_lock(names)
+            for _ in range(rounds):
+                assert many.acquire(timeout=30), f"{names}: not in 30 s (deadlocked?)"
+                try:
+                    with guard:
+                        for n in names:
+                            inside[n] += 1
+                            if inside[n] > 1:
+                                overlaps.append(n)
+                    for n in names:
+                        increment(counters, n, pause)
+                finally:
+                    with guard:
+                        for n in names:
+                            inside[n] -= 1
+                    many.release()
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = in_threads(work, zip(managers, sets, strict=True), timeout=120)
+    assert not any(t.is_alive() for t in threads), "still taking after 120 s (deadlocked?)"
+    assert errors == [] and overlaps == []
+    return counters
+
+
+@contextlib.contextmanager
+def many_managers(count: int, *args: Any, **kwargs: Any) -> Iterator[list[Any]]:
+    """``count`` managers, each ``redreentrant.LockManager(*args, **kwargs)``, closed after
+    the block."""
+    made = [redreentrant.LockManager(*args, **kwargs) for _ in range(count)]
+    try:
+        yield made
+    finally:
+        for m in made:
+            m.close()
+
+
 # -- what the masters hold ----------------------------------------------------------------
 
 
@@ -71,13 +186,19 @@ def lock_keys(ensemble: Any) -> dict[str, list[str]]:
     return {url: keys for url, keys in ensemble.keys(PREFIX + "*").items() if keys}
 
 
+def on_masters(urls: Iterable[str], call: Callable[[Any], T], **options: Any) -> list[T]:
+    """``call(client)`` with a client of each master in turn (made with ``options``, closed
+    after): what each call returned, in the order of ``urls``."""
+    out = []
+    for url in urls:
+        with redis.Redis.from_url(url, **options) as r:
+            out.append(call(r))
+    return out
+
+
 def holds_on(ensemble: Any, name: str) -> list[dict[bytes, bytes]]:
     """The plain lock ``name``'s hash on each master: owner -> hold, b"<count>:<tag>"."""
-    out = []
-    for server in ensemble.servers:
-        with redis.Redis.from_url(server.url) as r:
-            out.append(r.hgetall(lock_key(name)))
-    return out
+    return on_masters(ensemble.urls, lambda r: r.hgetall(lock_key(name)))
 
 
 def fields_on(ensemble: Any, name: str) -> list[dict[bytes, bytes]]:
@@ -91,11 +212,7 @@ def fields_on(ensemble: Any, name: str) -> list[dict[bytes, bytes]]:
 def registered(urls: Iterable[str], name: str) -> list[list[str]]:
     """The waiters each master has registered for the plain lock ``name``, in the order
     a release wakes them."""
-    out = []
-    for url in urls:
-        with redis.Redis.from_url(url, decode_responses=True) as r:
-            out.append(list(r.zrange(waiters_key(name), 0, -1)))
-    return out
+    return on_masters(urls, lambda r: r.zrange(waiters_key(name), 0, -1), decode_responses=True)
 
 
 def drop_counters(ensemble: Any) -> None:
@@ -108,9 +225,7 @@ def drop_counters(ensemble: Any) -> None:
 
 def delete_everywhere(urls: Iterable[str], *keys: str) -> None:
     """Delete ``keys`` on every master (as if their leases had ended)."""
-    for url in urls:
-        with redis.Redis.from_url(url) as r:
-            r.delete(*keys)
+    on_masters(urls, lambda r: r.delete(*keys))
 
 
 # -- servers ------------------------------------------------------------------------------
@@ -195,13 +310,14 @@ def run_cli(
     masters: list[str] | None = None,
     timeout: float = 60,
     env: dict[str, str] | None = None,
+    ok: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run the CLI to its end; ``masters`` go into $REDREENTRANT_MASTERS, ``env`` adds
-    variables."""
+    variables; with ``ok``, assert that it exited 0."""
     extra = dict(env or {})
     if masters is not None:
         extra[MASTERS_ENV] = ",".join(masters)
-    return subprocess.run(
+    result = subprocess.run(
         [*CLI, *args],
         capture_output=True,
         text=True,
@@ -209,6 +325,8 @@ def run_cli(
         env=clean_env(**extra),
         stdin=subprocess.DEVNULL,
     )
+    assert not ok or result.returncode == 0, result.stdout + result.stderr
+    return result
 
 
 def read_line(process: subprocess.Popen[str], limit: float = 30.0) -> str:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import redis
-from helpers import lock_keys, registered, run
+from helpers import aincrement, increment, lock_keys, on_masters, registered, run
 
 import redreentrant
 from redreentrant._core.keys import lock_key
@@ -117,9 +116,7 @@ def test_a_deleted_lease_is_reported_to_an_async_hook(ensemble: LocalEnsemble) -
             lock = mgr.lock("gone")
             with pytest.raises(LockLostError):
                 async with lock, lock:
-                    for server in ensemble.servers:
-                        with redis.Redis.from_url(server.url) as r:
-                            r.delete(lock_key("gone"))
+                    on_masters(ensemble.urls, lambda r: r.delete(lock_key("gone")))
                     await asyncio.wait_for(seen.wait(), 3)
             assert lock.hold_count == 0
 
@@ -156,9 +153,7 @@ def test_tasks_exclude_each_other_across_managers(urls: list[str]) -> None:
             lock = mgr.lock("counter")
             for _ in range(10):
                 async with lock:
-                    value = counter[0]
-                    await asyncio.sleep(0.002)
-                    counter[0] = value + 1
+                    await aincrement(counter, 0, 0.002)
 
         await asyncio.gather(*(work(managers[i % 2]) for i in range(4)))
         for m in managers:
@@ -176,17 +171,13 @@ def test_sync_threads_and_async_tasks_contend_for_one_lock(urls: list[str]) -> N
             lock = mgr.lock("mixed")
             for _ in range(10):
                 with lock:
-                    value = counter[0]
-                    time.sleep(0.002)
-                    counter[0] = value + 1
+                    increment(counter, 0, 0.002)
 
     async def async_worker(mgr: LockManager) -> None:
         lock = mgr.lock("mixed")
         for _ in range(10):
             async with lock:
-                value = counter[0]
-                await asyncio.sleep(0.002)
-                counter[0] = value + 1
+                await aincrement(counter, 0, 0.002)
 
     async def main() -> None:
         async with LockManager(urls) as mgr:
@@ -392,9 +383,7 @@ def test_flushed_scripts_and_a_restarted_master_are_handled(ensemble: LocalEnsem
             lock = mgr.lock("reload")
             async with lock:
                 pass
-            for server in ensemble.servers:
-                with redis.Redis.from_url(server.url) as r:
-                    r.script_flush()
+            on_masters(ensemble.urls, lambda r: r.script_flush())
             ensemble[1].restart()  # its kept connections are dead now
             async with lock:
                 assert lock.is_owned()
@@ -429,9 +418,7 @@ def test_a_local_release_wakes_local_waiting_tasks_without_pubsub(
             tasks = [asyncio.create_task(wait(i)) for i in range(3)]
             while waiting() < 3:
                 await asyncio.sleep(0.01)
-            for server in ensemble.servers:
-                with redis.Redis.from_url(server.url) as r:
-                    r.client_kill_filter(_type="pubsub")
+            on_masters(ensemble.urls, lambda r: r.client_kill_filter(_type="pubsub"))
             await lock.release()
             await asyncio.gather(*tasks)
         return order

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import lock_keys, wait_until
+from helpers import FLAVOURS, entered, lock_keys, run, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import LockManager
@@ -29,20 +29,36 @@ def has_key(ensemble: LocalEnsemble, i: int, name: str) -> bool:
         return bool(r.exists(lock_key(name)))
 
 
-def test_a_frozen_master_is_waited_for_once_not_every_round(ensemble: LocalEnsemble) -> None:
-    with LockManager(ensemble.urls, lease=30.0, master_timeout=TIMEOUT) as mgr:
-        with mgr.lock("warm"):
-            pass  # connections open, scripts loaded
-        ensemble[0].pause()
-        started = time.monotonic()
-        for _ in range(CYCLES):
-            with mgr.lock("frozen-one"):
-                pass
-        elapsed = time.monotonic() - started
-        # 2 * CYCLES rounds; waiting in each would take 20 s. Not waiting: about one
-        # master timeout (the round that found the master frozen), if even that.
-        assert elapsed < 5 * TIMEOUT, elapsed
-        ensemble[0].resume()
+@pytest.mark.parametrize("api", FLAVOURS)
+def test_a_frozen_master_is_waited_for_once_not_every_round(
+    ensemble: LocalEnsemble, api: Any
+) -> None:
+    async def main() -> float:
+        mgr = api.LockManager(ensemble.urls, lease=30.0, master_timeout=TIMEOUT)
+        async with entered(mgr):
+            async with entered(mgr.lock("warm")):
+                pass  # connections open, scripts loaded
+            ensemble[0].pause()
+            started = time.monotonic()
+            for _ in range(CYCLES):
+                async with entered(mgr.lock("frozen-one")):
+                    pass
+            elapsed = time.monotonic() - started
+            ensemble[0].resume()
+            for _ in range(200):  # it rejoins once it answers
+                async with entered(mgr.lock("rejoined")):
+                    if has_key(ensemble, 0, "rejoined"):
+                        break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the thawed master never rejoined")
+            return elapsed
+
+    elapsed = run(main())
+    # 2 * CYCLES rounds; waiting in each would take 20 s. Not waiting: about one
+    # master timeout (the round that found the master frozen), if even that.
+    assert elapsed < 5 * TIMEOUT, elapsed
+    wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
 
 
 def test_the_frozen_masters_queued_calls_run_in_order_when_it_thaws(
@@ -82,32 +98,6 @@ def test_a_killed_master_rejoins_after_its_restart(ensemble: LocalEnsemble) -> N
         # Probed at least every min(lease / 3, 1 s): it takes locks again soon.
         wait_until(lambda: _held_on(mgr, ensemble, 2, "after"), "rejoined: the restarted master")
     assert lock_keys(ensemble) == {}
-
-
-def test_asyncio_a_frozen_master_is_waited_for_once(ensemble: LocalEnsemble) -> None:
-    async def main() -> float:
-        async with ra.LockManager(ensemble.urls, lease=30.0, master_timeout=TIMEOUT) as mgr:
-            async with mgr.lock("warm"):
-                pass
-            ensemble[0].pause()
-            started = time.monotonic()
-            for _ in range(CYCLES):
-                async with mgr.lock("frozen-async"):
-                    pass
-            elapsed = time.monotonic() - started
-            ensemble[0].resume()
-            for _ in range(200):  # it rejoins once it answers
-                async with mgr.lock("rejoined-async"):
-                    if has_key(ensemble, 0, "rejoined-async"):
-                        break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError("the thawed master never rejoined")
-            return elapsed
-
-    elapsed = asyncio.run(main())
-    assert elapsed < 5 * TIMEOUT, elapsed
-    wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
 
 
 def test_a_round_ends_once_decided_while_a_master_is_slow(ensemble: LocalEnsemble) -> None:

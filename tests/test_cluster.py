@@ -19,7 +19,7 @@ import pytest
 import redis
 import redis.asyncio.cluster
 import redis.cluster
-from helpers import heal, wait_until
+from helpers import aincrement, cross, heal, in_threads, increment, many_managers, wait_until
 
 import redreentrant.asyncio as aio
 from redreentrant import LockLostError, LockManager, QuorumUnavailableError
@@ -110,7 +110,6 @@ def node_pttl(c: LocalCluster, index: int, name: str) -> int:
 # -- mixed with plain masters ----------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_a_cluster_member_is_one_vote_beside_plain_masters(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -138,7 +137,6 @@ def test_a_cluster_member_is_one_vote_beside_plain_masters(
     assert not node_keys(cluster)
 
 
-@pytest.mark.integration
 def test_a_semaphore_works_through_a_cluster_member(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -170,7 +168,6 @@ def test_a_semaphore_works_through_a_cluster_member(
     assert not node_keys(cluster)
 
 
-@pytest.mark.integration
 def test_an_election_works_through_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
     with LockManager(urls, lease=LEASE) as a, LockManager(urls, lease=LEASE) as b:
@@ -191,7 +188,6 @@ def test_an_election_works_through_cluster_members(three: list[LocalCluster]) ->
         assert all(k.endswith(":election:fence") for keys in node_keys(cl).values() for k in keys)
 
 
-@pytest.mark.integration
 def test_asyncio_election_through_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
 
@@ -209,7 +205,6 @@ def test_asyncio_election_through_cluster_members(three: list[LocalCluster]) -> 
     assert first < second
 
 
-@pytest.mark.integration
 def test_a_multi_lock_takes_names_on_several_nodes_together(
     cluster: LocalCluster, plain: list[str], ensemble: LocalEnsemble
 ) -> None:
@@ -239,7 +234,6 @@ def test_a_multi_lock_takes_names_on_several_nodes_together(
     ensemble.flushall()
 
 
-@pytest.mark.integration
 def test_multi_locks_in_crossing_orders_never_deadlock_on_cluster_members(
     three: list[LocalCluster],
 ) -> None:
@@ -249,57 +243,13 @@ def test_multi_locks_in_crossing_orders_never_deadlock_on_cluster_members(
     x, y, z = (three[0].names_on(k, 1, "cross")[0] for k in range(3))  # one per node
     orders = [[x, y, z], [z, y, x]] * 3
     rounds = 10
-    counters = dict.fromkeys((x, y, z), 0)
-    inside = dict.fromkeys((x, y, z), 0)
-    guard = threading.Lock()
-    overlaps: list[str] = []
-    errors: list[BaseException] = []
-    managers = [LockManager(urls, lease=LEASE) for _ in orders]
-
-    def work(mgr: LockManager, names: list[str]) -> None:
-        try:
-            many = mgr.multi_lock(names)
-            for _ in range(rounds):
-                assert many.acquire(timeout=30), f"{names}: not in 30 s (deadlocked?)"
-                try:
-                    with guard:
-                        for n in names:
-                            inside[n] += 1
-                            if inside[n] > 1:
-                                overlaps.append(n)
-                    for n in names:  # read, sleep, write: any overlap loses an update
-                        seen = counters[n]
-                        time.sleep(0.001)
-                        counters[n] = seen + 1
-                finally:
-                    with guard:
-                        for n in names:
-                            inside[n] -= 1
-                    many.release()
-        except BaseException as error:  # reported below
-            errors.append(error)
-
-    threads = [
-        threading.Thread(target=work, args=(m, names))
-        for m, names in zip(managers, orders, strict=True)
-    ]
-    try:
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 90
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        assert not any(t.is_alive() for t in threads), "still taking after 90 s (deadlocked?)"
-    finally:
-        for m in managers:
-            m.close()
-    assert errors == [] and overlaps == []
+    with many_managers(len(orders), urls, lease=LEASE) as managers:
+        counters = cross(managers, orders, rounds, pause=0.001)
     assert counters == dict.fromkeys((x, y, z), len(orders) * rounds)
     for c in three:
         assert not node_keys(c)
 
 
-@pytest.mark.integration
 def test_fencing_tokens_grow_through_cluster_members(three: list[LocalCluster]) -> None:
     with LockManager([c.url for c in three], lease=LEASE, fencing=True) as mgr:
         tokens = []
@@ -309,7 +259,6 @@ def test_fencing_tokens_grow_through_cluster_members(three: list[LocalCluster]) 
         assert tokens == sorted(tokens) and len(set(tokens)) == 3, tokens
 
 
-@pytest.mark.integration
 def test_threads_exclude_each_other_on_three_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
     counter = {"value": 0}
@@ -320,18 +269,14 @@ def test_threads_exclude_each_other_on_three_cluster_members(three: list[LocalCl
         lock = mgr.lock(name)
         for _ in range(per_thread):
             with lock:
-                seen = counter["value"]
-                time.sleep(0.0005)  # read, sleep, write: any overlap loses an update
-                counter["value"] = seen + 1
+                increment(
+                    counter, "value", 0.0005
+                )  # read, sleep, write: any overlap loses an update
 
     with LockManager(urls, lease=LEASE) as a, LockManager(urls, lease=LEASE) as b:
         for name in names:
             counter["value"] = 0
-            threads = [threading.Thread(target=work, args=(m, name)) for m in (a, b, a, b)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=60)
+            in_threads(work, [(m, name) for m in (a, b, a, b)])
             assert counter["value"] == 4 * per_thread
     for c in three:
         assert not node_keys(c)
@@ -340,7 +285,6 @@ def test_threads_exclude_each_other_on_three_cluster_members(three: list[LocalCl
 # -- resharding --------------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_renewals_follow_a_held_locks_slot_to_its_new_node(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -364,7 +308,6 @@ def test_renewals_follow_a_held_locks_slot_to_its_new_node(
     cluster.migrate_slot(slot, 0)  # as it was, for the other tests
 
 
-@pytest.mark.integration
 def test_renewals_ask_the_importing_node_during_a_migration(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -394,7 +337,6 @@ def test_renewals_ask_the_importing_node_during_a_migration(
 # -- a node killed ----------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_a_killed_node_fails_its_slots_on_that_member_only(
     cluster: LocalCluster, plain: list[str]
 ) -> None:
@@ -415,7 +357,6 @@ def test_a_killed_node_fails_its_slots_on_that_member_only(
         assert any(m.startswith("cluster:") for m in caught.value.errors)
 
 
-@pytest.mark.integration
 def test_three_cluster_members_keep_a_quorum_with_one_node_down(three: list[LocalCluster]) -> None:
     name = three[1].names_on(1, 1, "down")[0]
     with LockManager([c.url for c in three], lease=LEASE) as mgr:
@@ -434,7 +375,6 @@ def test_three_cluster_members_keep_a_quorum_with_one_node_down(three: list[Loca
 # -- wake-ups ---------------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["lock", "fair", "write"])
 def test_wakeups_reach_a_waiter_through_cluster_members(
     three: list[LocalCluster], kind: str
@@ -473,7 +413,6 @@ def test_wakeups_reach_a_waiter_through_cluster_members(
         assert not node_keys(c)
 
 
-@pytest.mark.integration
 def test_the_wakeup_subscriber_moves_to_another_node_when_its_node_dies(
     cluster: LocalCluster,
 ) -> None:
@@ -514,7 +453,6 @@ def test_the_wakeup_subscriber_moves_to_another_node_when_its_node_dies(
         assert got and got[0] - released < 2.0
 
 
-@pytest.mark.integration
 def test_the_command_line_takes_a_cluster_url(
     cluster: LocalCluster, plain: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -536,7 +474,6 @@ def test_the_command_line_takes_a_cluster_url(
     assert document["masters"][0]["locks"]
 
 
-@pytest.mark.integration
 def test_names_and_top_scan_every_node_of_a_cluster_member(cluster: LocalCluster) -> None:
     from redreentrant.cli.top import Watcher
 
@@ -586,11 +523,9 @@ def test_names_and_top_scan_every_node_of_a_cluster_member(cluster: LocalCluster
 # -- clients, URLs and the asyncio twin --------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) -> None:
     host, port = cluster.addresses[1]
-    client = redis.cluster.RedisCluster(host=host, port=port)
-    try:
+    with redis.cluster.RedisCluster(host=host, port=port) as client:
         with LockManager([plain[0], client, plain[1]], lease=LEASE) as mgr:
             assert mgr.masters[1].startswith("cluster:127.0.0.1:")
             for k in range(3):
@@ -598,24 +533,17 @@ def test_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) ->
                     assert mgr.inspect(lock.name)[1].locks
         with pytest.raises(ValueError, match="given twice"):
             LockManager([cluster.url, client, plain[0]])
-    finally:
-        client.close()
 
 
-@pytest.mark.integration
 def test_valkey_cluster_clients_are_members(cluster: LocalCluster, plain: list[str]) -> None:
     valkey_cluster = pytest.importorskip("valkey.cluster")
     host, port = cluster.addresses[2]
-    vclient = valkey_cluster.ValkeyCluster(host=host, port=port)
-    try:
+    with valkey_cluster.ValkeyCluster(host=host, port=port) as vclient:
         name = cluster.names_on(2, 1, "valkey")[0]
         with LockManager([vclient, *plain], lease=LEASE) as mgr, mgr.lock(name) as lock:
             assert mgr.inspect(lock.name)[0].locks
-    finally:
-        vclient.close()
 
 
-@pytest.mark.integration
 def test_asyncio_twin_on_cluster_members(three: list[LocalCluster], plain: list[str]) -> None:
     c = three[0]
     host, port = c.addresses[0]
@@ -633,9 +561,7 @@ def test_asyncio_twin_on_cluster_members(three: list[LocalCluster], plain: list[
                 async def work(mgr: aio.LockManager, name: str) -> None:
                     for _ in range(10):
                         async with mgr.lock(name):
-                            seen = counter["value"]
-                            await asyncio.sleep(0.001)
-                            counter["value"] = seen + 1
+                            await aincrement(counter, "value")
 
                 for name in names:
                     counter["value"] = 0
@@ -673,7 +599,6 @@ def test_asyncio_twin_on_cluster_members(three: list[LocalCluster], plain: list[
         assert not node_keys(cl)
 
 
-@pytest.mark.integration
 def test_an_upgradeable_reader_upgrades_through_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
     lease = 60.0  # only a wake-up, not a lease's end or a retry (lease / 3), ends the wait
@@ -713,7 +638,6 @@ def test_an_upgradeable_reader_upgrades_through_cluster_members(three: list[Loca
         assert sum(not v.locks for v in a.inspect(name)) >= 2
 
 
-@pytest.mark.integration
 def test_asyncio_synchronizers_on_cluster_members(three: list[LocalCluster]) -> None:
     urls = [c.url for c in three]
     names = [three[0].names_on(k, 1, "sync")[0] for k in range(3)]  # one per node

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-from helpers import lock_keys, registered, run, wait_until
+from helpers import aincrement, lock_keys, registered, run, wait_until
 
 from redreentrant.compat import managers
 from redreentrant.compat.aioredlock import (
@@ -27,8 +27,6 @@ from redreentrant.compat.aioredlock import (
     Sentinel,
 )
 from redreentrant.testing import LocalEnsemble
-
-pytestmark = pytest.mark.integration
 
 
 def in_loop(masters: list[str], test: Callable[[], Awaitable[None]]) -> None:
@@ -184,9 +182,7 @@ def test_mutual_exclusion(masters: list[str]) -> None:
                         break
                     except LockError:
                         continue
-                value = counter[0]
-                await asyncio.sleep(0.001)
-                counter[0] = value + 1
+                await aincrement(counter)
                 await lm.unlock(lock)
 
         await asyncio.gather(*(work(lm) for lm in (a, b, a, b)))

@@ -5,7 +5,6 @@ pottery's own lock tests run against the adapter."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from helpers import heal, library_source, lock_keys, run, run_library_tests, wait_until
+from helpers import heal, in_threads, library_source, lock_keys, run, run_library_tests, wait_until
 
 import redreentrant
 from redreentrant.compat import managers
@@ -31,8 +30,6 @@ from redreentrant.compat.pottery import (
     synchronize,
 )
 from redreentrant.testing import LocalEnsemble
-
-pytestmark = pytest.mark.integration
 
 SHIMS = Path(__file__).resolve().parent / "compat_shims" / "pottery"
 
@@ -87,11 +84,7 @@ def test_mutual_exclusion_threads(ensemble: LocalEnsemble) -> None:
                 time.sleep(0.002)
                 counter[0] = seen + 1
 
-    threads = [threading.Thread(target=work) for _ in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    in_threads(work, [()] * workers)
     assert counter[0] == rounds * workers
 
 
@@ -107,11 +100,7 @@ def test_synchronize(ensemble: LocalEnsemble) -> None:
         return counter[0]
 
     assert bump.__name__ == "bump"
-    threads = [threading.Thread(target=lambda: [bump(1) for _ in range(5)]) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    in_threads(lambda: [bump(1) for _ in range(5)], [()] * 4)
     assert counter[0] == 20
     assert bump(2) == 22
 

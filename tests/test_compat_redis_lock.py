@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import library_source, lock_keys, registered, run_library_tests, wait_until
+from helpers import in_threads, library_source, lock_keys, registered, run_library_tests, wait_until
 
 import redreentrant
 from redreentrant import LockManager, parse_owner
@@ -67,11 +67,7 @@ def test_lock_objects_exclude_each_other(url: str, options: dict[str, Any]) -> N
                     time.sleep(0.001)
                     counter[0] = value + 1
 
-    threads = [threading.Thread(target=work) for _ in range(workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    in_threads(work, [()] * workers)
     assert counter[0] == rounds * workers
 
 
@@ -111,9 +107,7 @@ def test_an_id_is_one_owner(conn: redis.StrictRedis) -> None:
     assert lock.id == "worker-1"
     assert lock.acquire()
     rl.Lock(conn, "handoff", id="worker-1").extend(10)
-    thread = threading.Thread(target=rl.Lock(conn, "handoff", id="worker-1").release)
-    thread.start()
-    thread.join(10)
+    in_threads(rl.Lock(conn, "handoff", id="worker-1").release, timeout=10)
     assert not lock.locked()
     with pytest.raises(rl.NotAcquired):
         lock.release()

@@ -25,7 +25,19 @@ import redis
 import redis.asyncio
 import redis.asyncio.lock
 import redis.lock
-from helpers import IN_CI, SOURCES, library_source, lock_keys, run, run_library_tests, wait_until
+from helpers import (
+    IN_CI,
+    SOURCES,
+    aincrement,
+    aw,
+    in_threads,
+    increment,
+    library_source,
+    lock_keys,
+    run,
+    run_library_tests,
+    wait_until,
+)
 from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
 import redreentrant
@@ -51,13 +63,6 @@ def url(ensemble: Any) -> str:
 def r(url: str) -> redis.Redis:
     # Not closed: the shared manager may keep the first client of this server.
     return redis.Redis.from_url(url)
-
-
-def counting_work(counter: dict[str, int], pause: Callable[[], None]) -> None:
-    """A non-atomic increment: read, pause, write."""
-    n = counter["n"]
-    pause()
-    counter["n"] = n + 1
 
 
 # -- the API: redis-py's names and signatures ---------------------------------------------
@@ -110,13 +115,9 @@ def test_mutual_exclusion_across_threads_objects_and_clients(
     def worker(make: Callable[[], Any]) -> None:
         for _ in range(20):
             with make():
-                counting_work(counter, lambda: time.sleep(0.0005))
+                increment(counter, "n", 0.0005)
 
-    threads = [threading.Thread(target=worker, args=(makers[i % 3],)) for i in range(9)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(worker, [(makers[i % 3],) for i in range(9)], timeout=None)
     assert counter["n"] == 9 * 20
     assert lock_keys(ensemble) == {}
 
@@ -175,9 +176,7 @@ def test_thread_local_tokens(r: redis.Redis) -> None:
             seen["error"] = error
 
     assert lock.acquire()
-    thread = threading.Thread(target=other)
-    thread.start()
-    thread.join()
+    in_threads(other, timeout=None)
     assert seen["owned"] is False and type(seen["error"]) is LockError
     assert lock.owned() and lock.locked()
     lock.release()
@@ -186,9 +185,7 @@ def test_thread_local_tokens(r: redis.Redis) -> None:
 def test_thread_local_false_lets_any_thread_release(r: redis.Redis) -> None:
     lock = r.lock("a", thread_local=False, lock_class=Lock)
     assert lock.acquire()
-    thread = threading.Thread(target=lock.release)
-    thread.start()
-    thread.join()
+    in_threads(lock.release, timeout=None)
     assert lock.local.token is None and not lock.locked()
 
 
@@ -200,9 +197,7 @@ def test_a_hold_outlives_the_thread_and_its_token_releases_it(r: redis.Redis) ->
         assert lock.acquire()
         tokens.append(lock.local.token)
 
-    thread = threading.Thread(target=take)
-    thread.start()
-    thread.join()
+    in_threads(take, timeout=None)
     assert lock.locked() and not lock.owned()  # held, as redis-py's key, by no thread
     assert Lock(r, "a").acquire(blocking=False) is False
     lock.local.token = tokens[0]  # the token names the owner: this thread may release
@@ -297,37 +292,28 @@ def test_a_lease_shorter_than_the_shortest_is_raised_to_it(r: redis.Redis) -> No
         tiny.release()
 
 
-def test_a_server_that_answers_late_is_waited_for(ensemble: Any, r: redis.Redis) -> None:
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_server_that_answers_late_is_waited_for(
+    ensemble: Any, r: redis.Redis, url: str, flavour: str
+) -> None:
     """A server busy for half a second delays a try, as with redis-py, instead of failing
     it (the adapters' managers wait up to MASTER_TIMEOUT, not the core's 0.25 s)."""
-    lock = Lock(r, "slow", timeout=10)
-    assert lock.acquire(blocking=False)  # the manager made, its connection open
-    lock.release()
-    ensemble[0].pause()
-    resume = threading.Timer(0.5, ensemble[0].resume)
-    resume.start()
-    try:
-        assert lock.acquire(blocking=False)
-    finally:
-        resume.join()
-    lock.release()
 
-
-def test_async_a_server_that_answers_late_is_waited_for(ensemble: Any, url: str) -> None:
     async def main() -> None:
-        ar = redis.asyncio.Redis.from_url(url)
-        lock = AsyncLock(ar, "slow", timeout=10)
-        assert await lock.acquire(blocking=False)
-        await lock.release()
+        client = redis.asyncio.Redis.from_url(url) if flavour == "asyncio" else r
+        lock = (AsyncLock if flavour == "asyncio" else Lock)(client, "slow", timeout=10)
+        assert await aw(lock.acquire(blocking=False))  # the manager made, its connection open
+        await aw(lock.release())
         ensemble[0].pause()
         resume = threading.Timer(0.5, ensemble[0].resume)
         resume.start()
         try:
-            assert await lock.acquire(blocking=False)
+            assert await aw(lock.acquire(blocking=False))
         finally:
             resume.join()
-        await lock.release()
-        await ar.aclose()
+        await aw(lock.release())
+        if flavour == "asyncio":
+            await client.aclose()
 
     run(main())
 
@@ -429,9 +415,7 @@ def test_async_mutual_exclusion_and_errors(ensemble: Any, url: str) -> None:
                 async with client.lock(
                     "counter", lock_class=AsyncLock, timeout=None if i % 3 else 10
                 ):
-                    n = counter["n"]
-                    await asyncio.sleep(0.0005)
-                    counter["n"] = n + 1
+                    await aincrement(counter, "n", 0.0005)
 
         await asyncio.gather(*(worker(i) for i in range(8)))
         assert counter["n"] == 8 * 20

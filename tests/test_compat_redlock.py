@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import library_source, lock_keys, registered, run_library_tests, wait_until
+from helpers import in_threads, library_source, lock_keys, registered, run_library_tests, wait_until
 
 from redreentrant.compat import managers
 from redreentrant.compat.redlock import (
@@ -134,11 +134,7 @@ def test_mutual_exclusion(masters: list[str]) -> None:
         except BaseException as error:
             errors.append(error)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    in_threads(work, [()] * 4)
     assert errors == []
     assert counter[0] == 40
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from helpers import run
+from helpers import aincrement, in_threads, increment, many_managers, run
 
 import redreentrant.asyncio as aio
 from redreentrant import LockManager, LockTimeoutError, LockUpgradeError, ManagerClosedError
@@ -60,46 +60,30 @@ def test_decorated_calls_of_threads_exclude_each_other(manager: LockManager) -> 
 
     @manager.synchronized("counter")
     def bump() -> None:
-        value = counter[0]
-        time.sleep(0.001)
-        counter[0] = value + 1
+        increment(counter)
 
     def work() -> None:
         for _ in range(15):
             bump()
 
-    pool = [threading.Thread(target=work) for _ in range(6)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(timeout=60)
+    in_threads(work, [()] * 6)
     assert counter[0] == 90
     assert not manager.lock("counter").locked()
 
 
 def test_each_name_made_from_the_arguments_is_a_lock_of_its_own(urls: list[str]) -> None:
-    managers = [LockManager(urls) for _ in range(2)]
     counters = {"a": 0, "b": 0}
 
     def slow_bump(mgr: LockManager) -> Any:
         @mgr.synchronized("counter:{key}")
         def bump(key: str) -> None:
-            value = counters[key]
-            time.sleep(0.001)
-            counters[key] = value + 1
+            increment(counters, key)
 
         return bump
 
-    try:
+    with many_managers(2, urls) as managers:
         workers = [slow_bump(managers[i % 2]) for i in range(4)]
-        pool = [
-            threading.Thread(target=lambda w=w, k=k: [w(k) for _ in range(10)])
-            for w, k in zip(workers, "abab", strict=True)
-        ]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join(timeout=60)
+        in_threads(lambda w, k: [w(k) for _ in range(10)], zip(workers, "abab", strict=True))
         assert counters == {"a": 20, "b": 20}
 
         # Two names do not exclude each other: each call waits inside for the other.
@@ -111,18 +95,8 @@ def test_each_name_made_from_the_arguments_is_a_lock_of_its_own(urls: list[str])
             return arrived[other].wait(10)
 
         results: list[bool] = []
-        pair = [
-            threading.Thread(target=lambda r=r, o=o: results.append(meet(r, o)))
-            for r, o in (("a", "b"), ("b", "a"))
-        ]
-        for t in pair:
-            t.start()
-        for t in pair:
-            t.join(timeout=30)
+        in_threads(lambda r, o: results.append(meet(r, o)), [("a", "b"), ("b", "a")], 30)
         assert results == [True, True]
-    finally:
-        for m in managers:
-            m.close()
 
 
 def test_a_recursive_decorated_function_reenters_its_lock(manager: LockManager) -> None:
@@ -402,9 +376,7 @@ def test_decorated_calls_of_tasks_exclude_each_other(urls: list[str]) -> None:
         def bumper(mgr: aio.LockManager) -> Any:
             @mgr.synchronized("counter:{key}")
             async def bump(key: str) -> None:
-                value = counter[0]
-                await asyncio.sleep(0.002)
-                counter[0] = value + 1
+                await aincrement(counter, 0, 0.002)
 
             return bump
 

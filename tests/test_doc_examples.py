@@ -16,8 +16,6 @@ import pytest
 from redreentrant import LockManager
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import PY, delete_everywhere, drop_counters, heal, run, wait_until
+from helpers import PY, delete_everywhere, drop_counters, heal, many_managers, run, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import (
@@ -30,8 +30,6 @@ from redreentrant import (
 )
 from redreentrant._core.kinds import ELECTION
 from redreentrant.testing import LocalEnsemble
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(params=[1, 5], ids=["one-master", "five-masters"])
@@ -91,8 +89,7 @@ def test_one_leader_and_what_everyone_sees_of_it(masters: list[str]) -> None:
 
 def test_terms_grow_with_every_leader_across_clients(masters: list[str]) -> None:
     terms: list[int] = []
-    managers = [LockManager(masters, lease=5.0) for _ in range(3)]
-    try:
+    with many_managers(3, masters, lease=5.0) as managers:
         for _ in range(3):
             for m in managers:
                 e = m.election("terms")
@@ -100,15 +97,11 @@ def test_terms_grow_with_every_leader_across_clients(masters: list[str]) -> None
                 terms.append(e.term)
                 assert m.election("terms").leader().term == e.term  # type: ignore[union-attr]
                 e.resign()
-    finally:
-        for m in managers:
-            m.close()
     assert terms == sorted(set(terms)) and len(terms) == 9
 
 
 def test_candidates_lead_in_order_of_arrival(masters: list[str]) -> None:
-    managers = [LockManager(masters, lease=5.0) for _ in range(4)]
-    try:
+    with many_managers(4, masters, lease=5.0) as managers:
         first = managers[0].election("line")
         first.campaign(value=b"0")
         order: list[int] = []
@@ -132,9 +125,6 @@ def test_candidates_lead_in_order_of_arrival(masters: list[str]) -> None:
         for t in threads:
             t.join(20)
         assert order == [1, 2, 3]
-    finally:
-        for m in managers:
-            m.close()
 
 
 def first_views(mgr: LockManager) -> list:  # type: ignore[type-arg]

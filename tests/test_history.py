@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers import in_threads
 from typing_extensions import Unpack
 
 from redreentrant import Lock, LockLostError, LockManager
@@ -147,11 +148,7 @@ def test_threads_share_a_recorder_safely(tmp_path: Path) -> None:
             for n in range(200):
                 child.ok("incr", "c", value=n)
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        in_threads(work, [(i,) for i in range(8)], timeout=None)
     lines = path.read_text().splitlines()
     events = [Event.from_json(line) for line in lines]
     assert len(events) == 1600
@@ -575,7 +572,6 @@ def contend(
     return check(load([rec.path]), final_counter=int(r.get(counter) or 0))
 
 
-@pytest.mark.integration
 def test_the_checker_catches_a_broken_lock(urls: list[str], tmp_path: Path) -> None:
     with redis.Redis.from_url(urls[0]) as r, Recorder(tmp_path / "p0.jsonl", "p0") as rec:
         report = contend(
@@ -592,7 +588,6 @@ def test_the_checker_catches_a_broken_lock(urls: list[str], tmp_path: Path) -> N
     assert len(report.holds) == 60
 
 
-@pytest.mark.integration
 def test_the_checker_passes_the_librarys_lock(
     manager: LockManager, urls: list[str], tmp_path: Path
 ) -> None:
@@ -612,7 +607,6 @@ def test_the_checker_passes_the_librarys_lock(
     assert len(report.holds) == 60 and {h.ended_by for h in report.holds} == {"release"}
 
 
-@pytest.mark.integration
 def test_work_that_outlives_its_lease_loses_updates_without_overlapping(
     urls: list[str], tmp_path: Path
 ) -> None:
@@ -657,7 +651,6 @@ return {1, seq}
 """
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "unfenced"])
 def test_the_checker_catches_a_store_that_accepts_a_paused_holders_write(
     urls: list[str], tmp_path: Path, fenced: bool

@@ -8,24 +8,16 @@ import threading
 import time
 
 import pytest
-import redis
-from helpers import delete_everywhere
+from helpers import delete_everywhere, on_masters
 
 import redreentrant.asyncio as aio
 from redreentrant import LockLostError, LockManager, LockNotOwnedError, LostSignal
 from redreentrant._core.keys import aux_key, lock_key
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 def pttls(urls: list[str], key: str) -> list[int]:
-    out = []
-    for url in urls:
-        client = redis.Redis.from_url(url)
-        out.append(int(client.pttl(key)))
-        client.close()
-    return out
+    return on_masters(urls, lambda r: int(r.pttl(key)))
 
 
 # -- extend and valid_until ------------------------------------------------------------

@@ -24,7 +24,19 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import cluster_port, fields_on, lock_keys, registered, run, wait_until
+from helpers import (
+    FLAVOURS,
+    aw,
+    cluster_port,
+    delete_everywhere,
+    entered,
+    fields_on,
+    in_threads,
+    lock_keys,
+    registered,
+    run,
+    wait_until,
+)
 from redis.crc import key_slot
 
 import redreentrant.asyncio as aio
@@ -52,39 +64,26 @@ def _freeze_then_thaw(ensemble: LocalEnsemble, masters: tuple[int, ...]) -> None
     wait_until(lambda: not lock_keys(ensemble), "freed everywhere")
 
 
-def test_asyncio_never_reads_a_late_reply_of_an_earlier_round(ensemble: LocalEnsemble) -> None:
+@pytest.mark.parametrize("api", FLAVOURS)
+def test_never_reads_a_late_reply_of_an_earlier_round(ensemble: LocalEnsemble, api: Any) -> None:
     async def main() -> None:
-        async with aio.LockManager(ensemble.urls, lease=2.0, master_timeout=0.2) as mgr:
+        async with entered(api.LockManager(ensemble.urls, lease=2.0, master_timeout=0.2)) as mgr:
             lock = mgr.lock("stale")
             for i in (0, 1, 2):
                 ensemble[i].pause()
             with pytest.raises(QuorumUnavailableError):
-                await lock.acquire(blocking=False)
+                await aw(lock.acquire(blocking=False))
             _freeze_then_thaw(ensemble, (0, 1, 2))
             with LockManager(ensemble.urls) as rival, rival.lock("stale"):
                 # The late replies of the frozen round said "granted": a connection
                 # that kept them would make this round believe it holds the lock.
-                assert not await lock.acquire(blocking=False)
+                assert not await aw(lock.acquire(blocking=False))
                 assert not lock.is_owned() and lock.hold_count == 0
-            assert await lock.acquire(blocking=False)
-            await lock.release()
+            assert await aw(lock.acquire(blocking=False))
+            assert lock.is_owned()
+            await aw(lock.release())
 
     run(main())
-
-
-def test_sync_never_reads_a_late_reply_of_an_earlier_round(ensemble: LocalEnsemble) -> None:
-    with LockManager(ensemble.urls, lease=2.0, master_timeout=0.2) as mgr:
-        lock = mgr.lock("stale")
-        for i in (0, 1, 2):
-            ensemble[i].pause()
-        with pytest.raises(QuorumUnavailableError):
-            lock.acquire(blocking=False)
-        _freeze_then_thaw(ensemble, (0, 1, 2))
-        with LockManager(ensemble.urls) as rival, rival.lock("stale"):
-            assert not lock.acquire(blocking=False)
-            assert not lock.is_owned() and lock.hold_count == 0
-        with lock:
-            assert lock.is_owned()
 
 
 # -- 2. loss is reported before validity ends, at the edge of the settings --------------
@@ -133,12 +132,12 @@ def test_loss_is_reported_before_validity_ends_with_the_slowest_master_timeout(
     def on_lost(_: object) -> None:
         reported.append(time.monotonic())
 
-    async def watch_async() -> None:
-        async with aio.LockManager(
-            ensemble.urls, lease=lease, master_timeout=master_timeout, on_lost=on_lost
-        ) as mgr:
+    async def watch() -> None:
+        manager = aio.LockManager if flavour == "asyncio" else LockManager
+        options = {"lease": lease, "master_timeout": master_timeout, "on_lost": on_lost}
+        async with entered(manager(ensemble.urls, **options)) as mgr:
             lock = mgr.lock("edge")
-            await lock.acquire()
+            await aw(lock.acquire())
             sample(lock)
             with blackholed(ensemble, (0, 1, 2)):
                 end = time.monotonic() + 4 * lease
@@ -146,24 +145,9 @@ def test_loss_is_reported_before_validity_ends_with_the_slowest_master_timeout(
                     sample(lock)
                     await asyncio.sleep(0.005)
             with pytest.raises((LockLostError, QuorumUnavailableError)):
-                await lock.release()
+                await aw(lock.release())
 
-    if flavour == "asyncio":
-        run(watch_async())
-    else:
-        with LockManager(
-            ensemble.urls, lease=lease, master_timeout=master_timeout, on_lost=on_lost
-        ) as mgr:
-            lock = mgr.lock("edge")
-            lock.acquire()
-            sample(lock)
-            with blackholed(ensemble, (0, 1, 2)):
-                end = time.monotonic() + 4 * lease
-                while not reported and time.monotonic() < end:
-                    sample(lock)
-                    time.sleep(0.005)
-            with pytest.raises((LockLostError, QuorumUnavailableError)):
-                lock.release()
+    run(watch())
     assert reported, "the loss was not reported"
     assert reported[0] < ends[-1], f"reported {reported[0] - ends[-1]:.3f}s after validity ended"
 
@@ -281,9 +265,7 @@ def test_a_task_that_ends_holding_a_lock_frees_it_and_is_reported(
 def test_a_fixed_lease_of_a_dead_owner_is_left_to_lapse(ensemble: LocalEnsemble) -> None:
     with LockManager(ensemble.urls, lease=1.0) as mgr:
         mgr.lock("kept-running").acquire()  # a managed hold: the watchdog runs
-        worker = threading.Thread(target=lambda: mgr.lock("fixed").acquire(lease=5.0))
-        worker.start()
-        worker.join()
+        in_threads(lambda: mgr.lock("fixed").acquire(lease=5.0), timeout=None)
         time.sleep(1.0)  # three watchdog ticks
         assert all(fields_on(ensemble, "fixed"))  # untouched: it ends with its lease
         mgr.lock("kept-running").release()
@@ -470,9 +452,7 @@ def test_a_slow_on_lost_delays_no_other_renewal(ensemble: LocalEnsemble) -> None
         doomed, kept = mgr.lock("doomed"), mgr.lock("kept")
         doomed.acquire()
         kept.acquire()
-        for server in ensemble.servers:
-            with redis.Redis.from_url(server.url) as r:
-                r.delete(lock_key("doomed"))
+        delete_everywhere(ensemble.urls, lock_key("doomed"))
         assert slow_started.wait(10)
         end = time.monotonic() + 2.5  # well past the 1 s lease of "kept"
         while time.monotonic() < end:
@@ -499,9 +479,7 @@ def test_a_slow_async_on_lost_delays_no_other_renewal(ensemble: LocalEnsemble) -
             doomed, kept = mgr.lock("doomed"), mgr.lock("kept")
             await doomed.acquire()
             await kept.acquire()
-            for server in ensemble.servers:
-                with redis.Redis.from_url(server.url) as r:
-                    r.delete(lock_key("doomed"))
+            delete_everywhere(ensemble.urls, lock_key("doomed"))
             await asyncio.wait_for(started.wait(), 10)
             end = time.monotonic() + 2.5
             while time.monotonic() < end:

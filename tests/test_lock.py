@@ -8,7 +8,7 @@ import time
 
 import pytest
 import redis
-from helpers import fields_on, holds_on, registered, wait_until
+from helpers import fields_on, holds_on, in_threads, on_masters, registered, wait_until
 
 from redreentrant import (
     LockKeyTypeError,
@@ -76,9 +76,7 @@ def test_another_thread_cannot_take_or_release_a_held_lock(manager: LockManager)
         results["count"] = lock.hold_count
 
     with lock:
-        t = threading.Thread(target=other)
-        t.start()
-        t.join()
+        in_threads(other, timeout=None)
         assert lock.is_owned() and lock.hold_count == 1  # unchanged by the other thread
     assert results["try"] is False and results["timed"] is False
     assert 0.3 <= float(results["waited"]) < 2.0  # type: ignore[arg-type]
@@ -151,9 +149,7 @@ def test_a_local_release_wakes_local_waiters_without_pubsub(ensemble: LocalEnsem
             lambda: all(len(r) == 3 for r in registered(ensemble.urls, "local")),
             "all three registered on every master",
         )
-        for server in ensemble.servers:
-            with redis.Redis.from_url(server.url) as r:
-                r.client_kill_filter(_type="pubsub")
+        on_masters(ensemble.urls, lambda r: r.client_kill_filter(_type="pubsub"))
         lock.release()
         for t in threads:
             t.join(timeout=60)
@@ -335,7 +331,5 @@ def threading_acquire(mgr: LockManager, name: str) -> bool:
         if got[-1]:
             lock.release()
 
-    t = threading.Thread(target=take)
-    t.start()
-    t.join(10)
+    in_threads(take, timeout=10)
     return got == [True]

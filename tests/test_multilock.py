@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
-from helpers import lock_keys, run, wait_until
+from helpers import aw, cross, entered, in_threads, lock_keys, on_masters, run, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import (
@@ -24,15 +25,9 @@ from redreentrant import (
 from redreentrant._core.keys import lock_key
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 def holders(urls: list[str], name: str) -> list[set[bytes]]:
-    out = []
-    for url in urls:
-        with redis.Redis.from_url(url) as r:
-            out.append(set(r.hkeys(lock_key(name))))
-    return out
+    return on_masters(urls, lambda r: set(r.hkeys(lock_key(name))))
 
 
 def test_every_name_is_taken_together_and_excludes_its_plain_lock(
@@ -47,9 +42,7 @@ def test_every_name_is_taken_together_and_excludes_its_plain_lock(
         assert holders(masters, "from") == holders(masters, "to")  # every name, or none
         # A plain lock of one of the names is the same lock: held, by another owner here.
         refused: list[bool] = []
-        t = threading.Thread(target=lambda: refused.append(mgr.lock("to").acquire(blocking=False)))
-        t.start()
-        t.join()
+        in_threads(lambda: refused.append(mgr.lock("to").acquire(blocking=False)), timeout=None)
         assert refused == [False]
     wait_until(lambda: holders(masters, "to") == [set()] * len(masters), "released everywhere")
     assert holders(masters, "from") == [set()] * len(masters)
@@ -94,9 +87,7 @@ def test_a_multi_lock_is_one_reentrant_owned_hold(mgr: LockManager) -> None:
             except BaseException as error:  # reported below
                 errors.append(error)
 
-        t = threading.Thread(target=other)
-        t.start()
-        t.join()
+        in_threads(other, timeout=None)
         assert len(errors) == 1 and isinstance(errors[0], LockNotOwnedError)
         assert not signal.is_set()
     assert not many.is_owned()
@@ -107,48 +98,14 @@ def test_a_multi_lock_is_one_reentrant_owned_hold(mgr: LockManager) -> None:
 
 
 def test_crossing_orders_never_deadlock_and_exclude_each_other(masters: list[str]) -> None:
-    # Four threads take overlapping sets named in crossing orders; each checks that no
-    # one else holds any of its names (a non-atomic counter per name).
-    counters = {n: 0 for n in "abcd"}
-    inside: dict[str, int] = {n: 0 for n in "abcd"}
-    guard = threading.Lock()
+    # Four threads take overlapping sets named in crossing orders.
     sets = [["a", "b"], ["b", "a"], ["b", "c", "d"], ["d", "c", "a"]]
     managers = [LockManager(masters, lease=5.0) for _ in sets]
-    overlaps: list[str] = []
     try:
-
-        def work(m: LockManager, names: list[str]) -> None:
-            lock = m.multi_lock(names)
-            for _ in range(8):
-                assert lock.acquire(timeout=30), f"{names}: not in 30 s (deadlocked?)"
-                try:
-                    with guard:
-                        for n in names:
-                            inside[n] += 1
-                            if inside[n] > 1:
-                                overlaps.append(n)
-                    for n in names:
-                        value = counters[n]
-                        time.sleep(0.002)
-                        counters[n] = value + 1
-                finally:
-                    with guard:
-                        for n in names:
-                            inside[n] -= 1
-                    lock.release()
-
-        threads = [
-            threading.Thread(target=work, args=(m, s)) for m, s in zip(managers, sets, strict=True)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not any(t.is_alive() for t in threads)
+        counters = cross(managers, sets, rounds=8, pause=0.002)
     finally:
         for m in managers:
             m.close()
-    assert overlaps == []
     assert counters == {"a": 24, "b": 24, "c": 16, "d": 16}
 
 
@@ -231,47 +188,37 @@ def test_asyncio_multi_lock(masters: list[str]) -> None:
     assert run(main()) == 1
 
 
+@pytest.mark.parametrize("manager", [LockManager, ra.LockManager], ids=["sync", "asyncio"])
 def test_an_owner_cannot_hold_a_name_alone_and_in_a_multi_lock(
-    mgr: LockManager, masters: list[str]
+    masters: list[str], manager: Any
 ) -> None:
     # The masters keep one hold count per name and owner: held both ways, the release
     # of one would free the other's name while its holder believes it holds it.
-    owner = {mgr.owner_id().encode()}
-    plain = mgr.lock("a")
-    with plain, plain:
-        with pytest.raises(LockUpgradeError, match="'a' is held by this owner already"):
-            mgr.multi_lock(["a", "b"]).acquire(blocking=False)
-        assert holders(masters, "b") == [set()] * len(masters)  # nothing taken
-        assert plain.hold_count == 2
-    with mgr.multi_lock(["a", "b"]) as both:
-        with pytest.raises(LockUpgradeError, match="'a' is held by this owner in a multi"):
-            plain.acquire(timeout=1)
-        with pytest.raises(LockUpgradeError):
-            mgr.multi_lock(["b", "c"]).acquire(timeout=1)
-        assert both.hold_count == 1 and plain.hold_count == 0
-        assert holders(masters, "a") == [owner] * len(masters)
-    # Each way on its own still works, and another owner is unaffected meanwhile.
-    with plain:
-        pass
-    with mgr.multi_lock(["b", "c"]):
-        pass
-    wait_until(lambda: holders(masters, "a") == [set()] * len(masters), "freed")
-
-
-def test_asyncio_an_owner_cannot_hold_a_name_alone_and_in_a_multi_lock(
-    masters: list[str],
-) -> None:
     async def main() -> None:
-        async with ra.LockManager(masters, lease=5.0) as m:
-            async with m.multi_lock(["a", "b"]):
+        async with entered(manager(masters, lease=5.0)) as mgr:
+            owner = {mgr.owner_id().encode()}
+            plain = mgr.lock("a")
+            async with entered(plain), entered(plain):
+                with pytest.raises(LockUpgradeError, match="'a' is held by this owner already"):
+                    await aw(mgr.multi_lock(["a", "b"]).acquire(blocking=False))
+                assert holders(masters, "b") == [set()] * len(masters)  # nothing taken
+                assert plain.hold_count == 2
+            async with entered(mgr.multi_lock(["a", "b"])) as both:
+                with pytest.raises(LockUpgradeError, match="'a' is held by this owner in a multi"):
+                    await aw(plain.acquire(timeout=1))
                 with pytest.raises(LockUpgradeError):
-                    await m.lock("b").acquire(blocking=False)
-            async with m.lock("b"):
-                with pytest.raises(LockUpgradeError):
-                    await m.multi_lock(["a", "b"]).acquire(blocking=False)
+                    await aw(mgr.multi_lock(["b", "c"]).acquire(timeout=1))
+                assert both.hold_count == 1 and plain.hold_count == 0
+                assert holders(masters, "a") == [owner] * len(masters)
+            # Each way on its own still works.
+            async with entered(plain):
+                pass
+            async with entered(mgr.multi_lock(["b", "c"])):
+                pass
 
     run(main())
-    assert holders(masters, "a") == holders(masters, "b") == [set()] * len(masters)
+    freed = [set()] * len(masters)
+    wait_until(lambda: holders(masters, "a") == holders(masters, "b") == freed, "freed")
 
 
 def test_keys_are_gone_after_use(mgr: LockManager, ensemble: LocalEnsemble) -> None:
@@ -280,40 +227,28 @@ def test_keys_are_gone_after_use(mgr: LockManager, ensemble: LocalEnsemble) -> N
     wait_until(lambda: not any(lock_keys(ensemble).values()), "nothing left")
 
 
+@pytest.mark.parametrize("manager", [LockManager, ra.LockManager], ids=["sync", "asyncio"])
 def test_a_name_given_twice_is_taken_once(
-    mgr: LockManager, masters: list[str], ensemble: LocalEnsemble
+    masters: list[str], ensemble: LocalEnsemble, manager: Any
 ) -> None:
     # transfer(x, x) of docs/multi-lock.md: the multi-lock of ["a", "a"] is that of ["a"].
-    twice = mgr.multi_lock(["a", "a"], fencing=True)
-    assert twice.names == ("a",)
-    with twice:
-        tokens = twice.tokens
-        assert set(tokens) == {"a"}
-        with pytest.raises(FencingError, match="a token per name"):
-            _ = twice.token
-        owner = mgr.owner_id().encode()
-        wait_until(lambda: holders(masters, "a") == [{owner}] * len(masters), "held")
-    with mgr.lock("a", fencing=True) as single:  # the name's own counter
-        assert single.token > tokens["a"]
-    ensemble.flushall()  # the counters outlive their locks on purpose
-
-
-def test_asyncio_a_name_given_twice_is_taken_once(
-    masters: list[str], ensemble: LocalEnsemble
-) -> None:
-    async def main() -> dict[str, int]:
-        async with ra.LockManager(masters, lease=5.0, fencing=True) as m:
-            twice = m.multi_lock(["a", "a"])
+    async def main() -> None:
+        async with entered(manager(masters, lease=5.0, fencing=True)) as mgr:
+            twice = mgr.multi_lock(["a", "a"])
             assert twice.names == ("a",)
-            async with twice:
+            async with entered(twice):
                 tokens = twice.tokens
+                assert set(tokens) == {"a"}
                 with pytest.raises(FencingError, match="a token per name"):
                     _ = twice.token
-            return tokens
+                owner = mgr.owner_id().encode()
+                wait_until(lambda: holders(masters, "a") == [{owner}] * len(masters), "held")
+            async with entered(mgr.lock("a")) as single:  # the name's own counter
+                assert single.token > tokens["a"]
 
-    assert set(run(main())) == {"a"}
+    run(main())
     assert holders(masters, "a") == [set()] * len(masters)
-    ensemble.flushall()
+    ensemble.flushall()  # the counters outlive their locks on purpose
 
 
 def test_fence_floor_is_the_largest_of_the_names_and_raises_them_all(

@@ -14,8 +14,6 @@ import redreentrant.asyncio as ra
 from redreentrant import LockManager, QuorumUnavailableError, parse_owner
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 def test_names_lists_every_kind_held_or_waited_for(ensemble: LocalEnsemble) -> None:
     urls = ensemble.urls[:3]

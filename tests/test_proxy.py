@@ -12,8 +12,6 @@ from redreentrant.testing import LocalEnsemble
 from redreentrant.testing.loopback import client
 from redreentrant.testing.proxy import TcpProxy
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def proxy(ensemble: LocalEnsemble) -> Iterator[TcpProxy]:
@@ -40,8 +38,7 @@ def test_pass_through_forwards_both_ways(ensemble: LocalEnsemble, proxy: TcpProx
 
 
 def test_delay_holds_replies_back(proxy: TcpProxy) -> None:
-    via = client(proxy.port, timeout=5.0)
-    try:
+    with client(proxy.port, timeout=5.0) as via:
         assert via.ping()
         proxy.delay(0.1)
         started = time.monotonic()
@@ -49,13 +46,10 @@ def test_delay_holds_replies_back(proxy: TcpProxy) -> None:
         assert time.monotonic() - started >= 0.1  # one delay each way: at least 0.2 s
         proxy.pass_through()
         assert via.ping()
-    finally:
-        via.close()
 
 
 def test_blackhole_makes_a_client_time_out(proxy: TcpProxy) -> None:
-    via = client(proxy.port, timeout=0.3)
-    try:
+    with client(proxy.port, timeout=0.3) as via:
         assert via.ping()
         proxy.blackhole()
         started = time.monotonic()
@@ -71,13 +65,10 @@ def test_blackhole_makes_a_client_time_out(proxy: TcpProxy) -> None:
             fresh.close()
         proxy.pass_through()
         assert via.ping()  # redis-py dropped the timed-out connection: a new one works
-    finally:
-        via.close()
 
 
 def test_reset_breaks_the_connection(proxy: TcpProxy) -> None:
-    via = client(proxy.port, timeout=5.0)
-    try:
+    with client(proxy.port, timeout=5.0) as via:
         assert via.ping()
         proxy.reset()
         assert proxy.connections == 0
@@ -85,14 +76,11 @@ def test_reset_breaks_the_connection(proxy: TcpProxy) -> None:
             via.ping()  # the connection was reset, and so is the reconnect
         proxy.pass_through()
         assert via.ping()
-    finally:
-        via.close()
 
 
 def test_stop_closes_everything(ensemble: LocalEnsemble) -> None:
     proxy = TcpProxy(ensemble[0].port).start()
-    via = client(proxy.port, timeout=2.0)
-    try:
+    with client(proxy.port, timeout=2.0) as via:
         assert via.ping()
         proxy.stop()
         proxy.stop()  # idempotent
@@ -100,5 +88,3 @@ def test_stop_closes_everything(ensemble: LocalEnsemble) -> None:
             via.ping()
         with pytest.raises(RuntimeError):
             proxy.blackhole()
-    finally:
-        via.close()

@@ -15,14 +15,12 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import CLI, PY, clean_env, lock_keys, run, run_cli, wait_until
+from helpers import CLI, PY, clean_env, in_threads, lock_keys, on_masters, run, run_cli, wait_until
 
 import redreentrant.asyncio as ra
 from redreentrant import LockLostError, LockManager, LockNotOwnedError, Semaphore
 from redreentrant._core.keys import aux_key
 from redreentrant.testing import LocalEnsemble
-
-pytestmark = pytest.mark.integration
 
 
 class Gauge:
@@ -59,11 +57,7 @@ def test_at_most_p_threads_hold_a_permit_and_p_do(masters: list[str], permits: i
                     time.sleep(0.03)
                     gauge.leave()
 
-        threads = [threading.Thread(target=work, args=(m,)) for m in managers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        in_threads(work, [(m,) for m in managers])
         assert gauge.entered == 24
         assert gauge.most == permits  # never more, and as many as allowed
     finally:
@@ -86,30 +80,21 @@ def test_waiters_are_served_in_turn(ensemble: LocalEnsemble, shared: bool) -> No
         while time.monotonic() < stop:
             if sem.acquire(timeout=max(0.01, stop - time.monotonic())):
                 try:
-                    counting_work(counter)
+                    n = counter["n"]
+                    time.sleep(0.001)  # a non-atomic increment: read, pause, write
+                    counter["n"] = n + 1
                     counts[i] += 1
                 finally:
                     sem.release()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        in_threads(work, [(i,) for i in range(16)], timeout=30)
     finally:
         for m in managers:
             m.close()
     mean = sum(counts) / len(counts)
     assert counter["n"] == sum(counts) > 16
     assert min(counts) >= mean / 2, sorted(counts)
-
-
-def counting_work(counter: dict[str, int]) -> None:
-    """A non-atomic increment: read, pause, write."""
-    n = counter["n"]
-    time.sleep(0.001)
-    counter["n"] = n + 1
 
 
 def test_asyncio_tasks_share_p_permits(masters: list[str]) -> None:
@@ -149,9 +134,7 @@ def test_a_permit_is_owned_reentrant_and_counted_once(mgr: LockManager) -> None:
             except BaseException as error:  # reported below
                 errors.append(error)
 
-        t = threading.Thread(target=other)
-        t.start()
-        t.join()
+        in_threads(other, timeout=None)
         assert len(errors) == 1 and isinstance(errors[0], LockNotOwnedError)
     assert sem.available() == 2 and not sem.is_owned()
 
@@ -218,11 +201,7 @@ def test_a_waiter_that_gives_up_passes_its_wake_up_on(ensemble: LocalEnsemble) -
 
 
 def _registered(urls: list[str], name: str) -> int:
-    counts = []
-    for url in urls:
-        with redis.Redis.from_url(url) as r:
-            counts.append(r.zcard(aux_key(name, "sem:waiters")))
-    return min(counts)
+    return min(on_masters(urls, lambda r: r.zcard(aux_key(name, "sem:waiters"))))
 
 
 def test_the_watchdog_renews_a_permit_and_a_fixed_lease_ends(masters: list[str]) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from helpers import aw, entered, run
 
 import redreentrant.asyncio as aio
 from redreentrant import LockManager, QuorumUnavailableError
@@ -48,42 +49,25 @@ def counts(lab: NetLab, urls: list[str], flavour: str, between: Between) -> tupl
     """How many non-blocking acquires (each released) one new manager gets in 3 s,
     then, after ``between(lab)``, in 6 s more; a try whose masters failed counts as
     none. Run inside the lab."""
-    if flavour == "sync":
-        with LockManager(urls, lease=LEASE, master_timeout=MASTER_TIMEOUT) as mgr:
-            before = sync_grants(mgr, 3.0)
-            between(lab)
-            return before, sync_grants(mgr, 6.0)
+    manager = LockManager if flavour == "sync" else aio.LockManager
 
     async def main() -> tuple[int, int]:
-        async with aio.LockManager(urls, lease=LEASE, master_timeout=MASTER_TIMEOUT) as mgr:
-            before = await async_grants(mgr, 3.0)
+        async with entered(manager(urls, lease=LEASE, master_timeout=MASTER_TIMEOUT)) as mgr:
+            before = await grants(mgr, 3.0)
             between(lab)
-            return before, await async_grants(mgr, 6.0)
+            return before, await grants(mgr, 6.0)
 
-    return asyncio.run(main())
+    return run(main())
 
 
-def sync_grants(mgr: LockManager, seconds: float) -> int:
+async def grants(mgr: Any, seconds: float) -> int:
     got, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:
         lock = mgr.lock("slow")
         try:
-            if lock.acquire(blocking=False):
+            if await aw(lock.acquire(blocking=False)):
                 got += 1
-                lock.release()
-        except QuorumUnavailableError:
-            time.sleep(0.05)
-    return got
-
-
-async def async_grants(mgr: Any, seconds: float) -> int:
-    got, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        lock = mgr.lock("slow")
-        try:
-            if await lock.acquire(blocking=False):
-                got += 1
-                await lock.release()
+                await aw(lock.release())
         except QuorumUnavailableError:
             await asyncio.sleep(0.05)
     return got

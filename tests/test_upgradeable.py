@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import PY, delete_everywhere, read_line, run, stop, wait_until
+from helpers import PY, delete_everywhere, in_threads, on_masters, read_line, run, stop, wait_until
 
 import redreentrant.asyncio as aio
 from redreentrant import (
@@ -45,20 +44,13 @@ def rw_keys(name: str) -> tuple[str, str, str]:
 
 def waiting_writers(urls: list[str], name: str) -> list[list[str]]:
     """Per master: the owners registered as waiting writers (or upgrades) of ``name``."""
-    out = []
-    for url in urls:
-        with redis.Redis.from_url(url, decode_responses=True) as r:
-            out.append(list(r.zrange(aux_key(name, "rw:writers"), 0, -1)))
-    return out
+    writers = aux_key(name, "rw:writers")
+    return on_masters(urls, lambda r: r.zrange(writers, 0, -1), decode_responses=True)
 
 
 def subscribed(urls: list[str], channel: str) -> bool:
     """Whether every master has a subscriber on ``channel``."""
-    for url in urls:
-        with redis.Redis.from_url(url) as r:
-            if int(r.pubsub_numsub(channel)[0][1]) < 1:
-                return False
-    return True
+    return all(on_masters(urls, lambda r: int(r.pubsub_numsub(channel)[0][1]) >= 1))
 
 
 class Other:
@@ -525,14 +517,8 @@ def test_mutual_exclusion_holds_on_a_recorded_history(masters: list[str], tmp_pa
 
     with Recorder(path, "p") as rec:
         roles = [reader, reader, writer, upgrader, upgrader]
-        threads = [
-            threading.Thread(target=role, args=(rec.child(f"t{i}"), managers[i % 2]))
-            for i, role in enumerate(roles)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        children = [(role, rec.child(f"t{i}"), managers[i % 2]) for i, role in enumerate(roles)]
+        threads = in_threads(lambda role, *args: role(*args), children, timeout=120)
         for m in managers:
             m.close()
         assert not any(t.is_alive() for t in threads)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from helpers import WORKERS, read_line, stop, wait_until
+from helpers import WORKERS, in_threads, increment, many_managers, read_line, stop, wait_until
 
 from redreentrant import LockManager, LockUpgradeError
 from redreentrant._core.keys import aux_key
@@ -60,7 +60,6 @@ def subscribed(url: str, channel: str) -> int:
 
 
 def test_readers_overlap_and_writers_exclude(masters: list[str]) -> None:
-    managers = [LockManager(masters) for _ in range(2)]
     state = {"readers": 0, "most_readers": 0, "writing": 0, "counter": 0, "bad": 0}
     guard = threading.Lock()  # protects only the bookkeeping, not the tested section
 
@@ -83,22 +82,13 @@ def test_readers_overlap_and_writers_exclude(masters: list[str]) -> None:
                 with guard:
                     state["bad"] += state["readers"] + state["writing"]
                     state["writing"] += 1
-                value = state["counter"]
-                time.sleep(0.002)
-                state["counter"] = value + 1  # non-atomic on purpose
+                increment(state, "counter", 0.002)  # non-atomic on purpose
                 with guard:
                     state["writing"] -= 1
 
-    threads = [threading.Thread(target=reader, args=(managers[i % 2],)) for i in range(4)]
-    threads += [threading.Thread(target=writer, args=(managers[i % 2],)) for i in range(2)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-    finally:
-        for m in managers:
-            m.close()
+    roles = [reader] * 4 + [writer] * 2
+    with many_managers(2, masters) as managers:
+        in_threads(lambda i, role: role(managers[i % 2]), enumerate(roles))
     assert state["bad"] == 0
     assert state["counter"] == 16
     assert state["most_readers"] >= 2  # readers did share the lock
@@ -255,7 +245,6 @@ def test_the_watchdog_renews_every_kind(masters: list[str], kind: str) -> None:
 def test_fair_lock_grants_in_order_of_arrival(mgr: LockManager, masters: list[str]) -> None:
     fair = mgr.fair_lock("fifo")
     order: list[int] = []
-    managers = [LockManager(masters) for _ in range(3)]
 
     def wait(i: int) -> None:
         with managers[i % 3].fair_lock("fifo"):
@@ -263,7 +252,7 @@ def test_fair_lock_grants_in_order_of_arrival(mgr: LockManager, masters: list[st
             time.sleep(0.01)
 
     threads = [threading.Thread(target=wait, args=(i,)) for i in range(7)]
-    try:
+    with many_managers(3, masters) as managers:
         with fair:
             for i, t in enumerate(threads):
                 t.start()
@@ -274,9 +263,6 @@ def test_fair_lock_grants_in_order_of_arrival(mgr: LockManager, masters: list[st
             assert len(queue) == 7
         for t in threads:
             t.join(timeout=30)
-    finally:
-        for m in managers:
-            m.close()
     assert order == list(range(7))
 
 
