@@ -24,7 +24,7 @@ from redreentrant._core.effects import Fanout
 from redreentrant._core.fencing import Counter, check_token, counter_of, token_of
 from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant._core.quorum import Quorum
-from redreentrant._core.rounds import Grant, acquire_steps
+from redreentrant._core.rounds import Acquire, Grant, acquire_steps
 from redreentrant.cli import app as cli_app
 from redreentrant.cli import main as cli_main
 from redreentrant.testing import LocalEnsemble
@@ -106,7 +106,7 @@ def fenced_answer(counters: list[list[int]], acks: int, log: list[Fanout]) -> ob
 def test_a_fenced_grant_writes_its_token_back_before_handing_it_out() -> None:
     log: list[Fanout] = []
     counters = [kept(3), kept(5), kept(4), kept(5), fresh(10**15)]
-    steps = acquire_steps(Q5, EXCLUSIVE, "x", "o", 1, 30.0, False, None, fencing=True)
+    steps = acquire_steps(Acquire(Q5, EXCLUSIVE, "x", "o", 1, 30.0, False, None, fencing=True))
     grant = drive(steps, fenced_answer(counters, 5, log))
     assert isinstance(grant, Grant) and grant.token == 5 and grant.votes == 5
     # Round 1: acquire and step the counter, pipelined; round 2: the write-back.
@@ -118,7 +118,7 @@ def test_a_fenced_grant_writes_its_token_back_before_handing_it_out() -> None:
 def test_a_write_back_short_of_a_quorum_hands_out_nothing_and_undoes_the_grant() -> None:
     log: list[Fanout] = []
     counters = [kept(3)] * 5
-    steps = acquire_steps(Q5, EXCLUSIVE, "x", "o", 1, 30.0, False, None, fencing=True)
+    steps = acquire_steps(Acquire(Q5, EXCLUSIVE, "x", "o", 1, 30.0, False, None, fencing=True))
     assert drive(steps, fenced_answer(counters, 2, log)) is None  # non-blocking: gave up
     assert [c.script.name for c in log[2].calls[0]] == ["release"]  # the undo
 
@@ -126,7 +126,7 @@ def test_a_write_back_short_of_a_quorum_hands_out_nothing_and_undoes_the_grant()
 def test_an_acquire_refused_for_lost_counters_undoes_its_grant_before_raising() -> None:
     log: list[Fanout] = []
     counters = [fresh(1), fresh(2), fresh(3), kept(50), kept(51)]
-    steps = acquire_steps(Q5, EXCLUSIVE, "x", "o", 1, 30.0, True, None, fencing=True)
+    steps = acquire_steps(Acquire(Q5, EXCLUSIVE, "x", "o", 1, 30.0, True, None, fencing=True))
     with pytest.raises(FencingError):
         drive(steps, fenced_answer(counters, 5, log))
     assert any(c.script.name == "release" for c in log[-2].calls[0] + log[-1].calls[0])

@@ -14,7 +14,7 @@ from redreentrant._core.effects import Fanout
 from redreentrant._core.errors import QuorumUnavailableError
 from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant._core.quorum import Quorum
-from redreentrant._core.rounds import Grant, acquire_steps
+from redreentrant._core.rounds import Acquire, Grant, acquire_steps
 
 GRANT, REFUSE, FAIL = "grant", "refuse", "fail"
 
@@ -31,7 +31,7 @@ def reply(kind: str) -> object:
 @given(st.lists(st.sampled_from([GRANT, REFUSE, FAIL]), min_size=1, max_size=7))
 def test_one_non_blocking_round_is_judged_by_quorum(answers: list[str]) -> None:
     q = Quorum(tuple(f"m{i}" for i in range(len(answers))), 0.01, 0.05)
-    steps = acquire_steps(q, EXCLUSIVE, "x", "owner", 1, 30.0, False, None)
+    steps = acquire_steps(Acquire(q, EXCLUSIVE, "x", "owner", 1, 30.0, False, None))
     first = next(steps)
     assert isinstance(first, Fanout) and len(first.calls) == len(answers)
     grants = answers.count(GRANT)

@@ -39,6 +39,7 @@ from .masters import connect, master_name
 from .owner import new_manager_id
 from .quorum import Clock, Quorum, Tally, Uniform, lease_ms
 from .rounds import (
+    Acquire,
     Grant,
     acquire_steps,
     extend_steps,
@@ -307,9 +308,9 @@ class Engine:
                 signal, site, polite,
             ))  # fmt: skip
         steps = acquire_steps(
-            q, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed, fencing,
-            None, polite,
-        )  # fmt: skip
+            Acquire(q, kind, name, owner, 1, lease_s, blocking, deadline, fencing, polite),
+            self.is_closed,
+        )
         grant = yield from steps
         if grant is not None and self.closed:
             yield from self._closed_meanwhile(grant.kind or kind, name, owner, grant.tag)
@@ -341,9 +342,12 @@ class Engine:
             tell(partial(listener.contended, info, *counts))
 
         steps = acquire_steps(
-            self.quorum, kind, name, owner, 1, lease_s, blocking, deadline, self.is_closed,
-            fencing, contended, polite,
-        )  # fmt: skip
+            Acquire(
+                self.quorum, kind, name, owner, 1, lease_s, blocking, deadline, fencing, polite
+            ),
+            self.is_closed,
+            contended,
+        )
         try:
             grant = yield from steps
             if grant is not None and self.closed:
@@ -439,9 +443,18 @@ class Engine:
         renewed = hold.lease if lease is None else lease_s
         count = hold.count + 1
         steps = acquire_steps(
-            self.quorum, hold.kind, hold.name, hold.owner, count, renewed, True, None,
-            tag=hold.tag,
-        )  # fmt: skip
+            Acquire(
+                self.quorum,
+                hold.kind,
+                hold.name,
+                hold.owner,
+                count,
+                renewed,
+                True,
+                None,
+                tag=hold.tag,
+            )
+        )
         try:
             grant = yield from steps
         except LockLostError as error:

@@ -95,21 +95,12 @@ def release_id(owner: str) -> str:
 
 
 def acquire_steps(
-    q: Quorum,
-    kind: LockKind,
-    name: str,
-    owner: str,
-    count: int,
-    lease: float,
-    blocking: bool,
-    deadline: float | None,
+    a: Acquire,
     closed: Callable[[], bool] = lambda: False,
-    fencing: bool = False,
     contended: Callable[[Tally], None] | None = None,
-    polite_ms: int = 0,
-    tag: int = 0,
 ) -> Steps[Grant | None]:
-    """Take (``count == 1``) or re-enter (``count > 1``, the hold of ``tag``) a lock.
+    """Take (``a.count == 1``) or re-enter (``a.count > 1``, the hold of ``a.tag``) a
+    lock, as ``a`` asks (see :class:`Acquire`).
 
     Each try of a first hold has a tag of its own (:func:`next_tag`), which its calls
     and its undo carry: nothing sent for one try changes a hold a later try made.
@@ -133,7 +124,7 @@ def acquire_steps(
     or wait (:meth:`Acquire.wait_steps`) and try again; :class:`Acquire` keeps what
     the tries share.
     """
-    a = Acquire(q, kind, name, owner, count, lease, blocking, deadline, fencing, polite_ms, tag)
+    q, blocking, deadline = a.q, a.blocking, a.deadline
     try:
         while True:
             if closed():
@@ -157,9 +148,12 @@ def acquire_steps(
 
 
 class Acquire:
-    """What the tries of one acquire share (see :func:`acquire_steps`): its request,
-    the calls every try sends besides its own, and what earlier tries and waits left:
-    the owner's place as a waiter, the wake-ups seen, the split votes met."""
+    """One acquire and what its tries share (see :func:`acquire_steps`): its request
+    (``count`` levels of ``owner``'s hold of ``name``, for ``lease`` seconds; waiting
+    if ``blocking``, until ``deadline`` on ``q.clock``; with ``fencing``, politely for
+    ``polite_ms``, a re-entry of the hold of ``tag``), the calls every try sends
+    besides its own, and what earlier tries and waits left: the owner's place as a
+    waiter, the wake-ups seen, the split votes met."""
 
     __slots__ = (
         "blocking", "channel", "count", "deadline", "early", "fence_calls", "fenced",
@@ -178,9 +172,9 @@ class Acquire:
         lease: float,
         blocking: bool,
         deadline: float | None,
-        fencing: bool,
-        polite_ms: int,
-        tag: int,
+        fencing: bool = False,
+        polite_ms: int = 0,
+        tag: int = 0,
     ) -> None:
         self.q, self.kind, self.name, self.owner, self.count = q, kind, name, owner, count
         self.lease, self.blocking, self.deadline, self.tag = lease, blocking, deadline, tag
