@@ -14,8 +14,6 @@ from redreentrant._core import keys, kinds
 from redreentrant._sync.lock import Lock
 from redreentrant.testing import LocalEnsemble
 
-pytestmark = pytest.mark.integration
-
 
 class DemoKind(kinds.PlainKind):
     """The plain lock's scripts over keys of a family of its own (stem ``demo``)."""
