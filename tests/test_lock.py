@@ -179,6 +179,16 @@ def test_force_unlock_frees_a_lock_held_elsewhere(urls: list[str]) -> None:
         assert holder.lock("stuck").hold_count == 0
 
 
+def test_a_managed_hold_forced_open_stays_free_after_its_holders_renewal(urls: list[str]) -> None:
+    lost: list[object] = []
+    with LockManager(urls, lease=3.0, on_lost=lost.append) as holder, LockManager(urls) as admin:
+        assert holder.lock("stuck").acquire()
+        assert admin.lock("stuck").force_unlock()
+        # Its next renewal takes it again where the lock is free, finds it lost, gives it back.
+        wait_until(lambda: lost, "the loss reported at the holder's next renewal", 5)
+        assert not admin.lock("stuck").locked()
+
+
 def test_one_master_is_a_legal_ensemble(single: LockManager) -> None:
     assert single.quorum == 1
     with single.lock("solo") as lock, lock:

@@ -255,7 +255,13 @@ def tick_steps(
         if listener is not None:
             for i, error in renewals.failed.items():
                 tell(partial(listener.renewal_failed, q.masters[i], error, len(chunk)))
-        lost = lost + judge(renewals, holds)
+        gone = judge(renewals, holds)
+        # The round took each hold again where it was gone and the lock free: a hold
+        # found lost gives back what it took (best effort; the rest lapses in a lease).
+        for h in gone:
+            with contextlib.suppress(Exception):
+                yield from release_steps(q, h.kind, h.name, h.owner, 0, h.tag, h.lease)
+        lost = lost + gone
     return lost
 
 
