@@ -21,9 +21,10 @@ from redreentrant import (
     QuorumUnavailableError,
 )
 from redreentrant._core.effects import Fanout
-from redreentrant._core.fencing import Counter, check_token, counter_of, token_of
+from redreentrant._core.fencing import check_token, token_of
 from redreentrant._core.kinds import EXCLUSIVE
 from redreentrant._core.quorum import Quorum
+from redreentrant._core.replies import Counter, counter_of
 from redreentrant._core.rounds import Acquire, Grant, acquire_steps
 from redreentrant.cli import app as cli_app
 from redreentrant.cli import main as cli_main

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import redis.asyncio
 
-from .._core.guard import SCRIPT, accepted, token_key, write_args
+from .._core.guard import SCRIPT, token_key, write_args
+from .._core.replies import accepted
 
 
 class FencedStore:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 #: ms an offset may move between two observations besides the drift allowance: the
 #: server's time in whole ms, and the drift allowance's own fixed part
@@ -30,6 +31,13 @@ SLACK_MS = 3.0
 #: little per round cannot creep past the allowance, which is that of this long (the
 #: drift over it, and SLACK_MS), or of the time since the anchor when longer
 REANCHOR_MS = 1_000.0
+
+
+class Timed(Protocol):
+    """A decoded reply that tells the server's time (ms), if it does."""
+
+    @property
+    def time(self) -> int | None: ...
 
 
 class ClockWatch:
@@ -70,25 +78,23 @@ class ClockWatch:
         #: told when masters are counted out, or all back in
         self.on_change = on_change
 
-    def observe(self, replies: Sequence[Sequence[object]], sent: float, received: float) -> None:
-        """Note the server times in a round's replies (each master's first reply, a
-        try's or a renewal's, ends with it), the round having gone out at ``sent`` and
-        ended at ``received`` (monotonic seconds). A master whose first reply is not a
-        reply list (an error, or not read) is passed over."""
+    def observe(self, replies: Sequence[Timed | None], sent: float, received: float) -> None:
+        """Note the server times in a round's decoded replies (each master's first, a
+        try's or a renewal's: see :mod:`.replies`), the round having gone out at
+        ``sent`` and ended at ``received`` (monotonic seconds). A master without one (an
+        error, or not read) is passed over."""
         # On every try: one pass, the usual case (in step) settled inline.
         sent_ms = sent * 1000.0
         received_ms = received * 1000.0
         lows, highs, ats = self._low, self._high, self._at
-        for i, per_master in enumerate(replies):
+        for i, reply in enumerate(replies):
             # The server read its clock between ``sent`` and ``received``, in whole ms:
             # its offset lies in [lo, hi]; against the anchor's, it may have moved by the
-            # allowance (``_low``, ``_high``). UNREAD, an error: no time (TypeError).
-            try:
-                server_ms = per_master[0][-1]  # type: ignore[index]  # else TypeError
-                lo = server_ms - received_ms - 1.0
-                hi = server_ms - sent_ms
-            except TypeError:
+            # allowance (``_low``, ``_high``).
+            if reply is None or reply.time is None:
                 continue
+            lo = reply.time - received_ms - 1.0
+            hi = reply.time - sent_ms
             if lo > highs[i] or hi < lows[i]:
                 self._stepped(i, lo, hi, received)
             elif received_ms - ats[i] > REANCHOR_MS:

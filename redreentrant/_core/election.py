@@ -23,7 +23,7 @@ from .holds import Signal
 from .kinds import ElectionKind
 from .owner import OWNERS, OwnerInfo, parse_owner
 from .quorum import Quorum
-from .views import pairs, text
+from .replies import probe
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -100,13 +100,14 @@ def read_leader(
     seen: dict[str, list[tuple[Key, LeaderView]]] = {}
     for i, per_master in enumerate(replies):
         reply = per_master[0]
-        if not isinstance(reply, list) or len(reply) < 4:
-            failed[i] = reply if isinstance(reply, BaseException) else ValueError(repr(reply))
+        try:
+            seen_here = probe(reply)
+        except ValueError as error:
+            failed[i] = reply if isinstance(reply, BaseException) else error
             continue
-        holders = pairs(reply[1])
-        for owner, record in pairs(reply[3]).items():
-            parsed = parse_record(owner, record, int(text(reply[0])))
-            if owner in holders and parsed is not None:
+        for owner, record in seen_here.leader.items():
+            parsed = parse_record(owner, record, seen_here.pttl)
+            if owner in seen_here.fields and parsed is not None:
                 seen.setdefault(owner, []).append((parsed[1], parsed[0]))
     if len(failed) > q.tolerated:
         raise q.unavailable("read the leader", failed)

@@ -30,7 +30,7 @@ from .errors import (
     ManagerClosedError,
     QuorumUnavailableError,
 )
-from .fencing import FENCE_TTL_MS, check_token, floor_of, integer_of
+from .fencing import FENCE_TTL_MS, check_token, floor_of
 from .holds import Guard, Hold, Holds, Signal
 from .keys import home_channel
 from .kinds import UPGRADEABLE, WRITE, FamilyKind, LockKind, MultiKind, SemaphoreKind
@@ -38,6 +38,7 @@ from .listeners import LockInfo, LockListener, tell
 from .masters import connect, master_name
 from .owner import new_manager_id
 from .quorum import Clock, Quorum, Tally, Uniform, lease_ms
+from .replies import integer_of
 from .rounds import (
     Acquire,
     Grant,

@@ -513,18 +513,6 @@ class FanoutProtocol:
     ) -> None:
         """``sends`` went out ``at``, but for ``failures`` (see :data:`SEND`): what went
         out is to be read (``reads``, ``late``) or is queued on a suspect."""
-        if failures is None:  # the usual case: every send went out
-            for i, conn, _, prior, how, loads in sends:
-                if loads:
-                    prior = self._owing(i, conn, prior, loads, at)
-                if how == _FIRST:
-                    reads.append((i, conn, prior, at))
-                elif how == _LAST:
-                    late.append((i, conn, prior, at))
-                else:
-                    assert prior is not None
-                    self.masters[i].queued(prior, len(fan.calls[i]), at)
-            return
         stop: object = None
         for k, (i, conn, _, prior, how, loads) in enumerate(sends):
             failure = None if failures is None else failures[k]

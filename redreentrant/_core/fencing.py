@@ -27,11 +27,11 @@ is refused with :class:`FencingError` too (no token larger than the last exists)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from .effects import Reply
 from .errors import FencingError
 from .quorum import Quorum
+from .replies import counter_of, granted
 
 #: how long a lock's fencing counters outlive its last grant (seconds): long, so that
 #: counters do not pile up for every name ever locked, yet outlive any pause
@@ -53,43 +53,10 @@ def check_token(value: object, where: str) -> int:
     return value
 
 
-def integer_of(reply: Reply) -> int | None:
-    """A counter or token in a reply: a Redis integer, or a decimal string (bytes or
-    str, as the client decodes it); None for anything else."""
-    if isinstance(reply, int) and not isinstance(reply, bool):
-        return reply
-    if isinstance(reply, bytes | str) and reply.isdigit() and reply.isascii():
-        return int(reply)
-    return None
-
-
-@dataclass(frozen=True)
-class Counter:
-    """One master's reply to ``fence.lua next``."""
-
-    #: the caller holds the lock on this master (so the counter was stepped)
-    held: bool
-    #: the counter, or (fresh) the master's clock in microseconds
-    value: int
-    #: the counter was absent: it proves nothing about earlier tokens
-    fresh: bool
-    #: the counter is at :data:`MAX_TOKEN` and was held: it could not step
-    full: bool = False
-
-
-def counter_of(reply: Reply) -> Counter | None:
-    """Read a ``{held, value, state}`` reply; None for an error or an odd reply."""
-    if isinstance(reply, list) and len(reply) == 3 and reply[0] in (0, 1) and reply[2] in (0, 1, 2):
-        value = integer_of(reply[1])
-        if value is not None:
-            return Counter(reply[0] == 1, value, reply[2] == 1, reply[2] == 2)
-    return None
-
-
 def kept_counter(replies: Sequence[Reply]) -> bool:
     """A master's replies (acquire, then each ``fence next``) granted with kept
     counters: the vote of a fenced acquire round, which may end once a quorum gave one."""
-    if len(replies) < 2 or not (isinstance(replies[0], list) and replies[0][:1] == [1]):
+    if len(replies) < 2 or not granted(replies[0]):
         return False
     counters = [counter_of(r) for r in replies[1:]]
     return all(c is not None and c.held and not c.fresh for c in counters)

@@ -6,7 +6,6 @@ its asyncio twin carry it out on a Redis client of the caller's.
 
 from __future__ import annotations
 
-from .effects import Reply
 from .fencing import check_token
 from .scripts import FENCED_WRITE, Script
 
@@ -25,10 +24,3 @@ def write_args(token: object, value: str | bytes | int | float) -> list[str | by
     """The script's arguments for a write of ``value`` with ``token``, whose range is
     checked first (:class:`ValueError`: nothing is sent)."""
     return [check_token(token, "FencedStore.write(token=...)"), value]
-
-
-def accepted(reply: Reply) -> bool:
-    """Judge a ``{1, token}`` / ``{0, largest}`` reply: True if the write was made."""
-    if isinstance(reply, list) and len(reply) == 2 and reply[0] in (0, 1):
-        return bool(reply[0] == 1)
-    raise RuntimeError(f"odd reply from the fenced write script: {reply!r}")

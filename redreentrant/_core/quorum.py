@@ -8,16 +8,24 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
+from typing import TypeVar
 
 from .clockwatch import ClockWatch
-from .effects import UNREAD, Call, Early, Fanout, Handover, Reply
+from .effects import UNREAD, Call, Early, Fanout, Handover, Reply, made
 from .errors import LockKeyTypeError, QuorumUnavailableError
+from .replies import Attempt, Release, first_granted, first_held
 
 #: A clock (seconds): ``time.monotonic`` (or ``time.time``, for a wall clock) unless a
 #: test injects another.
 Clock = Callable[[], float]
 #: ``uniform(a, b)``: a random float in ``[a, b]`` (``random.uniform`` unless injected).
 Uniform = Callable[[float, float], float]
+T = TypeVar("T")
+#: a round's replies: per master, one per call
+Replies = Sequence[Sequence[Reply]]
+#: a kind's key of a name (see :meth:`~.kinds.LockKind.key`), named in errors
+Key = Callable[[str], str]
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,7 @@ class Quorum:
 
     def everywhere(self, *calls: Call, early: Early | None = None, cleanup: bool = False) -> Fanout:
         """The same calls on every master (see :class:`~.effects.Fanout`)."""
-        return Fanout((calls,) * self.size, early, cleanup)
+        return made(Fanout, ((calls,) * self.size, early, cleanup))
 
     @cached_property
     def voting(self) -> int:
@@ -77,12 +85,12 @@ class Quorum:
 
     @cached_property
     def until_granted(self) -> Early:
-        """A round that ends once a quorum granted (:func:`is_grant`)."""
+        """A round that ends once a quorum granted."""
         return Early(self.voting, first_granted)
 
     @cached_property
     def until_held(self) -> Early:
-        """A round that ends once a quorum confirmed a hold (:func:`is_hold`)."""
+        """A round that ends once a quorum confirmed a hold."""
         return Early(self.voting, first_held)
 
     def _recount(self) -> None:
@@ -112,27 +120,6 @@ def lease_ms(lease: float) -> int:
 NO_WAIT = Early(0, lambda replies: False)
 
 
-def is_grant(reply: Reply) -> bool:
-    """An acquire's ``{1, n}``: granted."""
-    return isinstance(reply, list) and len(reply) >= 2 and reply[0] == 1
-
-
-def is_hold(reply: Reply) -> bool:
-    """A release's ``1``/``0`` (or ``{status, woken}``): the owner held the lock there."""
-    status = status_of(reply)
-    return status is not None and status >= 0
-
-
-def first_granted(replies: Sequence[Reply]) -> bool:
-    """A master's first reply (its acquire) granted."""
-    return is_grant(replies[0])
-
-
-def first_held(replies: Sequence[Reply]) -> bool:
-    """A master's first reply (its release) confirmed a hold."""
-    return is_hold(replies[0])
-
-
 def is_wrong_type(reply: Reply) -> bool:
     return isinstance(reply, Exception) and "WRONGTYPE" in str(reply)
 
@@ -156,81 +143,82 @@ class Tally:
         self.wrong_type: LockKeyTypeError | None = None
 
 
-def tally_grants(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tally:
-    """Judge ``{1, n, ...}`` (granted) / ``{0, pttl, ...}`` (refused) replies of the first
-    call. A master whose clock was seen to jump (see :mod:`.clockwatch`) refuses."""
+def tally_grants(
+    q: Quorum, key: Key, name: str, replies: Replies, attempts: Sequence[Attempt | None]
+) -> Tally:
+    """Judge a try's replies (``attempts``: the first call's, decoded). A master whose
+    clock was seen to jump (see :mod:`.clockwatch`) refuses."""
     t = Tally()
     watch = q.watch
     out = watch.anyone_out
-    for i, per_master in enumerate(replies):
-        reply = per_master[0]
-        if reply is UNREAD:
-            t.unread.append(i)
-        elif isinstance(reply, list) and len(reply) >= 2:
-            if out and not watch.counts(i):
-                t.refused.append(i)
-            elif int(reply[0]) == 1:
-                t.granted.append(i)
+    for i, a in enumerate(attempts):
+        if a is None:
+            reply = replies[i][0]
+            if reply is UNREAD:
+                t.unread.append(i)
             else:
-                t.refused.append(i)
-                ttl = int(reply[1]) / 1000.0
-                if ttl > 0 and (t.holder_ttl is None or ttl < t.holder_ttl):
-                    t.holder_ttl = ttl
+                note_failure(q, t, i, key(name), reply)
+        elif out and not watch.counts(i):
+            t.refused.append(i)
+        elif a.granted:
+            t.granted.append(i)
         else:
-            note_failure(q, t, i, key, reply)
+            t.refused.append(i)
+            ttl = a.value / 1000.0
+            if ttl > 0 and (t.holder_ttl is None or ttl < t.holder_ttl):
+                t.holder_ttl = ttl
     return t
 
 
-def tally_holds(q: Quorum, key: str, replies: Sequence[Sequence[Reply]]) -> Tally:
-    """Judge release-style replies: ``-1`` (held nothing) is a refusal, ``0``/``1`` grants
-    (a reply may also be ``{status, woken}``, see :func:`status_of`)."""
+def tally_holds(
+    q: Quorum, key: Key, name: str, replies: Replies, releases: Sequence[Release | None]
+) -> Tally:
+    """Judge a release's replies (``releases``: the first call's, decoded): a status of
+    -1 (held nothing) is a refusal, 0 and 1 grants."""
     t = Tally()
-    for i, per_master in enumerate(replies):
-        reply = per_master[0]
-        status = status_of(reply)
-        if reply is UNREAD:
+    for i, r in enumerate(releases):
+        if r is not None:
+            (t.granted if r.status >= 0 else t.refused).append(i)
+        elif replies[i][0] is UNREAD:
             t.unread.append(i)
-        elif status is not None:
-            (t.granted if status >= 0 else t.refused).append(i)
         else:
-            note_failure(q, t, i, key, per_master[0])
+            note_failure(q, t, i, key(name), replies[i][0])
     return t
 
 
-def status_of(reply: Reply) -> int | None:
-    """The status of a reply that is an integer or ``{status, woken}``; None for an
-    error or an odd reply."""
-    if isinstance(reply, list) and reply and isinstance(reply[0], int):
-        return reply[0]
-    return reply if isinstance(reply, int) else None
-
-
-def woken_by(replies: Sequence[Sequence[Reply]], call: int = 0) -> tuple[str, ...]:
-    """The waiters the masters woke, from the ``{status, woken}`` replies to each
-    master's call number ``call`` (each waiter once, in the masters' order)."""
+def woken_by(releases: Sequence[Release | None]) -> tuple[str, ...]:
+    """The waiters the masters woke (each once, in the masters' order)."""
     out: dict[str, None] = {}
-    for per_master in replies:
-        reply = per_master[call] if len(per_master) > call else None
-        if isinstance(reply, list) and len(reply) >= 2 and reply[1]:
-            woken = reply[1]
-            out[woken.decode() if isinstance(woken, bytes) else str(woken)] = None
+    for r in releases:
+        if r is not None and r.woken:
+            out[r.woken] = None
     return tuple(out)
 
 
-def handed_over(replies: Sequence[Sequence[Reply]], since: float, tag: int) -> dict[str, Handover]:
-    """The waiters the masters handed the lock over to, from release replies
-    ``{0, woken, ms}`` with ``ms > 0``: per waiter, its lease and the masters that
-    granted it; ``since``: when the release went out; ``tag``: the hold's tag."""
+def handed_over(releases: Sequence[Release | None], since: float, tag: int) -> dict[str, Handover]:
+    """The waiters the masters handed the lock over to: per waiter, its lease and the
+    masters that granted it; ``since``: when the release went out; ``tag``: the
+    hold's tag."""
     out: dict[str, tuple[int, set[int]]] = {}
-    for i, per_master in enumerate(replies):
-        reply = per_master[0] if per_master else None
-        if isinstance(reply, list) and len(reply) >= 3 and reply[1] and reply[2]:
-            woken = reply[1]
-            owner = woken.decode() if isinstance(woken, bytes) else str(woken)
-            ms, masters = out.setdefault(owner, (int(reply[2]), set()))
-            if int(reply[2]) == ms:
+    for i, r in enumerate(releases):
+        if r is not None and r.woken and r.handover_ms:
+            ms, masters = out.setdefault(r.woken, (r.handover_ms, set()))
+            if r.handover_ms == ms:
                 masters.add(i)
     return {o: Handover(ms, frozenset(masters), since, tag) for o, (ms, masters) in out.items()}
+
+
+#: a master's first reply (to its first call): ``map(first, replies)``
+first = itemgetter(0)
+
+
+def decoded(
+    decode: Callable[[Reply], T], replies: Sequence[Sequence[Reply]], call: int = 0
+) -> list[T]:
+    """Each master's reply to its call number ``call``, decoded (see :mod:`.replies`).
+    (A round on every try inlines it for call 0: ``list(map(decode, map(first,
+    replies)))``, one Python call less.)"""
+    return list(map(decode, map(itemgetter(call), replies)))
 
 
 def note_failure(q: Quorum, t: Tally, i: int, key: str, reply: Reply) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import NamedTuple
 
 from .effects import (
@@ -23,26 +24,27 @@ from .effects import (
     Steps,
     Wait,
     Watch,
+    made,
 )
 from .errors import LockKeyTypeError, LockLostError, ManagerClosedError
-from .fencing import FENCE_TTL_MS, integer_of, kept_counter, token_of
+from .fencing import FENCE_TTL_MS, kept_counter, token_of
 from .kinds import FamilyKind, LockKind, Try, hold_value
 from .quorum import (
     Quorum,
     Tally,
+    decoded,
+    first,
     handed_over,
     is_wrong_type,
     lease_ms,
-    status_of,
     tally_holds,
     woken_by,
 )
+from .replies import attempt, extended, integer_of, release
 from .views import MasterView
 
-#: makes a Try as the tuple it is: NamedTuple's own constructor is a Python call, which
-#: costs an uncontended acquire about 1 % more instructions (bench_instructions.py)
-_new_try = tuple.__new__
-
+#: whether a decoded release deferred its wake-up (``map`` over releases: no frame)
+_deferred = attrgetter("deferred")
 #: names each acquire (an owner id and one of these name it uniquely: see kinds.attempt)
 _tickets = itertools.count(1)
 #: tags each try of an acquire, each hand-over and each give-up (see kinds.hold_value),
@@ -241,27 +243,28 @@ class Acquire:
                 if self.place <= wall_ms:  # the first try, or the place ended: a new one
                     self.place = wall_ms + wait_ms
         try_tag = self.tag if count > 1 else next(_tags)
-        attempt = kind.attempt(q, _new_try(Try, (
+        call = kind.attempt(q, made(Try, (
             name, owner, ms, f"{count}:{try_tag}", wait_ms, self.polite,  # hold_value
             self.place if self.propose else 0, self.ticket,
         )))  # fmt: skip
         self.polite = 0
         try:
-            replies = yield q.everywhere(attempt, *self.fence_calls, early=self.early)
+            replies = yield q.everywhere(call, *self.fence_calls, early=self.early)
         except BaseException:
             # Interrupted mid-round: some masters may have granted.
             yield _undo(q, kind, name, owner, count, try_tag)
             raise
         now = q.clock()
-        q.watch.observe(replies, started, now)
-        tally, held = kind.judge(q, name, replies)
+        attempts = list(map(attempt, map(first, replies)))
+        q.watch.observe(attempts, started, now)
+        tally, held = kind.judge(q, name, replies, attempts)
         valid_until = started + lease - q.drift(lease)
         if len(tally.granted) >= q.needed and valid_until > now and tally.wrong_type is None:
             if not self.fenced:
                 taken_back = kind.kept(q, name, owner, tally, held, try_tag)
                 if taken_back is not None:
                     yield taken_back
-                return Grant(valid_until, None, len(tally.granted), held, try_tag)
+                return made(Grant, (valid_until, None, len(tally.granted), held, try_tag))
             fences = self.fences
             try:
                 proofs = [
@@ -364,7 +367,7 @@ class Acquire:
         if call is not None:
             replies = yield q.everywhere(call, cleanup=True)
             # Where the lock is free, the masters woke the next registered waiter already.
-            passed_on = bool(woken_by(replies))
+            passed_on = bool(woken_by(decoded(release, replies)))
         if self.woken and not passed_on:
             yield Relay(self.channel, owner)
 
@@ -459,34 +462,35 @@ def release_steps(
     left = f"{count_left}:{tag}"  # hold_value
     started = q.clock()
     if final and (defer or reserve_ms):
-        release = kind.release_in_turn(name, owner, left, rid, handover, defer, reserve_ms)
+        call = kind.release_in_turn(name, owner, left, rid, handover, defer, reserve_ms)
     else:
-        release = kind.release(name, owner, left, rid, handover)
-    replies = yield q.everywhere(release, early=q.until_held, cleanup=True)
-    tally = tally_holds(q, kind.key(name), replies)
+        call = kind.release(name, owner, left, rid, handover)
+    replies = yield q.everywhere(call, early=q.until_held, cleanup=True)
+    releases = list(map(release, map(first, replies)))
+    tally = tally_holds(q, kind.key, name, replies, releases)
     channels = kind.notify_channels(name) if count_left == 0 else ()
     deferred = False
     woken: tuple[str, ...] = ()
     if channels:
-        woken = woken_by(replies)
+        woken = woken_by(releases)
         # A master hands the lock over only to a waiter it woke.
         handed: tuple[tuple[str, Handover], ...] = (
-            tuple(handed_over(replies, started, handed_tag).items())
+            tuple(handed_over(releases, started, handed_tag).items())
             if woken and handover_ms
             else ()
         )
         # On one master (the only one a hand-over is made on), a lost reply may hide
         # a hand-over to any of our waiters: all of them are told, and find out by
         # trying.
-        everyone = bool(handover_ms) and not isinstance(replies[0][0], list)
+        everyone = bool(handover_ms) and releases[0] is None
         # Only a master that said so: one whose reply was lost (slow, or frozen) is
         # not worth a round of wake-ups on every master; on one master the caller
         # sends it anyway (the release fails).
-        deferred = defer and _deferred(replies)
+        deferred = defer and any(map(_deferred, filter(None, releases)))
         if woken or everyone or not deferred:  # a deferred wake-up wakes nobody yet
             yield Notify(channels, rid, woken, handed, everyone)
     if len(tally.granted) >= q.needed:
-        return Freed(deferred, bool(woken))
+        return made(Freed, (deferred, bool(woken)))
     if tally.wrong_type is not None:
         raise tally.wrong_type
     if len(tally.refused) > q.tolerated:
@@ -497,11 +501,6 @@ def release_steps(
     # Not confirmed on a quorum, but not shown gone from one either (masters that did
     # not answer may hold it): released where it could be; what is left expires.
     return Freed(deferred, bool(woken))
-
-
-def _deferred(replies: Sequence[Sequence[Reply]]) -> bool:
-    """Whether a master deferred a release's wake-up (reply ``{0, woken, ms, 1}``)."""
-    return any(isinstance(r[0], list) and len(r[0]) >= 4 and r[0][3] == 1 for r in replies if r)
 
 
 def wake_steps(q: Quorum, kind: LockKind, name: str, reserve_ms: int, manager: str) -> Steps[None]:
@@ -526,13 +525,14 @@ def extend_steps(
     """
     started = q.clock()
 
-    def extended(replies: Sequence[Reply]) -> bool:
-        return isinstance(replies[0], int) and replies[0] > 0
+    def kept(replies: Sequence[Reply]) -> bool:
+        return (extended(replies[0]) or 0) > 0
 
     call = kind.extend(name, owner, ms, add, tag)
-    replies = yield q.everywhere(call, early=Early(q.voting, extended))
+    replies = yield q.everywhere(call, early=Early(q.voting, kept))
+    lefts = decoded(extended, replies)
     left = sorted(
-        (int(str(r[0])) for i, r in enumerate(replies) if extended(r) and q.watch.counts(i)),
+        (ms for i, ms in enumerate(lefts) if ms is not None and ms > 0 and q.watch.counts(i)),
         reverse=True,
     )
     if len(left) >= q.needed:
@@ -546,7 +546,7 @@ def extend_steps(
     for i, error in failed.items():
         if is_wrong_type(error):
             raise LockKeyTypeError(kind.key(name), q.masters[i], str(error))
-    if sum(1 for r in replies if r[0] == 0) > q.tolerated:  # gone from so many masters
+    if lefts.count(0) > q.tolerated:  # gone from so many masters
         raise LockLostError(f"lock {name!r} was lost: the extension found no hold on a quorum")
     raise q.unavailable(f"extend {name!r}", failed)  # extended on too few to tell
 
@@ -566,13 +566,18 @@ def force_unlock_steps(
                 raise LockKeyTypeError(kind.key(name), q.masters[i], str(reply))
             if isinstance(reply, BaseException):
                 failed[i] = reply
-            elif status_of(reply) == 1:
+            elif (r := release(reply)) is not None and r.status == 1:
                 deleted = True
     if len(failed) > q.tolerated:
         raise q.unavailable(f"force-unlock {name!r}", failed)
     channels = tuple(c for k in kinds for c in k.notify_channels(name))
     if channels:
-        woken = tuple(w for i, k in enumerate(kinds) if k.targeted for w in woken_by(replies, i))
+        woken = tuple(
+            w
+            for i, k in enumerate(kinds)
+            if k.targeted
+            for w in woken_by(decoded(release, replies, i))
+        )
         yield Notify(channels, rid, woken)
     return deleted
 

@@ -32,19 +32,3 @@ class MasterView:
     master: str
     error: str | None = None
     locks: list[LockView] = field(default_factory=list)
-
-
-def text(value: object) -> str:
-    """A reply item as text (clients may or may not decode responses)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def pairs(flat: object) -> dict[str, str]:
-    """A flat ``[field, value, ...]`` reply as a dict."""
-    items = [text(x) for x in flat] if isinstance(flat, list) else []
-    return dict(zip(items[::2], items[1::2], strict=False))
-
-
-def ttl_of(pttl: object) -> float | None:
-    ms = int(pttl) if isinstance(pttl, (int, str, bytes)) else -2
-    return ms / 1000.0 if ms >= 0 else None

@@ -40,6 +40,7 @@ from .kinds import LockKind, Renewal, hold_value
 from .listeners import LockListener, tell
 from .owner import OWNERS
 from .quorum import Quorum, lease_ms
+from .replies import renewed
 from .rounds import release_steps
 
 log = logging.getLogger(__name__)
@@ -136,22 +137,27 @@ def renew_steps(
         again = yield Fanout(tuple(per_master[i][0] if i in crossed else () for i in range(q.size)))
         for i in crossed:
             replies[i] = again[i]
-    q.watch.observe(replies, started, q.clock())
+    # Per master, its reply to each call (one per group of holds), decoded.
+    answers = [
+        [renewed(reply, len(group)) for reply, group in zip(rs, order, strict=False)]
+        for rs, (_, order) in zip(replies, per_master, strict=True)
+    ]
+    q.watch.observe([a[0] if a else None for a in answers], started, q.clock())
     # Votes per hold, by its place in ``holds``; a master whose clock was seen to jump
     # does not vote.
     place = {id(h): n for n, h in enumerate(holds)}
-    renewed = [0] * len(holds)
+    kept = [0] * len(holds)
     gone = [0] * len(holds)
     for i, (_, order) in enumerate(per_master):
         if not q.watch.counts(i):
             continue
-        for reply, group in zip(replies[i], order, strict=False):
-            if not isinstance(reply, list):
+        for answer, group in zip(answers[i], order, strict=False):
+            if answer is None:
                 continue  # failed: neither renewed nor gone there
-            for h, flag in zip(group, reply, strict=False):  # the time, last, is left out
+            for h, flag in zip(group, answer.flags, strict=False):
                 if flag == 1:
-                    renewed[place[id(h)]] += 1
-                elif flag is not None:  # gone there (2: and taken again)
+                    kept[place[id(h)]] += 1
+                else:  # gone there (2: and taken again)
                     gone[place[id(h)]] += 1
     valid_until = started + lease - q.drift(lease)
     needed = q.needed if valid_until > q.clock() else q.size + 1  # too late: none
@@ -162,7 +168,7 @@ def renew_steps(
         if (error := next((r for r in rs if isinstance(r, BaseException)), None)) is not None
     }
     return Renewals(
-        [h for h, votes in zip(holds, renewed, strict=True) if votes >= needed],
+        [h for h, votes in zip(holds, kept, strict=True) if votes >= needed],
         valid_until,
         [h for h, votes in zip(holds, gone, strict=True) if votes > tolerated],
         failed,

@@ -9,14 +9,17 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from .. import keys, scripts
-from ..effects import Call, Early, Fanout
+from ..effects import Call, Early, Fanout, made
 from ..errors import LockUpgradeError
-from ..quorum import Quorum, Tally, tally_grants
-from ..views import LockView, pairs, text, ttl_of
+from ..quorum import Quorum, Replies, Tally, tally_grants
+from ..replies import Attempt, probe, text, ttl_of
+from ..views import LockView
 
 #: one hold to renew: ``(name, owner, hold)``, the hold as :func:`hold_value` makes it
 #: (count 0: renew it only, never take it again)
 Renewal = tuple[str, str, str]
+#: a try's first replies, decoded
+Attempts = Sequence[Attempt | None]
 
 
 def hold_value(count: int, tag: int) -> str:
@@ -159,10 +162,11 @@ class LockKind(ABC):
         return self.acquire(t)
 
     def judge(
-        self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
+        self, q: Quorum, name: str, replies: Replies, attempts: Attempts
     ) -> tuple[Tally, LockKind]:
-        """A try's replies judged, and the kind a grant is held as: this one."""
-        return tally_grants(q, self.key(name), replies), self
+        """A try's replies judged (``attempts``: their first call's, decoded), and the
+        kind a grant is held as: this one."""
+        return tally_grants(q, self.key, name, replies, attempts), self
 
     def kept(
         self, q: Quorum, name: str, owner: str, tally: Tally, held: LockKind, tag: int
@@ -190,7 +194,7 @@ class LockKind(ABC):
             )
         if polite_ms:
             args = (*args, polite_ms)
-        return Call(scripts.ACQUIRE, self._keys(name), args, None, (2,))
+        return made(Call, (scripts.ACQUIRE, self._keys(name), args, None, (2,)))
 
     def release(
         self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
@@ -240,7 +244,7 @@ class LockKind(ABC):
     ) -> Call:
         channel = keys.wake_channel(name)
         args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, leave, handover)
-        return Call(scripts.RELEASE, self._keys(name), args + extra)
+        return made(Call, (scripts.RELEASE, self._keys(name), args + extra, None, ()))
 
     def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
         """Remove a waiter's place when its acquire gives up (and, where the lock is
@@ -250,9 +254,7 @@ class LockKind(ABC):
         args = ("abandon", owner, keys.wake_channel(name), release_id, keys.HOME_PREFIX, tag)
         return Call(scripts.RELEASE, self._keys(name), args)
 
-    def settle(
-        self, name: str, owner: str, replies: Sequence[Sequence[object]], release_id: str
-    ) -> Call | None:
+    def settle(self, name: str, owner: str, replies: Replies, release_id: str) -> Call | None:
         """After a split vote (granted by some masters, not a quorum): a call that makes
         the next round likelier to agree (nothing to do here: jitter suffices)."""
         return None
@@ -316,10 +318,17 @@ class FamilyKind(LockKind, ABC):
     def probe(self, name: str) -> Call:
         """Read the lock on a master, changing nothing (see :meth:`view`)."""
 
-    @abstractmethod
     def view(self, reply: object) -> LockView | None:
         """Read a probe reply; None when nobody holds or waits for the lock on that
-        master."""
+        master. (A hash of holds, and waiters, as :func:`~..replies.probe` reads.)"""
+        seen = probe(reply)
+        holders = {owner: count_of(hold) for owner, hold in seen.fields.items()}
+        # A holder keeps its registration until its final release (the fair lock's its
+        # place at the head): not a waiter.
+        queue = [owner for owner in seen.waiting if owner not in holders]
+        if not holders and not queue:
+            return None
+        return LockView(self.family, None, ttl_of(seen.pttl), holders, queue)
 
     @abstractmethod
     def force_unlock(self, name: str, release_id: str) -> Call:
@@ -352,16 +361,6 @@ class PlainKind(FamilyKind):
 
     def probe(self, name: str) -> Call:
         return Call(scripts.PROBE, self._keys(name)[:2], ())
-
-    def view(self, reply: object) -> LockView | None:
-        if not isinstance(reply, list) or len(reply) < 3 or not isinstance(reply[2], list):
-            raise ValueError(f"unexpected probe reply {reply!r}")
-        holders = {owner: count_of(hold) for owner, hold in pairs(reply[1]).items()}
-        # A holder keeps its registration until its final release: not a waiter.
-        queue = [owner for owner in map(text, reply[2]) if owner not in holders]
-        if not holders and not queue:
-            return None
-        return LockView(self.family, None, ttl_of(reply[0]), holders, queue)
 
 
 #: the plain lock

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from .. import keys, scripts
 from ..effects import Call
-from ..views import LockView, pairs, text, ttl_of
-from .base import FamilyKind, Try, count_of
+from ..quorum import Replies
+from ..replies import granted, head
+from .base import FamilyKind, Try
 
 
 class FairKind(FamilyKind):
@@ -70,9 +69,7 @@ class FairKind(FamilyKind):
             scripts.FAIRLOCK, self._keys(name), ("abandon", owner, self._prefix(name), release_id)
         )
 
-    def settle(
-        self, name: str, owner: str, replies: Sequence[Sequence[object]], release_id: str
-    ) -> Call | None:
+    def settle(self, name: str, owner: str, replies: Replies, release_id: str) -> Call | None:
         # Masters whose queues disagree grant different heads, round after round. A
         # waiter caught in such a split yields to the head of the most masters (of the
         # smallest owner id among equals) unless that is itself: the order most masters
@@ -83,16 +80,10 @@ class FairKind(FamilyKind):
         heads: dict[tuple[str, str], int] = {}
         for per_master in replies:
             reply = per_master[0] if per_master else None
-            if not isinstance(reply, list) or not reply:
-                continue
-            head = (owner, "")
-            if int(reply[0]) != 1:
-                if len(reply) < 3 or not reply[2]:
-                    continue
-                head = (text(reply[2]), text(reply[3]) if len(reply) >= 4 else "")
-                if head[0] == owner:
-                    head = (owner, "")
-            heads[head] = heads.get(head, 0) + 1
+            seen = (owner, "") if granted(reply) else head(reply)
+            if seen is not None:
+                seen = (owner, "") if seen[0] == owner else seen
+                heads[seen] = heads.get(seen, 0) + 1
         first, ticket = min(heads, key=lambda h: (-heads[h], h), default=(owner, ""))
         if first == owner:
             return None
@@ -104,16 +95,6 @@ class FairKind(FamilyKind):
 
     def probe(self, name: str) -> Call:
         return Call(scripts.FAIRLOCK, self._keys(name), ("probe",))
-
-    def view(self, reply: object) -> LockView | None:
-        if not isinstance(reply, list) or len(reply) < 3:
-            raise ValueError(f"unexpected probe reply {reply!r}")
-        holders = {owner: count_of(hold) for owner, hold in pairs(reply[1]).items()}
-        # The holder keeps its place at the head until it releases: not a waiter.
-        queue = [w for w in map(text, reply[2]) if w not in holders]
-        if not holders and not queue:
-            return None
-        return LockView(self.family, None, ttl_of(reply[0]), holders, queue)
 
 
 FAIR = FairKind()

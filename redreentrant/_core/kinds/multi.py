@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterable, Sequence
 from .. import keys, scripts
 from ..effects import Call, Groups
 from ..errors import LockUpgradeError
-from ..quorum import Quorum, Tally
-from .base import EXCLUSIVE, FamilyKind, LockKind, OwnHolds, Renewal, Try
+from ..quorum import Quorum, Replies, Tally
+from ..replies import attempt, extended, partial, release, renewed
+from .base import EXCLUSIVE, Attempts, FamilyKind, LockKind, OwnHolds, Renewal, Try
 
 
 class MultiKind(LockKind):
@@ -75,16 +76,16 @@ class MultiKind(LockKind):
         return self._call(("acquire", *t[1:5]), _all_granted, (3,))
 
     def judge(
-        self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
+        self, q: Quorum, name: str, replies: Replies, attempts: Attempts
     ) -> tuple[Tally, LockKind]:
-        tally, held = super().judge(q, name, replies)
+        tally, held = super().judge(q, name, replies, attempts)
         # A cluster member that granted part of the names (see route): not a grant,
         # and, like a master not read, undone if the try fails. After a grant, what it
         # holds is kept, as a master not read keeps its grant: the release frees it.
-        partial = [i for i in tally.refused if _partial(replies[i][0])]
-        if partial:
-            tally.refused = [i for i in tally.refused if i not in partial]
-            tally.unread += partial
+        some = [i for i in tally.refused if partial(replies[i][0])]
+        if some:
+            tally.refused = [i for i in tally.refused if i not in some]
+            tally.unread += some
         return tally, held
 
     def release(
@@ -132,31 +133,26 @@ Merge = Callable[[list[tuple[list[int], object]]], object]
 def _all_granted(parts: list[tuple[list[int], object]]) -> object:
     """An acquire's parts: granted if every part granted, else refused, marked partial
     (``[0, ms, [1], time]``) when some part granted (see :meth:`MultiKind.judge`)."""
-    replies = [r for _, r in parts]
-    granted = [isinstance(r, list) and r[:1] == [1] for r in replies]
-    if all(granted):
-        return replies[0]
-    waits = [int(r[1]) for r in replies if isinstance(r, list) and r[:1] == [0]]
-    times = [r[-1] for r in replies if isinstance(r, list) and len(r) >= 4]
-    return [0, max(waits, default=-2), [1] if any(granted) else [], *times[:1]]
-
-
-def _partial(reply: object) -> bool:
-    return isinstance(reply, list) and len(reply) >= 3 and reply[0] == 0 and bool(reply[2])
+    tries = [attempt(r) for _, r in parts]
+    if all(t is not None and t.granted for t in tries):
+        return parts[0][1]
+    waits = [t.value for t in tries if t is not None and not t.granted]
+    times = [t.time for t in tries if t is not None and t.time is not None]
+    some = any(t is not None and t.granted for t in tries)
+    return [0, max(waits, default=-2), [1] if some else [], *times[:1]]
 
 
 def _least_status(parts: list[tuple[list[int], object]]) -> object:
     """A release's parts: the least status (a part that held nothing makes the whole
     lost), and the first waiter woken."""
-    replies = [r for _, r in parts if isinstance(r, list) and r]
-    status = min(int(r[0]) for r in replies)
-    woken = next((r[1] for r in replies if len(r) > 1 and r[1]), "")
-    return [status, woken, []]
+    releases = [r for _, reply in parts if (r := release(reply)) is not None]
+    woken = next((r.woken for r in releases if r.woken), "")
+    return [min(r.status for r in releases), woken, []]
 
 
 def _least_ttl(parts: list[tuple[list[int], object]]) -> object:
     """An extension's parts: the least time left (0 where a part held nothing)."""
-    return min(int(r) if isinstance(r, int) else 0 for _, r in parts)
+    return min(extended(r) or 0 for _, r in parts)
 
 
 def _renewed(hold_of: list[int], parts: list[tuple[list[int], object]]) -> object:
@@ -164,13 +160,15 @@ def _renewed(hold_of: list[int], parts: list[tuple[list[int], object]]) -> objec
     renewed them (``hold_of``: the hold of each name in the call), taken again where
     one part took it again and none failed it; the first part's time last."""
     flags: dict[int, int] = {}
-    times: list[object] = []
+    times: list[int] = []
     for groups, reply in parts:
         seen = list(dict.fromkeys(hold_of[g] for g in groups))
-        replied = reply if isinstance(reply, list) else []
-        times += replied[len(seen) :][:1]
-        for hold, flag in zip(seen, replied, strict=False):
-            old, new = flags.get(hold, 1), int(flag)
+        answer = renewed(reply, len(seen))
+        if answer is None:
+            continue
+        times += [answer.time] if answer.time is not None else []
+        for hold, new in zip(seen, answer.flags, strict=False):
+            old = flags.get(hold, 1)
             flags[hold] = 0 if 0 in (old, new) else max(old, new)
     return [*(flags.get(h, 0) for h in range(max(hold_of, default=-1) + 1)), *times[:1]]
 

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from .. import keys, scripts
 from ..effects import Call
 from ..errors import LockUpgradeError
-from ..views import LockView, pairs, text, ttl_of
+from ..replies import probe, ttl_of
+from ..views import LockView
 from .base import FamilyKind, LockKind, OwnHolds, Renewal, Try, count_of
 
 
@@ -105,19 +106,16 @@ class _ReadWriteKind(FamilyKind):
         return Call(scripts.RWLOCK, self._keys(name), ("probe",))
 
     def view(self, reply: object) -> LockView | None:
-        if not isinstance(reply, list) or len(reply) < 3:
-            raise ValueError(f"unexpected probe reply {reply!r}")
-        fields = pairs(reply[1])
-        waiting = [text(x) for x in reply[2]]
+        seen = probe(reply)
         holders = {
             f"{owner[2:]} ({_SIDES[owner[:2]]})": count_of(hold)
-            for owner, hold in fields.items()
+            for owner, hold in seen.fields.items()
             if owner[:2] in _SIDES
         }
-        if not holders and not waiting:
+        if not holders and not seen.waiting:
             return None
-        mode = fields.get("mode") if holders else None
-        return LockView(self.family, mode, ttl_of(reply[0]), holders, waiting)
+        mode = seen.fields.get("mode") if holders else None
+        return LockView(self.family, mode, ttl_of(seen.pttl), holders, seen.waiting)
 
     def is_locked(self, view: LockView | None) -> bool:
         wanted = "read" if self.side == "r" else "write"

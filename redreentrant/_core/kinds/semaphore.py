@@ -8,9 +8,10 @@ from collections.abc import Sequence
 
 from .. import keys, scripts
 from ..effects import Call, Early, Fanout
-from ..quorum import NO_WAIT, Quorum, Tally, tally_grants
-from ..views import LockView, MasterView, text, ttl_of
-from .base import FamilyKind, LockKind, Renewal, Try, tag_of
+from ..quorum import NO_WAIT, Quorum, Replies, Tally, tally_grants
+from ..replies import position, slots
+from ..views import LockView, MasterView
+from .base import Attempts, FamilyKind, LockKind, Renewal, Try, tag_of
 
 
 class SemaphoreKind(FamilyKind):
@@ -91,15 +92,15 @@ class SemaphoreKind(FamilyKind):
         return Call(scripts.SEMAPHORE, self._own(t.name), args)
 
     def judge(
-        self, q: Quorum, name: str, replies: Sequence[Sequence[object]]
+        self, q: Quorum, name: str, replies: Replies, attempts: Attempts
     ) -> tuple[Tally, LockKind]:
-        tally = tally_grants(q, self.key(name), replies)
+        tally = tally_grants(q, self.key, name, replies, attempts)
         if self.slot is not None or not tally.granted:
             return tally, self
         # Granted: the slot most masters granted (replies {1, count, position}).
         votes: dict[int, list[int]] = {}
         for i in tally.granted:
-            votes.setdefault(int(replies[i][0][2]) - 1, []).append(i)  # type: ignore[index]
+            votes.setdefault(position(replies[i][0]), []).append(i)
         slot, granted = max(votes.items(), key=lambda item: len(item[1]))
         tally.refused += [i for i in tally.granted if i not in granted]
         tally.granted = granted
@@ -166,20 +167,15 @@ class SemaphoreKind(FamilyKind):
         return Call(scripts.SEMAPHORE, self._all(name), ("probe",))
 
     def view(self, reply: object) -> LockView | None:
-        if not isinstance(reply, list) or len(reply) < 2:
-            raise ValueError(f"unexpected probe reply {reply!r}")
-        holders: dict[str, int] = {}
-        slots: dict[str, int] = {}
-        ttls: list[float] = []
-        for slot, owner, count, pttl in reply[0]:
-            holders[text(owner)] = int(count)
-            slots[text(owner)] = int(slot)
-            if (ttl := ttl_of(pttl)) is not None:
-                ttls.append(ttl)
-        queue = [w for w in map(text, reply[1]) if w not in holders]
+        seen = slots(reply)
+        holders = {s.owner: s.holds for s in seen.held}
+        queue = [w for w in seen.waiting if w not in holders]
         if not holders and not queue:
             return None
-        return LockView(self.family, None, max(ttls, default=None), holders, queue, slots)
+        ttl = max((s.ttl for s in seen.held if s.ttl is not None), default=None)
+        return LockView(
+            self.family, None, ttl, holders, queue, {s.owner: s.slot for s in seen.held}
+        )
 
     def is_locked(self, view: LockView | None) -> bool:
         """Whether no permit is free on that master."""
