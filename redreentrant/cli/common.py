@@ -27,12 +27,13 @@ __all__ = [
     "Add",
     "CliError",
     "Interrupted",
-    "Parents",
     "Parser",
     "UsageError",
     "first_line",
+    "integer",
     "lock_name",
     "masters",
+    "masters_option",
     "open_manager",
     "owner_json",
     "positive_int",
@@ -79,21 +80,44 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-#: what a command's ``register(add, parents)`` takes: a subparsers action's
-#: ``add_parser``, and the parsers of the options every command has
+#: what a command's ``register(add)`` takes: a subparsers action's ``add_parser``, which
+#: gives the new parser the options every command has (:func:`masters_option`)
 Add = Callable[..., argparse.ArgumentParser]
-Parents = Sequence[argparse.ArgumentParser]
 
 
-def positive_int(text: str) -> int:
-    """An argument type: a whole number, at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+def masters_option() -> Parser:
+    """A parent parser of the option every command has: ``--masters``."""
+    parser = Parser(add_help=False)
+    # SUPPRESS: a subcommand's --masters must not overwrite one given before the
+    # subcommand with its default (argparse copies every sub-namespace attribute).
+    parser.add_argument(
+        "--masters",
+        metavar="URL,...",
+        default=argparse.SUPPRESS,
+        help=f"comma-separated redis URLs of the masters (default: ${MASTERS_ENV}); "
+        "a bare host:port means redis://host:port/0",
+    )
+    return parser
+
+
+def integer(low: int, high: int | None, bounds: str) -> Callable[[str], int]:
+    """An argument type: a whole number from ``low`` to ``high`` (None: no limit);
+    ``bounds`` is the error message of one out of range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(bounds)
+        return value
+
+    return parse
+
+
+#: an argument type: a whole number, at least 1
+positive_int = integer(1, None, "must be at least 1")
 
 
 def first_line(text: str) -> str:
@@ -181,13 +205,7 @@ def owner_json(info: OwnerInfo | None) -> dict[str, object] | None:
     """What an owner id says of its owner, for JSON (None: an id that says nothing)."""
     if info is None:
         return None
-    return {
-        "host": info.host,
-        "pid": info.pid,
-        "kind": info.kind,
-        "token": info.token,
-        "name": info.name,
-    }
+    return {key: getattr(info, key) for key in ("host", "pid", "kind", "token", "name")}
 
 
 def table(rows: list[list[str]]) -> str:

@@ -37,7 +37,6 @@ from .common import (
     Add,
     CliError,
     Interrupted,
-    Parents,
     first_line,
     masters,
     raise_interrupted,
@@ -459,11 +458,10 @@ class Demo:
                 self.check(False, f"stage {number} raised {type(error).__name__}: {error}")
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``demo`` command with ``add`` (a subparsers action's ``add_parser``)."""
     demo = add(
         "demo",
-        parents=parents,
         help="a guided, live tour of the lock kinds and of failures",
         description="Show, live, workers contending for a reentrant lock, a read/write "
         "lock, a fair lock, two masters crashing mid-run, and a holder killed with "

@@ -17,7 +17,7 @@ from redreentrant import Election, LockTimeoutError
 from redreentrant.checks import check_lease
 
 from . import run
-from .common import PROG, Add, Parents, lock_name, open_manager, require_masters
+from .common import PROG, Add, lock_name, open_manager, require_masters
 
 __all__ = ["cmd_elect", "register"]
 
@@ -54,11 +54,10 @@ within --timeout, or the masters are unavailable, nothing is run: exit 1, or N w
 """
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``elect`` command with ``add`` (a subparsers action's ``add_parser``)."""
     elect = add(
         "elect",
-        parents=parents,
         usage=f"{PROG} elect [-h] [--masters URL,...] [--value V] [--timeout S] "
         "[--lease S] [-E N] [--wait-masters] NAME -- CMD [ARGS...]",
         help="run a command while leading an election (a hot standby)",

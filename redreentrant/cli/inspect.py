@@ -19,7 +19,6 @@ from .common import (
     EXIT_OK,
     SIDE,
     Add,
-    Parents,
     first_line,
     lock_name,
     open_manager,
@@ -32,11 +31,10 @@ from .common import (
 __all__ = ["cmd_inspect", "register"]
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``inspect`` command with ``add`` (a subparsers action's ``add_parser``)."""
     inspect = add(
         "inspect",
-        parents=parents,
         help="show what every master holds for a lock name",
         description="Ask every master what it holds under NAME, of every lock kind: "
         "the kind, the mode (read/write locks), the holders with their hold counts, "

@@ -21,7 +21,6 @@ from . import run
 from .common import (
     EXIT_OK,
     Add,
-    Parents,
     lock_name,
     open_manager,
     owner_json,
@@ -38,11 +37,10 @@ EXIT_NOBODY = 3
 """``leader``'s exit status when nobody leads (as ``systemctl is-active`` says inactive)."""
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``leader`` command with ``add`` (a subparsers action's ``add_parser``)."""
     leader = add(
         "leader",
-        parents=parents,
         help="show who leads an election",
         description="Show who leads the election NAME as a quorum of masters sees it: "
         "its owner id, host, pid and thread or task name, the value it proclaimed, its "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import signal
@@ -20,9 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Protocol
 
-from redreentrant import LockLostError, QuorumUnavailableError
+from redreentrant import Lock, LockLostError, QuorumUnavailableError
 from redreentrant.checks import MAX_PERMITS, check_permits
 
 from ._process import die_with_parent
@@ -31,8 +31,8 @@ from .common import (
     PROG,
     Add,
     Interrupted,
-    Parents,
     UsageError,
+    integer,
     lock_name,
     open_manager,
     quorum_message,
@@ -47,7 +47,6 @@ __all__ = [
     "RUN_LEASE",
     "Child",
     "Holding",
-    "Lockish",
     "add_waiting_options",
     "cmd_run",
     "command_of",
@@ -101,16 +100,6 @@ def _permits(text: str) -> int:
         ) from error
 
 
-def _exit_code(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 0 <= value <= 255:
-        raise argparse.ArgumentTypeError("must be an exit status from 0 to 255")
-    return value
-
-
 _RUN_HELP = f"""\
 Acquire the lock NAME, run CMD while holding it, release it when CMD ends, and exit
 with CMD's exit status (128+N if CMD was killed by signal N; 127 if CMD was not found,
@@ -146,11 +135,10 @@ answer for a quorum), nothing is run: one line on stderr, exit 1, or N with
 """
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``run`` command with ``add`` (a subparsers action's ``add_parser``)."""
     run = add(
         "run",
-        parents=parents,
         usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] "
         "[--shared | --write | --fair | --permits P] [--fencing] [--lease S] [-E N] "
         "[--wait-masters] NAME -- CMD [ARGS...]",
@@ -211,7 +199,7 @@ def add_waiting_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "-E",
         "--conflict-exit-code",
-        type=_exit_code,
+        type=integer(0, 255, "must be an exit status from 0 to 255"),
         default=EXIT_FAILED,
         metavar="N",
         help=f"exit with N (0-255) when {what} is not obtained (held elsewhere until "
@@ -278,29 +266,12 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class Lockish(Protocol):
-    """What ``run`` and ``elect`` need of what they hold (any lock kind, an election)."""
-
-    def acquire(
-        self, blocking: bool = ..., timeout: float = ..., lease: float | None = ...
-    ) -> bool: ...
-
-    def release(self) -> None: ...
-
-    def remaining(self) -> float: ...
-
-    @property
-    def hold_count(self) -> int: ...
-
-    @property
-    def token(self) -> int: ...
-
-
 @dataclass(frozen=True)
 class Holding:
     """What CMD runs under (see :func:`run_under`): the lock, and how to take it."""
 
-    lock: Lockish
+    lock: Lock
+    """Any lock kind, or an election (each is a :class:`~redreentrant.Lock`)."""
     what: str
     """How messages name it: ``lock 'x'``, ``leadership of 'x'``."""
     take: Callable[[float | None], bool]
@@ -353,7 +324,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     child = Child()
     with open_manager(require_masters(args), lease=RUN_LEASE, on_lost=child.on_lost) as mgr:
         fencing = True if args.fencing else None
-        lock: Lockish
+        lock: Lock
         if args.shared:
             lock = mgr.rw_lock(name).read
         elif args.write:
@@ -364,10 +335,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             lock = mgr.semaphore(name, args.permits)
         else:
             lock = mgr.lock(name, fencing=fencing)
-
-        def take(timeout: float | None) -> bool:
-            return _acquire_once(lock, timeout, args.lease)
-
+        take = functools.partial(_acquire_once, lock, lease=args.lease)
         holding = Holding(
             lock, f"lock {name!r}", take, fixed=args.lease is not None, fenced=args.fencing
         )
@@ -429,7 +397,7 @@ def _acquire(holding: Holding, timeout: float | None, wait_masters: bool) -> boo
         pause = min(2 * pause, longest)
 
 
-def _acquire_once(lock: Lockish, timeout: float | None, lease: float | None) -> bool:
+def _acquire_once(lock: Lock, timeout: float | None, lease: float | None) -> bool:
     try:
         if timeout is None:
             return lock.acquire(lease=lease)

@@ -48,7 +48,6 @@ from .common import (
     SIDE,
     Add,
     CliError,
-    Parents,
     first_line,
     masters,
     open_manager,
@@ -76,11 +75,10 @@ MIN_INTERVAL = 0.1
 MASTER_TIMEOUT = 1.0
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``top`` command with ``add`` (a subparsers action's ``add_parser``)."""
     top = add(
         "top",
-        parents=parents,
         help="a live view of the locks matching a pattern, and of the masters",
         description="Show the locks whose names match PATTERN (a glob; default '*'), "
         "refreshed in place: for each lock kind under a name, its mode, state and TTL, "
