@@ -42,6 +42,7 @@ __all__ = [
     "require_masters",
     "signals",
     "table",
+    "until_ctrl_c",
     "warn",
 ]
 
@@ -252,3 +253,14 @@ def signals(handler: Handler, *signums: int) -> Iterator[None]:
 def raise_interrupted(signum: int, frame: FrameType | None) -> None:
     """A signal handler that raises :class:`Interrupted`: the block unwinds, as on Ctrl-C."""
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def until_ctrl_c() -> Iterator[None]:
+    """A block that Ctrl-C ends quietly (the command exits 0). SIGTERM and SIGHUP unwind
+    it as well (a terminal is left tidy), as :class:`Interrupted` (exit 128+N)."""
+    with (
+        signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP),
+        contextlib.suppress(KeyboardInterrupt),
+    ):
+        yield

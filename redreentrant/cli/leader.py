@@ -9,9 +9,7 @@ change until Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import time
 from collections.abc import Callable
 
@@ -25,9 +23,8 @@ from .common import (
     open_manager,
     owner_json,
     quorum_message,
-    raise_interrupted,
     require_masters,
-    signals,
+    until_ctrl_c,
     warn,
 )
 
@@ -114,12 +111,7 @@ def cmd_leader(args: argparse.Namespace) -> int:
             view = election.leader()
             show(view, False)
             return EXIT_OK if view is not None else EXIT_NOBODY
-        # SIGTERM and SIGHUP end it as other commands (128+N); Ctrl-C is the way to
-        # quit (exit 0).
-        with (
-            signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP),
-            contextlib.suppress(KeyboardInterrupt),
-        ):
+        with until_ctrl_c():
             _watch(election, lambda view: show(view, True))
     return EXIT_OK
 

@@ -24,12 +24,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from redreentrant import (
@@ -53,10 +52,9 @@ from .common import (
     open_manager,
     owner_json,
     positive_int,
-    raise_interrupted,
     require_masters,
-    signals,
     table,
+    until_ctrl_c,
     warn,
 )
 from .ensemble import local_masters
@@ -161,8 +159,11 @@ class PerMaster:
     master: str
     error: str | None = None
     view: LockView | None = None
-    waiters: list[str] = field(default_factory=list)
-    """Who waits (the view's queue)."""
+
+    @property
+    def waiters(self) -> list[str]:
+        """Who waits (the view's queue)."""
+        return [] if self.view is None else self.view.queue
 
 
 @dataclass
@@ -208,24 +209,22 @@ class Snapshot:
         return sum(1 for m in self.masters if m.up)
 
 
-class Watcher:
-    """Takes snapshots of the locks matching ``pattern`` on ``urls``."""
+class Watcher(contextlib.AbstractContextManager["Watcher"]):
+    """Takes snapshots of the locks matching ``pattern`` on ``urls`` (from ``source``,
+    when not from ``--masters`` or the variable); closes its manager on exit."""
 
-    def __init__(self, urls: Sequence[str], pattern: str, limit: int) -> None:
+    def __init__(
+        self, urls: Sequence[str], pattern: str, limit: int, source: str | None = None
+    ) -> None:
         self.pattern = pattern
         self.limit = limit
+        self.source = source
         # A master timeout longer than a lock round's default: a slow master is shown
         # slow rather than down.
         self.manager: LockManager = open_manager(urls, master_timeout=MASTER_TIMEOUT)
 
-    def close(self) -> None:
-        self.manager.close()
-
-    def __enter__(self) -> Watcher:
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.manager.close()
 
     def snapshot(self) -> Snapshot:
         """Look once: health, names, every master's views of the first ``limit``."""
@@ -253,6 +252,7 @@ class Watcher:
             locks=locks,
             matched=len(names),
             limit=self.limit,
+            source=self.source,
         )
 
 
@@ -267,16 +267,16 @@ def _rows(
     rows = []
     answered = sum(1 for v in views if v.error is None)
     for kind in families:
-        per_master = []
-        for view in views:
-            if view.error is not None:
-                per_master.append(PerMaster(view.master, error=first_line(view.error)))
-                continue
-            lv = next((lv for lv in view.locks if lv.kind == kind), None)
-            per_master.append(PerMaster(view.master, view=lv, waiters=list(lv.queue) if lv else []))
-        if not any(pm.view is not None or pm.waiters for pm in per_master):
-            continue
-        rows.append(_row(name, kind, per_master, answered, quorum))
+        per_master = [
+            PerMaster(view.master, error=first_line(view.error))
+            if view.error is not None
+            else PerMaster(
+                view.master, view=next((lv for lv in view.locks if lv.kind == kind), None)
+            )
+            for view in views
+        ]
+        if any(pm.view is not None for pm in per_master):
+            rows.append(_row(name, kind, per_master, answered, quorum))
     return rows
 
 
@@ -568,24 +568,13 @@ def cmd_top(args: argparse.Namespace) -> int:
                 f"the live view needs the 'rich' package: pip install "
                 f"'redreentrant[{EXTRA}]' (or use --once or --json, which do not)"
             ) from None
-    with Watcher(urls, args.pattern, args.limit) as watcher:
-
-        def snapshot() -> Snapshot:
-            taken = watcher.snapshot()
-            taken.source = source
-            return taken
-
+    with Watcher(urls, args.pattern, args.limit, source) as watcher:
         if once:
-            taken = snapshot()
+            taken = watcher.snapshot()
             print(json.dumps(to_json(taken), indent=2) if args.json else plain(taken))
             return _verdict(taken)
-        # SIGTERM and SIGHUP unwind like Ctrl-C, so the terminal is left tidy; only
-        # Ctrl-C is the way to quit (exit 0).
-        with (
-            signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP),
-            contextlib.suppress(KeyboardInterrupt),
-        ):
-            (_live if live else _batch)(snapshot, args.interval)
+        with until_ctrl_c():
+            (_live if live else _batch)(watcher.snapshot, args.interval)
     return EXIT_OK
 
 
