@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from redreentrant import LockManager, OwnerInfo, QuorumUnavailableError
 from redreentrant.checks import master_urls, validate_name
@@ -30,10 +30,10 @@ __all__ = [
     "Parser",
     "UsageError",
     "first_line",
-    "integer",
     "lock_name",
     "masters",
     "masters_option",
+    "number",
     "open_manager",
     "owner_json",
     "positive_int",
@@ -101,16 +101,21 @@ def masters_option() -> Parser:
     return parser
 
 
-def integer(low: int, high: int | None, bounds: str) -> Callable[[str], int]:
-    """An argument type: a whole number from ``low`` to ``high`` (None: no limit);
-    ``bounds`` is the error message of one out of range."""
+N = TypeVar("N", int, float)
 
-    def parse(text: str) -> int:
+
+def number(
+    convert: Callable[[str], N], what: str, ok: Callable[[N], bool], bounds: str
+) -> Callable[[str], N]:
+    """An argument type: the text as ``convert`` reads it (else "not ``what``"), a value
+    that must be ``ok`` (else ``bounds``, the error message)."""
+
+    def parse(text: str) -> N:
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not ok(value):
             raise argparse.ArgumentTypeError(bounds)
         return value
 
@@ -118,7 +123,7 @@ def integer(low: int, high: int | None, bounds: str) -> Callable[[str], int]:
 
 
 #: an argument type: a whole number, at least 1
-positive_int = integer(1, None, "must be at least 1")
+positive_int = number(int, "an integer", lambda value: value >= 1, "must be at least 1")
 
 
 def first_line(text: str) -> str:

@@ -32,8 +32,8 @@ from .common import (
     Add,
     Interrupted,
     UsageError,
-    integer,
     lock_name,
+    number,
     open_manager,
     quorum_message,
     require_masters,
@@ -77,18 +77,12 @@ COMMANDS_WITH_CMD = ("run", "elect")
 
 def seconds(minimum_exclusive: bool) -> Callable[[str], float]:
     """An argument type: a finite number of seconds, >= 0 (> 0 if ``minimum_exclusive``)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-        if not math.isfinite(value) or value < 0 or (minimum_exclusive and value == 0):
-            bound = "> 0" if minimum_exclusive else ">= 0"
-            raise argparse.ArgumentTypeError(f"must be a finite number of seconds {bound}")
-        return value
-
-    return parse
+    return number(
+        float,
+        "a number of seconds",
+        lambda value: math.isfinite(value) and (value > 0 if minimum_exclusive else value >= 0),
+        f"must be a finite number of seconds {'> 0' if minimum_exclusive else '>= 0'}",
+    )
 
 
 def _permits(text: str) -> int:
@@ -199,7 +193,9 @@ def add_waiting_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "-E",
         "--conflict-exit-code",
-        type=integer(0, 255, "must be an exit status from 0 to 255"),
+        type=number(
+            int, "an integer", lambda v: 0 <= v <= 255, "must be an exit status from 0 to 255"
+        ),
         default=EXIT_FAILED,
         metavar="N",
         help=f"exit with N (0-255) when {what} is not obtained (held elsewhere until "
@@ -259,11 +255,6 @@ def _terminal_delivers_to_us() -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def _exit_status(returncode: int) -> int:
-    """A child's status the way a shell reports it: 128+N when killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 @dataclass(frozen=True)
@@ -358,7 +349,13 @@ def run_under(holding: Holding, command: list[str], child: Child, args: argparse
             if not got:
                 warn(f"{what} is held elsewhere: not obtained within {args.timeout:g} s")
                 return int(args.conflict_exit_code)
-            return _run_holding(holding, command, child)
+            # Run CMD under the held lock; release it however CMD ends.
+            status, lost = EXIT_FAILED, False
+            try:
+                status, lost = _run_child(holding, command, child)
+            finally:
+                status = _release(holding, status, lost)
+            return status
         except Interrupted as interrupted:
             # The signal may have come after a grant but before acquire() returned.
             lock = holding.lock
@@ -399,23 +396,10 @@ def _acquire(holding: Holding, timeout: float | None, wait_masters: bool) -> boo
 
 def _acquire_once(lock: Lock, timeout: float | None, lease: float | None) -> bool:
     try:
-        if timeout is None:
-            return lock.acquire(lease=lease)
-        if timeout == 0:
-            return lock.acquire(blocking=False, lease=lease)
-        return lock.acquire(timeout=timeout, lease=lease)
+        # None: no limit (-1); 0: one try (blocking=False)
+        return lock.acquire(blocking=timeout != 0, timeout=timeout or -1, lease=lease)
     except ValueError as error:  # a lease too short for the drift and master timeout
         raise UsageError(str(error)) from None
-
-
-def _run_holding(holding: Holding, command: list[str], child: Child) -> int:
-    """Run CMD under the held lock; release it however CMD ends; return the status."""
-    status, lost = EXIT_FAILED, False
-    try:
-        status, lost = _run_child(holding, command, child)
-    finally:
-        status = _release(holding, status, lost)
-    return status
 
 
 def _run_child(holding: Holding, command: list[str], child: Child) -> tuple[int, bool]:
@@ -440,7 +424,8 @@ def _run_child(holding: Holding, command: list[str], child: Child) -> tuple[int,
         child.on_signal(signum, None)
     if _wait_for(child.process, holding, child):
         return EXIT_FAILED, True
-    return _exit_status(child.process.returncode), False
+    code = child.process.returncode
+    return (128 - code if code < 0 else code), False  # as a shell says: 128+N for signal N
 
 
 def _wait_for(process: subprocess.Popen[bytes], holding: Holding, child: Child) -> bool:

@@ -49,6 +49,7 @@ from .common import (
     CliError,
     first_line,
     masters,
+    number,
     open_manager,
     owner_json,
     positive_int,
@@ -92,7 +93,10 @@ def register(add: Add) -> None:
     )
     top.add_argument(
         "--interval",
-        type=_interval,
+        # nan is refused too: it compares false
+        type=number(
+            float, "a number", lambda v: v >= MIN_INTERVAL, f"must be at least {MIN_INTERVAL:g}"
+        ),
         default=DEFAULT_INTERVAL,
         metavar="S",
         help=f"seconds between refreshes (default {DEFAULT_INTERVAL:g}, at least {MIN_INTERVAL:g})",
@@ -108,16 +112,6 @@ def register(add: Add) -> None:
     top.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
     top.add_argument("--json", action="store_true", help="print one JSON snapshot and exit")
     top.set_defaults(func=cmd_top)
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= MIN_INTERVAL:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL:g}")
-    return value
 
 
 # -- the snapshot -----------------------------------------------------------------------
