@@ -62,11 +62,6 @@ class CliError(Exception):
 
     code = EXIT_FAILED
 
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
-
 
 class UsageError(CliError):
     """Bad arguments or missing configuration: exit 2."""

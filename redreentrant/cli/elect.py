@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 
-from redreentrant import Election, LockTimeoutError
+from redreentrant import LockTimeoutError
 from redreentrant.checks import check_lease
 
 from . import run
@@ -92,21 +91,14 @@ def cmd_elect(args: argparse.Namespace) -> int:
     child = run.Child()
     with open_manager(require_masters(args), lease=lease, on_lost=child.on_lost) as mgr:
         election = mgr.election(name)
-        holding = run.Holding(
-            election, f"leadership of {name!r}", _campaign(election, value), fenced=True
-        )
+
+        def take(timeout: float | None) -> bool:
+            """One campaign, with ``value`` proclaimed (see :attr:`.run.Holding.take`)."""
+            try:
+                election.campaign(value, timeout=-1 if timeout is None else timeout)
+            except LockTimeoutError:
+                return False
+            return True
+
+        holding = run.Holding(election, f"leadership of {name!r}", take, fenced=True)
         return run.run_under(holding, command, child, args)
-
-
-def _campaign(election: Election, value: bytes) -> Callable[[float | None], bool]:
-    """One campaign for :class:`.run.Holding`: within a timeout (None: no limit, 0: one
-    try), whether ``election`` is led, with ``value`` proclaimed."""
-
-    def take(timeout: float | None) -> bool:
-        try:
-            election.campaign(value, timeout=-1 if timeout is None else timeout)
-        except LockTimeoutError:
-            return False
-        return True
-
-    return take

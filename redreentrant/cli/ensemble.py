@@ -45,7 +45,6 @@ __all__ = [
     "cmd_ensemble_down",
     "cmd_ensemble_status",
     "cmd_ensemble_up",
-    "default_state_path",
     "local_masters",
     "register",
     "state_dir",
@@ -122,11 +121,6 @@ def state_dir() -> str:
     if runtime and os.path.isabs(runtime) and _owned(runtime, stat.S_ISDIR):
         return os.path.join(runtime, "redreentrant")
     return os.path.join(tempfile.gettempdir(), f"redreentrant-{os.getuid()}")
-
-
-def default_state_path() -> str:
-    """Where the state file is when neither ``--state`` nor the variable says."""
-    return os.path.join(state_dir(), STATE_FILE)
 
 
 def _owned(path: str, kind: Callable[[int], bool]) -> bool:

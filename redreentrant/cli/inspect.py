@@ -115,21 +115,9 @@ def _owner_rows(views: Sequence[MasterView]) -> list[list[str]]:
         else:
             host, pid = info.host, str(info.pid)
             who = f"{info.kind} {info.name if info.name is not None else info.token}"
-        rows.append(
-            [
-                owner,
-                host,
-                pid,
-                who,
-                f"{holds} of {total}" if holds else "-",
-                f"{waits} of {total}" if waits else "-",
-            ]
-        )
+        on = [f"{count} of {total}" if count else "-" for count in (holds, waits)]
+        rows.append([owner, host, pid, who, *on])
     return rows
-
-
-def _ttl(ttl: float | None) -> str:
-    return "-" if ttl is None else f"{ttl:.1f}s"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -187,16 +175,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     )
                     or "(none)"
                 )
-                rows.append(
-                    [
-                        v.master,
-                        lv.kind,
-                        lv.mode or "-",
-                        _ttl(lv.ttl),
-                        holders,
-                        ", ".join(lv.queue) or "-",
-                    ]
-                )
+                ttl = "-" if lv.ttl is None else f"{lv.ttl:.1f}s"
+                queue = ", ".join(lv.queue) or "-"
+                rows.append([v.master, lv.kind, lv.mode or "-", ttl, holders, queue])
         print(table(rows))
         owners = _owner_rows(views)
         if len(owners) > 1:

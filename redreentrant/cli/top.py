@@ -223,7 +223,7 @@ class Watcher(contextlib.AbstractContextManager["Watcher"]):
     def snapshot(self) -> Snapshot:
         """Look once: health, names, every master's views of the first ``limit``."""
         states = [
-            MasterState(master, False, None, _error(answer))
+            MasterState(master, False, None, first_line(f"{type(answer).__name__}: {answer}"))
             if isinstance(answer, BaseException)
             else MasterState(master, True, answer * 1000.0)
             for master, answer in zip(self.manager.masters, self.manager.ping(), strict=True)
@@ -248,10 +248,6 @@ class Watcher(contextlib.AbstractContextManager["Watcher"]):
             limit=self.limit,
             source=self.source,
         )
-
-
-def _error(error: BaseException) -> str:
-    return first_line(f"{type(error).__name__}: {error}")
 
 
 def _rows(
@@ -342,13 +338,11 @@ def _who(owner: Owner) -> tuple[str, str, str]:
 def _role(row: LockRow, owner: Owner, position: int | None) -> str:
     if position is not None:
         return f"waiter {position}" if row.kind == "fair" else "waiter"
-    if owner.side is not None:
-        return _ROLES[owner.side]
-    return "holder"
+    return _ROLES[owner.side]
 
 
-#: the role of a read/write lock's holder, by its side
-_ROLES = {"read": "reader", "write": "writer", "upgradeable": "upgradeable"}
+#: a holder's role, by its side (a read/write lock's; None for other kinds)
+_ROLES = {"read": "reader", "write": "writer", "upgradeable": "upgradeable", None: "holder"}
 
 
 def master_rows(snapshot: Snapshot) -> list[list[str]]:
