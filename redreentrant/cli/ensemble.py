@@ -174,13 +174,11 @@ def _recorded(args: argparse.Namespace, create: bool = False) -> tuple[str, dict
     return path, _load_state(path, default)
 
 
-def local_masters(args: argparse.Namespace) -> tuple[list[str], str] | None:
-    """The masters of the local ensemble that ``ensemble up`` recorded (its URLs, and the
-    state file), or None when there is no state file."""
-    path, state = _recorded(args)
-    if state is None:
-        return None
-    return _urls(port for port, _ in detached_servers(state)), path
+def local_masters(args: argparse.Namespace) -> list[str] | None:
+    """The URLs of the local ensemble that ``ensemble up`` recorded, or None when there
+    is no state file."""
+    _, state = _recorded(args)
+    return None if state is None else _urls(port for port, _ in detached_servers(state))
 
 
 def _load_state(path: str, default: bool = False) -> dict[str, Any] | None:

@@ -90,32 +90,25 @@ def _who(owner: str) -> str:
     return owner if info is None else info.describe()
 
 
-def _owners(views: Sequence[MasterView]) -> dict[str, tuple[int, int]]:
-    """Every owner seen (first seen first): on how many masters it holds, and on how
-    many it waits in a queue."""
-    seen: dict[str, tuple[set[int], set[int]]] = {}
+def _owner_rows(views: Sequence[MasterView]) -> list[list[str]]:
+    """The owners table: every holder and waiter (first seen first), its host, pid and
+    thread or task, each in a column of its own (never cut: the pid is what an operator
+    acts on), and on how many masters it holds, and waits in a queue."""
+    seen: dict[str, tuple[set[int], set[int]]] = {}  # the masters: (holds on, waits on)
     for index, view in enumerate(views):
         for lv in [] if view.error is not None else view.locks:
-            for owner in lv.holders:
-                seen.setdefault(SIDE.sub("", owner), (set(), set()))[0].add(index)
-            for owner in lv.queue:
-                seen.setdefault(SIDE.sub("", owner), (set(), set()))[1].add(index)
-    return {owner: (len(holds), len(waits)) for owner, (holds, waits) in seen.items()}
-
-
-def _owner_rows(views: Sequence[MasterView]) -> list[list[str]]:
-    """The owners table: host, pid and thread or task of every holder and waiter, each
-    in a column of its own (never cut: the pid is what an operator acts on)."""
+            for place, owners in enumerate((lv.holders, lv.queue)):
+                for owner in owners:
+                    seen.setdefault(SIDE.sub("", owner), (set(), set()))[place].add(index)
     rows = [["OWNER", "HOST", "PID", "THREAD/TASK", "HOLDS ON", "QUEUED ON"]]
-    total = len(views)
-    for owner, (holds, waits) in _owners(views).items():
+    for owner, places in seen.items():
         info = _parse(owner)
         if info is None:
             host = pid = who = "?"
         else:
             host, pid = info.host, str(info.pid)
             who = f"{info.kind} {info.name if info.name is not None else info.token}"
-        on = [f"{count} of {total}" if count else "-" for count in (holds, waits)]
+        on = [f"{len(where)} of {len(views)}" if where else "-" for where in places]
         rows.append([owner, host, pid, who, *on])
     return rows
 

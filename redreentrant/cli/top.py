@@ -385,16 +385,13 @@ def title(snapshot: Snapshot) -> str:
 
 
 def footer(snapshot: Snapshot) -> str | None:
-    """What was left out, or None."""
-    notes = []
+    """What was left out (names over the limit), or that nothing matched; else None."""
     if snapshot.cut:
-        notes.append(
+        return (
             f"{snapshot.cut} more matching name(s) not shown: only the first "
             f"{snapshot.limit} in sorted order are read (--limit)"
         )
-    if not snapshot.locks and not snapshot.cut:
-        notes.append(f"no locks match {snapshot.pattern!r}")
-    return "; ".join(notes) or None
+    return None if snapshot.locks else f"no locks match {snapshot.pattern!r}"
 
 
 def plain(snapshot: Snapshot) -> str:
@@ -520,14 +517,11 @@ def render(snapshot: Snapshot, interval: float) -> RenderableType:
 
 def _masters(args: argparse.Namespace) -> tuple[list[str], str | None]:
     """The masters: --masters, $REDREENTRANT_MASTERS, else the local ensemble's."""
-    urls = masters(args)
-    if urls is not None:
-        return urls, None
-    found = local_masters(args)
-    if found is None:
-        return require_masters(args), None  # a usage error that says how to give them
-    urls, _ = found
-    return urls, "local ensemble"
+    if masters(args) is None:
+        local = local_masters(args)
+        if local is not None:
+            return local, "local ensemble"
+    return require_masters(args), None  # given neither: a usage error that says how
 
 
 def _verdict(snapshot: Snapshot) -> int:
