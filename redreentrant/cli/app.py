@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -19,12 +20,12 @@ from . import demo, elect, ensemble, fence, inspect, leader, run, top, unlock
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
-    MASTERS_ENV,
     PROG,
     CliError,
     Interrupted,
     Parser,
     first_line,
+    masters_option,
     quorum_message,
     warn,
 )
@@ -34,19 +35,10 @@ __all__ = ["build_parser", "main", "setup_logging"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``redreentrant`` command."""
-    common = Parser(add_help=False)
-    # SUPPRESS: a subcommand's --masters must not overwrite one given before the
-    # subcommand with its default (argparse copies every sub-namespace attribute).
-    common.add_argument(
-        "--masters",
-        metavar="URL,...",
-        default=argparse.SUPPRESS,
-        help=f"comma-separated redis URLs of the masters (default: ${MASTERS_ENV}); "
-        "a bare host:port means redis://host:port/0",
-    )
+    common = [masters_option()]
     parser = Parser(
         prog=PROG,
-        parents=[common],
+        parents=common,
         description="Reentrant distributed locks on a Redlock quorum of Redis masters.",
         epilog="Exit status: 0 ok; 1 lock not obtained, masters unavailable (N with "
         "'run -E N' and 'elect -E N'), or a check failed; 2 usage error; 3 'leader': "
@@ -55,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in (demo, run, elect, leader, inspect, top, unlock, fence, ensemble):
-        command.register(commands.add_parser, [common])
+        command.register(functools.partial(commands.add_parser, parents=common))
     return parser
 
 

@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from redreentrant import LockManager, OwnerInfo, QuorumUnavailableError
 from redreentrant.checks import master_urls, validate_name
@@ -27,12 +27,13 @@ __all__ = [
     "Add",
     "CliError",
     "Interrupted",
-    "Parents",
     "Parser",
     "UsageError",
     "first_line",
     "lock_name",
     "masters",
+    "masters_option",
+    "number",
     "open_manager",
     "owner_json",
     "positive_int",
@@ -41,6 +42,7 @@ __all__ = [
     "require_masters",
     "signals",
     "table",
+    "until_ctrl_c",
     "warn",
 ]
 
@@ -60,11 +62,6 @@ class CliError(Exception):
 
     code = EXIT_FAILED
 
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
-
 
 class UsageError(CliError):
     """Bad arguments or missing configuration: exit 2."""
@@ -79,21 +76,49 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-#: what a command's ``register(add, parents)`` takes: a subparsers action's
-#: ``add_parser``, and the parsers of the options every command has
+#: what a command's ``register(add)`` takes: a subparsers action's ``add_parser``, which
+#: gives the new parser the options every command has (:func:`masters_option`)
 Add = Callable[..., argparse.ArgumentParser]
-Parents = Sequence[argparse.ArgumentParser]
 
 
-def positive_int(text: str) -> int:
-    """An argument type: a whole number, at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+def masters_option() -> Parser:
+    """A parent parser of the option every command has: ``--masters``."""
+    parser = Parser(add_help=False)
+    # SUPPRESS: a subcommand's --masters must not overwrite one given before the
+    # subcommand with its default (argparse copies every sub-namespace attribute).
+    parser.add_argument(
+        "--masters",
+        metavar="URL,...",
+        default=argparse.SUPPRESS,
+        help=f"comma-separated redis URLs of the masters (default: ${MASTERS_ENV}); "
+        "a bare host:port means redis://host:port/0",
+    )
+    return parser
+
+
+N = TypeVar("N", int, float)
+
+
+def number(
+    convert: Callable[[str], N], what: str, ok: Callable[[N], bool], bounds: str
+) -> Callable[[str], N]:
+    """An argument type: the text as ``convert`` reads it (else "not ``what``"), a value
+    that must be ``ok`` (else ``bounds``, the error message)."""
+
+    def parse(text: str) -> N:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(bounds)
+        return value
+
+    return parse
+
+
+#: an argument type: a whole number, at least 1
+positive_int = number(int, "an integer", lambda value: value >= 1, "must be at least 1")
 
 
 def first_line(text: str) -> str:
@@ -181,13 +206,7 @@ def owner_json(info: OwnerInfo | None) -> dict[str, object] | None:
     """What an owner id says of its owner, for JSON (None: an id that says nothing)."""
     if info is None:
         return None
-    return {
-        "host": info.host,
-        "pid": info.pid,
-        "kind": info.kind,
-        "token": info.token,
-        "name": info.name,
-    }
+    return {key: getattr(info, key) for key in ("host", "pid", "kind", "token", "name")}
 
 
 def table(rows: list[list[str]]) -> str:
@@ -234,3 +253,14 @@ def signals(handler: Handler, *signums: int) -> Iterator[None]:
 def raise_interrupted(signum: int, frame: FrameType | None) -> None:
     """A signal handler that raises :class:`Interrupted`: the block unwinds, as on Ctrl-C."""
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def until_ctrl_c() -> Iterator[None]:
+    """A block that Ctrl-C ends quietly (the command exits 0). SIGTERM and SIGHUP unwind
+    it as well (a terminal is left tidy), as :class:`Interrupted` (exit 128+N)."""
+    with (
+        signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP),
+        contextlib.suppress(KeyboardInterrupt),
+    ):
+        yield

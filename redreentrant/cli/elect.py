@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 
-from redreentrant import Election, LockTimeoutError
+from redreentrant import LockTimeoutError
 from redreentrant.checks import check_lease
 
 from . import run
-from .common import PROG, Add, Parents, lock_name, open_manager, require_masters
+from .common import PROG, Add, lock_name, open_manager, require_masters
 
 __all__ = ["cmd_elect", "register"]
 
@@ -54,11 +53,10 @@ within --timeout, or the masters are unavailable, nothing is run: exit 1, or N w
 """
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``elect`` command with ``add`` (a subparsers action's ``add_parser``)."""
     elect = add(
         "elect",
-        parents=parents,
         usage=f"{PROG} elect [-h] [--masters URL,...] [--value V] [--timeout S] "
         "[--lease S] [-E N] [--wait-masters] NAME -- CMD [ARGS...]",
         help="run a command while leading an election (a hot standby)",
@@ -93,21 +91,14 @@ def cmd_elect(args: argparse.Namespace) -> int:
     child = run.Child()
     with open_manager(require_masters(args), lease=lease, on_lost=child.on_lost) as mgr:
         election = mgr.election(name)
-        holding = run.Holding(
-            election, f"leadership of {name!r}", _campaign(election, value), fenced=True
-        )
+
+        def take(timeout: float | None) -> bool:
+            """One campaign, with ``value`` proclaimed (see :attr:`.run.Holding.take`)."""
+            try:
+                election.campaign(value, timeout=-1 if timeout is None else timeout)
+            except LockTimeoutError:
+                return False
+            return True
+
+        holding = run.Holding(election, f"leadership of {name!r}", take, fenced=True)
         return run.run_under(holding, command, child, args)
-
-
-def _campaign(election: Election, value: bytes) -> Callable[[float | None], bool]:
-    """One campaign for :class:`.run.Holding`: within a timeout (None: no limit, 0: one
-    try), whether ``election`` is led, with ``value`` proclaimed."""
-
-    def take(timeout: float | None) -> bool:
-        try:
-            election.campaign(value, timeout=-1 if timeout is None else timeout)
-        except LockTimeoutError:
-            return False
-        return True
-
-    return take

@@ -22,7 +22,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from redreentrant.testing import LocalEnsemble, detached_servers, detached_status, stop_detached
@@ -34,9 +34,8 @@ from .common import (
     PROG,
     Add,
     CliError,
-    Parents,
-    Parser,
     first_line,
+    masters_option,
     positive_int,
     warn,
 )
@@ -46,7 +45,6 @@ __all__ = [
     "cmd_ensemble_down",
     "cmd_ensemble_status",
     "cmd_ensemble_up",
-    "default_state_path",
     "local_masters",
     "register",
     "state_dir",
@@ -73,21 +71,21 @@ refused). 'redreentrant top' reads it to find the masters when given none.
 """
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``ensemble`` command with ``add`` (a subparsers action's ``add_parser``)."""
     ensemble = add(
         "ensemble",
-        parents=parents,
         help="start/stop local redis-server masters for development",
         description=_ENSEMBLE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    state = Parser(add_help=False)
+    # Each action has the options every command has, and --state.
+    state = masters_option()
     state.add_argument("--state", metavar="FILE", help="the state file (see above)")
     actions = ensemble.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = actions.add_parser(
         "up",
-        parents=[*parents, state],
+        parents=[state],
         help="start N local masters, detached",
         description="Start N redis-server masters on 127.0.0.1, detached, and print the "
         "REDREENTRANT_MASTERS=... line (stdout). Refused if the state file names "
@@ -98,7 +96,7 @@ def register(add: Add, parents: Parents) -> None:
     up.set_defaults(func=cmd_ensemble_up)
     down = actions.add_parser(
         "down",
-        parents=[*parents, state],
+        parents=[state],
         help="stop them and remove their files",
         description="Stop the servers of the state file (SIGTERM, then SIGKILL after "
         f"{_STOP_TIMEOUT:g} s), remove their directory and the state file. A pid is only "
@@ -107,7 +105,7 @@ def register(add: Add, parents: Parents) -> None:
     down.set_defaults(func=cmd_ensemble_down)
     status = actions.add_parser(
         "status",
-        parents=[*parents, state],
+        parents=[state],
         help="show whether each one is up",
         description="Show each server of the state file as up, down or not answering. "
         "Exit 0 if all are up, 1 otherwise (also when there is no state file).",
@@ -123,11 +121,6 @@ def state_dir() -> str:
     if runtime and os.path.isabs(runtime) and _owned(runtime, stat.S_ISDIR):
         return os.path.join(runtime, "redreentrant")
     return os.path.join(tempfile.gettempdir(), f"redreentrant-{os.getuid()}")
-
-
-def default_state_path() -> str:
-    """Where the state file is when neither ``--state`` nor the variable says."""
-    return os.path.join(state_dir(), STATE_FILE)
 
 
 def _owned(path: str, kind: Callable[[int], bool]) -> bool:
@@ -175,14 +168,17 @@ def _state_path(args: argparse.Namespace, create: bool = False) -> tuple[str, bo
     return os.path.join(directory, STATE_FILE), True
 
 
-def local_masters(args: argparse.Namespace) -> tuple[list[str], str] | None:
-    """The masters of the local ensemble that ``ensemble up`` recorded (its URLs, and the
-    state file), or None when there is no state file."""
-    path, default = _state_path(args)
-    state = _load_state(path, default)
-    if state is None:
-        return None
-    return [f"redis://{HOST}:{port}/0" for port, _ in _servers(state)], path
+def _recorded(args: argparse.Namespace, create: bool = False) -> tuple[str, dict[str, Any] | None]:
+    """(the state file, what it records, or None when there is none)."""
+    path, default = _state_path(args, create)
+    return path, _load_state(path, default)
+
+
+def local_masters(args: argparse.Namespace) -> list[str] | None:
+    """The URLs of the local ensemble that ``ensemble up`` recorded, or None when there
+    is no state file."""
+    _, state = _recorded(args)
+    return None if state is None else _urls(port for port, _ in detached_servers(state))
 
 
 def _load_state(path: str, default: bool = False) -> dict[str, Any] | None:
@@ -200,6 +196,10 @@ def _load_state(path: str, default: bool = False) -> dict[str, Any] | None:
         raise CliError(f"cannot read the state file {path}: {error}") from None
     if not isinstance(state, dict) or not isinstance(state.get("servers"), list):
         raise CliError(f"{path} is not a redreentrant ensemble state file")
+    try:
+        detached_servers(state)  # a corrupt file is a clear error, not a traceback
+    except ValueError:
+        raise CliError("the state file is corrupt: remove it and stop servers by hand") from None
     return state
 
 
@@ -213,24 +213,19 @@ def _write_state(path: str, state: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-def _servers(state: dict[str, Any]) -> list[tuple[int, int]]:
-    """(port, pid) of every server in a state file."""
-    try:
-        return detached_servers(state)
-    except ValueError:
-        raise CliError("the state file is corrupt: remove it and stop servers by hand") from None
+def _urls(ports: Iterable[int]) -> list[str]:
+    return [f"redis://{HOST}:{port}/0" for port in ports]
 
 
-def _masters_line(ports: Sequence[int]) -> str:
-    return f"{MASTERS_ENV}=" + ",".join(f"redis://{HOST}:{port}/0" for port in ports)
+def _masters_line(ports: Iterable[int]) -> str:
+    return f"{MASTERS_ENV}=" + ",".join(_urls(ports))
 
 
 def cmd_ensemble_up(args: argparse.Namespace) -> int:
     """``ensemble up``: start detached local masters and record them in a state file."""
-    path, default = _state_path(args, create=True)
-    old = _load_state(path, default)
+    path, old = _recorded(args, create=True)
     if old is not None:
-        if any(word != "down" for _, _, word in _status(old)):
+        if any(word != "down" for _, _, word in detached_status(old)):
             raise CliError(
                 f"an ensemble is already up (state file {path}): see "
                 f"'{PROG} ensemble status', stop it with '{PROG} ensemble down'"
@@ -261,34 +256,26 @@ def cmd_ensemble_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _status(state: dict[str, Any]) -> list[tuple[int, int, str]]:
-    _servers(state)  # a corrupt file is a clear error, not a traceback
-    return detached_status(state)
-
-
 def cmd_ensemble_status(args: argparse.Namespace) -> int:
     """``ensemble status``: each recorded server up, down or not answering."""
-    path, default = _state_path(args)
-    state = _load_state(path, default)
+    path, state = _recorded(args)
     if state is None:
         print(f"no ensemble: no state file {path}")
         return EXIT_FAILED
-    rows = _status(state)
+    rows = detached_status(state)
     print(f"ensemble of {len(rows)} (state file {path}, directory {state.get('dir')})")
     for port, pid, word in rows:
         print(f"  {HOST}:{port}  pid {pid:<8} {word}")
-    print(_masters_line([port for port, _, _ in rows]))
+    print(_masters_line(port for port, _, _ in rows))
     return EXIT_OK if all(word == "up" for _, _, word in rows) else EXIT_FAILED
 
 
 def cmd_ensemble_down(args: argparse.Namespace) -> int:
     """``ensemble down``: stop the recorded servers, remove their files."""
-    path, default = _state_path(args)
-    state = _load_state(path, default)
+    path, state = _recorded(args)
     if state is None:
         print(f"no ensemble to stop: no state file {path}")
         return EXIT_OK
-    _servers(state)
     stopped = stop_detached(state)
     os.unlink(path)
     print(f"stopped {stopped} redis-server(s); removed {state.get('dir')} and {path}")

@@ -11,18 +11,17 @@ import argparse
 
 from redreentrant.checks import check_token
 
-from .common import EXIT_OK, Add, Parents, UsageError, lock_name, open_manager, require_masters
+from .common import EXIT_OK, Add, UsageError, lock_name, open_manager, require_masters
 
 __all__ = ["cmd_fence", "register"]
 
 _KINDS = ("lock", "rw", "fair", "election")
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``fence`` command with ``add`` (a subparsers action's ``add_parser``)."""
     fence = add(
         "fence",
-        parents=parents,
         help="raise a lock's fencing counters (after a FencingError)",
         description="Raise the fencing counters of the lock NAME on every master (never "
         "lowering one), so that its next fencing tokens are larger than every token "

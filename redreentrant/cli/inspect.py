@@ -19,7 +19,6 @@ from .common import (
     EXIT_OK,
     SIDE,
     Add,
-    Parents,
     first_line,
     lock_name,
     open_manager,
@@ -32,11 +31,10 @@ from .common import (
 __all__ = ["cmd_inspect", "register"]
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``inspect`` command with ``add`` (a subparsers action's ``add_parser``)."""
     inspect = add(
         "inspect",
-        parents=parents,
         help="show what every master holds for a lock name",
         description="Ask every master what it holds under NAME, of every lock kind: "
         "the kind, the mode (read/write locks), the holders with their hold counts, "
@@ -92,46 +90,27 @@ def _who(owner: str) -> str:
     return owner if info is None else info.describe()
 
 
-def _owners(views: Sequence[MasterView]) -> dict[str, tuple[int, int]]:
-    """Every owner seen (first seen first): on how many masters it holds, and on how
-    many it waits in a queue."""
-    seen: dict[str, tuple[set[int], set[int]]] = {}
+def _owner_rows(views: Sequence[MasterView]) -> list[list[str]]:
+    """The owners table: every holder and waiter (first seen first), its host, pid and
+    thread or task, each in a column of its own (never cut: the pid is what an operator
+    acts on), and on how many masters it holds, and waits in a queue."""
+    seen: dict[str, tuple[set[int], set[int]]] = {}  # the masters: (holds on, waits on)
     for index, view in enumerate(views):
         for lv in [] if view.error is not None else view.locks:
-            for owner in lv.holders:
-                seen.setdefault(SIDE.sub("", owner), (set(), set()))[0].add(index)
-            for owner in lv.queue:
-                seen.setdefault(SIDE.sub("", owner), (set(), set()))[1].add(index)
-    return {owner: (len(holds), len(waits)) for owner, (holds, waits) in seen.items()}
-
-
-def _owner_rows(views: Sequence[MasterView]) -> list[list[str]]:
-    """The owners table: host, pid and thread or task of every holder and waiter, each
-    in a column of its own (never cut: the pid is what an operator acts on)."""
+            for place, owners in enumerate((lv.holders, lv.queue)):
+                for owner in owners:
+                    seen.setdefault(SIDE.sub("", owner), (set(), set()))[place].add(index)
     rows = [["OWNER", "HOST", "PID", "THREAD/TASK", "HOLDS ON", "QUEUED ON"]]
-    total = len(views)
-    for owner, (holds, waits) in _owners(views).items():
+    for owner, places in seen.items():
         info = _parse(owner)
         if info is None:
             host = pid = who = "?"
         else:
             host, pid = info.host, str(info.pid)
             who = f"{info.kind} {info.name if info.name is not None else info.token}"
-        rows.append(
-            [
-                owner,
-                host,
-                pid,
-                who,
-                f"{holds} of {total}" if holds else "-",
-                f"{waits} of {total}" if waits else "-",
-            ]
-        )
+        on = [f"{len(where)} of {len(views)}" if where else "-" for where in places]
+        rows.append([owner, host, pid, who, *on])
     return rows
-
-
-def _ttl(ttl: float | None) -> str:
-    return "-" if ttl is None else f"{ttl:.1f}s"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -189,16 +168,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     )
                     or "(none)"
                 )
-                rows.append(
-                    [
-                        v.master,
-                        lv.kind,
-                        lv.mode or "-",
-                        _ttl(lv.ttl),
-                        holders,
-                        ", ".join(lv.queue) or "-",
-                    ]
-                )
+                ttl = "-" if lv.ttl is None else f"{lv.ttl:.1f}s"
+                queue = ", ".join(lv.queue) or "-"
+                rows.append([v.master, lv.kind, lv.mode or "-", ttl, holders, queue])
         print(table(rows))
         owners = _owner_rows(views)
         if len(owners) > 1:

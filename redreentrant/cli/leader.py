@@ -9,9 +9,7 @@ change until Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import time
 from collections.abc import Callable
 
@@ -21,14 +19,12 @@ from . import run
 from .common import (
     EXIT_OK,
     Add,
-    Parents,
     lock_name,
     open_manager,
     owner_json,
     quorum_message,
-    raise_interrupted,
     require_masters,
-    signals,
+    until_ctrl_c,
     warn,
 )
 
@@ -38,11 +34,10 @@ EXIT_NOBODY = 3
 """``leader``'s exit status when nobody leads (as ``systemctl is-active`` says inactive)."""
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``leader`` command with ``add`` (a subparsers action's ``add_parser``)."""
     leader = add(
         "leader",
-        parents=parents,
         help="show who leads an election",
         description="Show who leads the election NAME as a quorum of masters sees it: "
         "its owner id, host, pid and thread or task name, the value it proclaimed, its "
@@ -116,12 +111,7 @@ def cmd_leader(args: argparse.Namespace) -> int:
             view = election.leader()
             show(view, False)
             return EXIT_OK if view is not None else EXIT_NOBODY
-        # SIGTERM and SIGHUP end it as other commands (128+N); Ctrl-C is the way to
-        # quit (exit 0).
-        with (
-            signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP),
-            contextlib.suppress(KeyboardInterrupt),
-        ):
+        with until_ctrl_c():
             _watch(election, lambda view: show(view, True))
     return EXIT_OK
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import signal
@@ -20,9 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Protocol
 
-from redreentrant import LockLostError, QuorumUnavailableError
+from redreentrant import Lock, LockLostError, QuorumUnavailableError
 from redreentrant.checks import MAX_PERMITS, check_permits
 
 from ._process import die_with_parent
@@ -31,9 +31,9 @@ from .common import (
     PROG,
     Add,
     Interrupted,
-    Parents,
     UsageError,
     lock_name,
+    number,
     open_manager,
     quorum_message,
     require_masters,
@@ -47,7 +47,6 @@ __all__ = [
     "RUN_LEASE",
     "Child",
     "Holding",
-    "Lockish",
     "add_waiting_options",
     "cmd_run",
     "command_of",
@@ -78,18 +77,12 @@ COMMANDS_WITH_CMD = ("run", "elect")
 
 def seconds(minimum_exclusive: bool) -> Callable[[str], float]:
     """An argument type: a finite number of seconds, >= 0 (> 0 if ``minimum_exclusive``)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-        if not math.isfinite(value) or value < 0 or (minimum_exclusive and value == 0):
-            bound = "> 0" if minimum_exclusive else ">= 0"
-            raise argparse.ArgumentTypeError(f"must be a finite number of seconds {bound}")
-        return value
-
-    return parse
+    return number(
+        float,
+        "a number of seconds",
+        lambda value: math.isfinite(value) and (value > 0 if minimum_exclusive else value >= 0),
+        f"must be a finite number of seconds {'> 0' if minimum_exclusive else '>= 0'}",
+    )
 
 
 def _permits(text: str) -> int:
@@ -99,16 +92,6 @@ def _permits(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"not a number of permits from 1 to {MAX_PERMITS}: {text!r}"
         ) from error
-
-
-def _exit_code(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 0 <= value <= 255:
-        raise argparse.ArgumentTypeError("must be an exit status from 0 to 255")
-    return value
 
 
 _RUN_HELP = f"""\
@@ -146,11 +129,10 @@ answer for a quorum), nothing is run: one line on stderr, exit 1, or N with
 """
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``run`` command with ``add`` (a subparsers action's ``add_parser``)."""
     run = add(
         "run",
-        parents=parents,
         usage=f"{PROG} run [-h] [--masters URL,...] [--timeout S] "
         "[--shared | --write | --fair | --permits P] [--fencing] [--lease S] [-E N] "
         "[--wait-masters] NAME -- CMD [ARGS...]",
@@ -211,7 +193,9 @@ def add_waiting_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "-E",
         "--conflict-exit-code",
-        type=_exit_code,
+        type=number(
+            int, "an integer", lambda v: 0 <= v <= 255, "must be an exit status from 0 to 255"
+        ),
         default=EXIT_FAILED,
         metavar="N",
         help=f"exit with N (0-255) when {what} is not obtained (held elsewhere until "
@@ -273,34 +257,12 @@ def _terminal_delivers_to_us() -> bool:
         os.close(fd)
 
 
-def _exit_status(returncode: int) -> int:
-    """A child's status the way a shell reports it: 128+N when killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-class Lockish(Protocol):
-    """What ``run`` and ``elect`` need of what they hold (any lock kind, an election)."""
-
-    def acquire(
-        self, blocking: bool = ..., timeout: float = ..., lease: float | None = ...
-    ) -> bool: ...
-
-    def release(self) -> None: ...
-
-    def remaining(self) -> float: ...
-
-    @property
-    def hold_count(self) -> int: ...
-
-    @property
-    def token(self) -> int: ...
-
-
 @dataclass(frozen=True)
 class Holding:
     """What CMD runs under (see :func:`run_under`): the lock, and how to take it."""
 
-    lock: Lockish
+    lock: Lock
+    """Any lock kind, or an election (each is a :class:`~redreentrant.Lock`)."""
     what: str
     """How messages name it: ``lock 'x'``, ``leadership of 'x'``."""
     take: Callable[[float | None], bool]
@@ -353,7 +315,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     child = Child()
     with open_manager(require_masters(args), lease=RUN_LEASE, on_lost=child.on_lost) as mgr:
         fencing = True if args.fencing else None
-        lock: Lockish
+        lock: Lock
         if args.shared:
             lock = mgr.rw_lock(name).read
         elif args.write:
@@ -364,10 +326,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             lock = mgr.semaphore(name, args.permits)
         else:
             lock = mgr.lock(name, fencing=fencing)
-
-        def take(timeout: float | None) -> bool:
-            return _acquire_once(lock, timeout, args.lease)
-
+        take = functools.partial(_acquire_once, lock, lease=args.lease)
         holding = Holding(
             lock, f"lock {name!r}", take, fixed=args.lease is not None, fenced=args.fencing
         )
@@ -390,7 +349,13 @@ def run_under(holding: Holding, command: list[str], child: Child, args: argparse
             if not got:
                 warn(f"{what} is held elsewhere: not obtained within {args.timeout:g} s")
                 return int(args.conflict_exit_code)
-            return _run_holding(holding, command, child)
+            # Run CMD under the held lock; release it however CMD ends.
+            status, lost = EXIT_FAILED, False
+            try:
+                status, lost = _run_child(holding, command, child)
+            finally:
+                status = _release(holding, status, lost)
+            return status
         except Interrupted as interrupted:
             # The signal may have come after a grant but before acquire() returned.
             lock = holding.lock
@@ -429,25 +394,12 @@ def _acquire(holding: Holding, timeout: float | None, wait_masters: bool) -> boo
         pause = min(2 * pause, longest)
 
 
-def _acquire_once(lock: Lockish, timeout: float | None, lease: float | None) -> bool:
+def _acquire_once(lock: Lock, timeout: float | None, lease: float | None) -> bool:
     try:
-        if timeout is None:
-            return lock.acquire(lease=lease)
-        if timeout == 0:
-            return lock.acquire(blocking=False, lease=lease)
-        return lock.acquire(timeout=timeout, lease=lease)
+        # None: no limit (-1); 0: one try (blocking=False)
+        return lock.acquire(blocking=timeout != 0, timeout=timeout or -1, lease=lease)
     except ValueError as error:  # a lease too short for the drift and master timeout
         raise UsageError(str(error)) from None
-
-
-def _run_holding(holding: Holding, command: list[str], child: Child) -> int:
-    """Run CMD under the held lock; release it however CMD ends; return the status."""
-    status, lost = EXIT_FAILED, False
-    try:
-        status, lost = _run_child(holding, command, child)
-    finally:
-        status = _release(holding, status, lost)
-    return status
 
 
 def _run_child(holding: Holding, command: list[str], child: Child) -> tuple[int, bool]:
@@ -472,7 +424,8 @@ def _run_child(holding: Holding, command: list[str], child: Child) -> tuple[int,
         child.on_signal(signum, None)
     if _wait_for(child.process, holding, child):
         return EXIT_FAILED, True
-    return _exit_status(child.process.returncode), False
+    code = child.process.returncode
+    return (128 - code if code < 0 else code), False  # as a shell says: 128+N for signal N
 
 
 def _wait_for(process: subprocess.Popen[bytes], holding: Holding, child: Child) -> bool:

@@ -24,12 +24,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from redreentrant import (
@@ -48,16 +47,15 @@ from .common import (
     SIDE,
     Add,
     CliError,
-    Parents,
     first_line,
     masters,
+    number,
     open_manager,
     owner_json,
     positive_int,
-    raise_interrupted,
     require_masters,
-    signals,
     table,
+    until_ctrl_c,
     warn,
 )
 from .ensemble import local_masters
@@ -76,11 +74,10 @@ MIN_INTERVAL = 0.1
 MASTER_TIMEOUT = 1.0
 
 
-def register(add: Add, parents: Parents) -> None:
+def register(add: Add) -> None:
     """Add the ``top`` command with ``add`` (a subparsers action's ``add_parser``)."""
     top = add(
         "top",
-        parents=parents,
         help="a live view of the locks matching a pattern, and of the masters",
         description="Show the locks whose names match PATTERN (a glob; default '*'), "
         "refreshed in place: for each lock kind under a name, its mode, state and TTL, "
@@ -96,7 +93,10 @@ def register(add: Add, parents: Parents) -> None:
     )
     top.add_argument(
         "--interval",
-        type=_interval,
+        # nan is refused too: it compares false
+        type=number(
+            float, "a number", lambda v: v >= MIN_INTERVAL, f"must be at least {MIN_INTERVAL:g}"
+        ),
         default=DEFAULT_INTERVAL,
         metavar="S",
         help=f"seconds between refreshes (default {DEFAULT_INTERVAL:g}, at least {MIN_INTERVAL:g})",
@@ -112,16 +112,6 @@ def register(add: Add, parents: Parents) -> None:
     top.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
     top.add_argument("--json", action="store_true", help="print one JSON snapshot and exit")
     top.set_defaults(func=cmd_top)
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= MIN_INTERVAL:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL:g}")
-    return value
 
 
 # -- the snapshot -----------------------------------------------------------------------
@@ -163,8 +153,11 @@ class PerMaster:
     master: str
     error: str | None = None
     view: LockView | None = None
-    waiters: list[str] = field(default_factory=list)
-    """Who waits (the view's queue)."""
+
+    @property
+    def waiters(self) -> list[str]:
+        """Who waits (the view's queue)."""
+        return [] if self.view is None else self.view.queue
 
 
 @dataclass
@@ -210,29 +203,27 @@ class Snapshot:
         return sum(1 for m in self.masters if m.up)
 
 
-class Watcher:
-    """Takes snapshots of the locks matching ``pattern`` on ``urls``."""
+class Watcher(contextlib.AbstractContextManager["Watcher"]):
+    """Takes snapshots of the locks matching ``pattern`` on ``urls`` (from ``source``,
+    when not from ``--masters`` or the variable); closes its manager on exit."""
 
-    def __init__(self, urls: Sequence[str], pattern: str, limit: int) -> None:
+    def __init__(
+        self, urls: Sequence[str], pattern: str, limit: int, source: str | None = None
+    ) -> None:
         self.pattern = pattern
         self.limit = limit
+        self.source = source
         # A master timeout longer than a lock round's default: a slow master is shown
         # slow rather than down.
         self.manager: LockManager = open_manager(urls, master_timeout=MASTER_TIMEOUT)
 
-    def close(self) -> None:
-        self.manager.close()
-
-    def __enter__(self) -> Watcher:
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.manager.close()
 
     def snapshot(self) -> Snapshot:
         """Look once: health, names, every master's views of the first ``limit``."""
         states = [
-            MasterState(master, False, None, _error(answer))
+            MasterState(master, False, None, first_line(f"{type(answer).__name__}: {answer}"))
             if isinstance(answer, BaseException)
             else MasterState(master, True, answer * 1000.0)
             for master, answer in zip(self.manager.masters, self.manager.ping(), strict=True)
@@ -255,11 +246,8 @@ class Watcher:
             locks=locks,
             matched=len(names),
             limit=self.limit,
+            source=self.source,
         )
-
-
-def _error(error: BaseException) -> str:
-    return first_line(f"{type(error).__name__}: {error}")
 
 
 def _rows(
@@ -269,16 +257,16 @@ def _rows(
     rows = []
     answered = sum(1 for v in views if v.error is None)
     for kind in families:
-        per_master = []
-        for view in views:
-            if view.error is not None:
-                per_master.append(PerMaster(view.master, error=first_line(view.error)))
-                continue
-            lv = next((lv for lv in view.locks if lv.kind == kind), None)
-            per_master.append(PerMaster(view.master, view=lv, waiters=list(lv.queue) if lv else []))
-        if not any(pm.view is not None or pm.waiters for pm in per_master):
-            continue
-        rows.append(_row(name, kind, per_master, answered, quorum))
+        per_master = [
+            PerMaster(view.master, error=first_line(view.error))
+            if view.error is not None
+            else PerMaster(
+                view.master, view=next((lv for lv in view.locks if lv.kind == kind), None)
+            )
+            for view in views
+        ]
+        if any(pm.view is not None for pm in per_master):
+            rows.append(_row(name, kind, per_master, answered, quorum))
     return rows
 
 
@@ -350,13 +338,11 @@ def _who(owner: Owner) -> tuple[str, str, str]:
 def _role(row: LockRow, owner: Owner, position: int | None) -> str:
     if position is not None:
         return f"waiter {position}" if row.kind == "fair" else "waiter"
-    if owner.side is not None:
-        return _ROLES[owner.side]
-    return "holder"
+    return _ROLES[owner.side]
 
 
-#: the role of a read/write lock's holder, by its side
-_ROLES = {"read": "reader", "write": "writer", "upgradeable": "upgradeable"}
+#: a holder's role, by its side (a read/write lock's; None for other kinds)
+_ROLES = {"read": "reader", "write": "writer", "upgradeable": "upgradeable", None: "holder"}
 
 
 def master_rows(snapshot: Snapshot) -> list[list[str]]:
@@ -399,16 +385,13 @@ def title(snapshot: Snapshot) -> str:
 
 
 def footer(snapshot: Snapshot) -> str | None:
-    """What was left out, or None."""
-    notes = []
+    """What was left out (names over the limit), or that nothing matched; else None."""
     if snapshot.cut:
-        notes.append(
+        return (
             f"{snapshot.cut} more matching name(s) not shown: only the first "
             f"{snapshot.limit} in sorted order are read (--limit)"
         )
-    if not snapshot.locks and not snapshot.cut:
-        notes.append(f"no locks match {snapshot.pattern!r}")
-    return "; ".join(notes) or None
+    return None if snapshot.locks else f"no locks match {snapshot.pattern!r}"
 
 
 def plain(snapshot: Snapshot) -> str:
@@ -534,14 +517,11 @@ def render(snapshot: Snapshot, interval: float) -> RenderableType:
 
 def _masters(args: argparse.Namespace) -> tuple[list[str], str | None]:
     """The masters: --masters, $REDREENTRANT_MASTERS, else the local ensemble's."""
-    urls = masters(args)
-    if urls is not None:
-        return urls, None
-    found = local_masters(args)
-    if found is None:
-        return require_masters(args), None  # a usage error that says how to give them
-    urls, _ = found
-    return urls, "local ensemble"
+    if masters(args) is None:
+        local = local_masters(args)
+        if local is not None:
+            return local, "local ensemble"
+    return require_masters(args), None  # given neither: a usage error that says how
 
 
 def _verdict(snapshot: Snapshot) -> int:
@@ -570,24 +550,13 @@ def cmd_top(args: argparse.Namespace) -> int:
                 f"the live view needs the 'rich' package: pip install "
                 f"'redreentrant[{EXTRA}]' (or use --once or --json, which do not)"
             ) from None
-    with Watcher(urls, args.pattern, args.limit) as watcher:
-
-        def snapshot() -> Snapshot:
-            taken = watcher.snapshot()
-            taken.source = source
-            return taken
-
+    with Watcher(urls, args.pattern, args.limit, source) as watcher:
         if once:
-            taken = snapshot()
+            taken = watcher.snapshot()
             print(json.dumps(to_json(taken), indent=2) if args.json else plain(taken))
             return _verdict(taken)
-        # SIGTERM and SIGHUP unwind like Ctrl-C, so the terminal is left tidy; only
-        # Ctrl-C is the way to quit (exit 0).
-        with (
-            signals(raise_interrupted, signal.SIGTERM, signal.SIGHUP),
-            contextlib.suppress(KeyboardInterrupt),
-        ):
-            (_live if live else _batch)(snapshot, args.interval)
+        with until_ctrl_c():
+            (_live if live else _batch)(watcher.snapshot, args.interval)
     return EXIT_OK
 
 

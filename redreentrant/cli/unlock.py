@@ -6,20 +6,16 @@ For recovering from a stuck holder; refused without ``--force``.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
 
-from .common import EXIT_OK, PROG, UsageError, lock_name, open_manager, require_masters
+from .common import EXIT_OK, PROG, Add, UsageError, lock_name, open_manager, require_masters
 
 __all__ = ["cmd_unlock", "register"]
 
 
-def register(
-    add: Callable[..., argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
-) -> None:
+def register(add: Add) -> None:
     """Add the ``unlock`` command with ``add`` (a subparsers action's ``add_parser``)."""
     unlock = add(
         "unlock",
-        parents=parents,
         help="delete a lock whoever holds it (needs --force)",
         description="Delete every kind of lock named NAME on every master, whoever holds "
         "it, and wake its waiters. For recovering from a stuck holder: the holder is not "
