@@ -36,11 +36,10 @@ per command: :mod:`~redreentrant.cli.run` (whose acquire, child, signals and rel
 :mod:`~redreentrant.cli.inspect`,
 :mod:`~redreentrant.cli.top`, :mod:`~redreentrant.cli.unlock`, :mod:`~redreentrant.cli.fence`,
 :mod:`~redreentrant.cli.ensemble`,
-:mod:`~redreentrant.cli.demo`. The CLI uses the library through its public names
-(:mod:`redreentrant`, :mod:`redreentrant.testing`) and a few pieces of its core (the
-masters' parser, lock-name checks, the key schema for ``top``'s scan); nothing in the
-library imports the CLI. ``top``'s live view needs ``rich`` (the ``cli`` extra); nothing
-else in the CLI does.
+:mod:`~redreentrant.cli.demo`. The CLI uses the library through its public names only
+(:mod:`redreentrant`, :mod:`redreentrant.checks`, :mod:`redreentrant.testing`; ``top``
+lists names with ``mgr.names()``); nothing in the library imports the CLI. ``top``'s
+live view needs ``rich`` (the ``cli`` extra); nothing else in the CLI does.
 """
 
 from .app import main
