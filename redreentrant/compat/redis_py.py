@@ -189,6 +189,7 @@ class _Common:
         self.local: Any = _ThreadLocal() if self.thread_local else SimpleNamespace()
         self.local.token = None
         self._key = _lock_name(name)
+        self._made()
 
     if not TYPE_CHECKING and not _RAISE_ON_RELEASE:  # redis-py 5: not an argument
         _init = __init__
@@ -198,6 +199,9 @@ class _Common:
             thread_local=True,
         ):  # fmt: skip
             self._init(redis, name, timeout, sleep, blocking, blocking_timeout, thread_local)
+
+    def _made(self) -> None:
+        """The end of the constructor (the sync lock finds its manager there)."""
 
     def _manager(self) -> Any:
         raise NotImplementedError
@@ -307,8 +311,11 @@ class Lock(_Common):
 
     _logger = logging.getLogger("redis.lock")
 
+    def _made(self) -> None:
+        self._mgr = sync_manager([self.redis])
+
     def _manager(self) -> redreentrant.LockManager:
-        return sync_manager([self.redis])
+        return self._mgr
 
     def __enter__(self) -> Lock:
         self._entered(self.acquire())
