@@ -59,7 +59,6 @@ from types import SimpleNamespace, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import redis
-import redis.asyncio
 from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
 import redreentrant
@@ -71,7 +70,7 @@ from redreentrant.compat.owners import Owner, registry
 __all__ = ["AsyncLock", "Lock", "LockError", "LockNotOwnedError"]
 
 # The constructor takes raise_on_release_error where the installed redis-py's does
-# (from 6.0, in its sync and asyncio lock alike; its Redis.lock passes it on then).
+# (its sync and asyncio lock got it together; its Redis.lock passes it on then).
 _RAISE_ON_RELEASE = "raise_on_release_error" in inspect.signature(redis.Redis.lock).parameters
 
 
