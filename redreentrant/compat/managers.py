@@ -18,13 +18,15 @@ import atexit
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redreentrant
 import redreentrant.asyncio
 
 #: how long the adapters' managers wait for one master's answer in a round, in seconds
 MASTER_TIMEOUT = 1.0
+
+_M = TypeVar("_M", redreentrant.LockManager, redreentrant.asyncio.LockManager)
 
 _lock = threading.Lock()
 _sync: dict[tuple[object, ...], redreentrant.LockManager] = {}
@@ -45,30 +47,26 @@ def master_key(master: Any) -> tuple[object, ...]:
     return ("server", where, kwargs.get("db", 0), kwargs.get("username"))
 
 
+def _shared(table: dict[tuple[object, ...], _M], masters: Sequence[Any], make: type[_M]) -> _M:
+    """``table``'s manager of ``masters``, made (by ``make``) if it has none open."""
+    key = tuple(master_key(m) for m in masters)
+    mgr = table.get(key)
+    if mgr is None or mgr.closed:
+        mgr = table[key] = make(list(masters), master_timeout=MASTER_TIMEOUT)
+    return mgr
+
+
 def sync_manager(masters: Sequence[Any]) -> redreentrant.LockManager:
     """The shared sync manager of ``masters`` (URLs or ``redis.Redis`` clients)."""
-    key = tuple(master_key(m) for m in masters)
     with _lock:
-        mgr = _sync.get(key)
-        if mgr is None or mgr.closed:
-            mgr = _sync[key] = redreentrant.LockManager(
-                list(masters), master_timeout=MASTER_TIMEOUT
-            )
-        return mgr
+        return _shared(_sync, masters, redreentrant.LockManager)
 
 
 def async_manager(masters: Sequence[Any]) -> redreentrant.asyncio.LockManager:
     """The shared asyncio manager of ``masters`` (URLs or ``redis.asyncio.Redis``
     clients) on the running event loop."""
     loop = asyncio.get_running_loop()
-    key = tuple(master_key(m) for m in masters)
-    managers = _async.setdefault(loop, {})
-    mgr = managers.get(key)
-    if mgr is None or mgr.closed:
-        mgr = managers[key] = redreentrant.asyncio.LockManager(
-            list(masters), master_timeout=MASTER_TIMEOUT
-        )
-    return mgr
+    return _shared(_async.setdefault(loop, {}), masters, redreentrant.asyncio.LockManager)
 
 
 @atexit.register

@@ -66,6 +66,7 @@ import redis
 
 from redreentrant.compat import managers
 from redreentrant.compat._steps import Steps, arun, run
+from redreentrant.compat.owners import Owner
 from redreentrant.errors import (
     LockLostError,
     LockNotOwnedError,
@@ -173,18 +174,19 @@ def _no_wait(blocking: bool, timeout: float) -> bool:
     return timeout != -1 and timeout <= 0
 
 
-class _Owner:
+class _Owner(Owner):
     """The owner of one acquire's hold (pottery makes a new id per acquire)."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ()
 
 
 class _Base:
-    """The state and the rules both flavours share (no I/O)."""
+    """Both flavours: pottery's constructor and state, and the bodies of their methods
+    (see ._steps); each flavour gives its shared manager (``_manager``), its sleep
+    (``_sleep``) and what it does without masters (``_no_masters``)."""
 
     __slots__ = (
         "_extension_num",
-        "_lock",
         "_name",
         "_owner",
         "auto_release_time",
@@ -202,26 +204,40 @@ class _Base:
 
     def __init__(
         self,
+        *,
         key: str,
-        masters: frozenset[Any],
-        raise_on_redis_errors: bool,
-        auto_release_time: float,
-        num_extensions: int,
-        context_manager_blocking: bool,
-        context_manager_timeout: float,
+        masters: Iterable[Any],
+        raise_on_redis_errors: bool = False,
+        auto_release_time: float = _AUTO_RELEASE_TIME,
+        num_extensions: int = _NUM_EXTENSIONS,
+        context_manager_blocking: bool = True,
+        context_manager_timeout: float = -1,
     ) -> None:
-        if not context_manager_blocking and context_manager_timeout != -1:
-            raise ValueError("can't specify a timeout for a non-blocking call")
+        self.masters = frozenset(masters) or self._no_masters()
+        _no_wait(context_manager_blocking, context_manager_timeout)  # ValueError or none
         self._name = key
-        self.masters = masters
         self.raise_on_redis_errors = raise_on_redis_errors
         self.auto_release_time = auto_release_time
         self.num_extensions = num_extensions
         self.context_manager_blocking = context_manager_blocking
         self.context_manager_timeout = context_manager_timeout
+        #: the owner of the last acquire, its redreentrant lock in ``lock``
         self._owner: _Owner | None = None
-        self._lock: Any = None  # the flavour's redreentrant lock of the last acquire
         self._extension_num = 0
+
+    # -- what each flavour gives ----------------------------------------------------------
+
+    @staticmethod
+    def _no_masters() -> frozenset[Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _manager(masters: list[Any]) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def _sleep(seconds: float, /) -> Any:
+        raise NotImplementedError
 
     @property
     def key(self) -> str:
@@ -257,16 +273,20 @@ class _Base:
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} key={self.key}>"
 
+    def _entered(self, acquired: bool) -> None:
+        """``with``'s check of its acquire."""
+        if not acquired:
+            raise QuorumNotAchieved(self.key, self.masters)
+
     # -- the bodies of the methods, the same for Redlock and AIORedlock (see ._steps) ----
 
     def _acquire(
-        self, manager: Callable[[list[Any]], Any], sleep: Callable[[float], Any],
-        blocking: bool, timeout: float, raise_on_redis_errors: bool | None,
-    ) -> Steps[bool]:  # fmt: skip
+        self, blocking: bool, timeout: float, raise_on_redis_errors: bool | None
+    ) -> Steps[bool]:
         if _no_wait(blocking, timeout):
             return False
         lease = self.auto_release_time
-        mgr = manager(_ordered(self.masters))
+        mgr = self._manager(_ordered(self.masters))
         short = _too_short(lease, mgr.shortest_lease)
         if short and blocking and timeout == -1:
             raise ValueError(
@@ -275,12 +295,12 @@ class _Base:
             )
         # A new owner for a new acquire; the hold of the one before, if any, is left to
         # run out with its lease (its owner is dropped: the manager forgets it).
-        self._owner = _Owner()
-        lock = self._lock = mgr.lock(self._name, owner=self._owner)
+        owner = self._owner = _Owner()
+        lock = owner.lock = mgr.lock(self._name, owner=owner)
         self._extension_num = 0
         if short:
             if blocking:
-                yield lambda: sleep(timeout)
+                yield lambda: self._sleep(timeout)
             return False
         deadline = None if timeout == -1 else time.monotonic() + timeout
         left = timeout
@@ -293,20 +313,20 @@ class _Base:
                 pause = self._pause(deadline) if blocking else None
                 if pause is None:
                     return False
-                yield functools.partial(sleep, pause)
+                yield functools.partial(self._sleep, pause)
                 if deadline is not None:
                     left = max(deadline - time.monotonic(), 0.0)
 
     def _locked(self) -> float:
-        left = 0.0 if self._lock is None else self._lock.remaining()
+        left = 0.0 if self._owner is None else self._owner.lock.remaining()
         return left if left > 0 else 0
 
     def _extend(self, raise_on_redis_errors: bool | None) -> Steps[None]:
         if self._extension_num >= self.num_extensions:
             raise TooManyExtensions(self.key, self.masters)
         errors: list[BaseException] = []
-        if self._lock is not None:
-            lock = self._lock
+        if self._owner is not None:
+            lock = self._owner.lock
             try:
                 yield lambda: lock.extend(self.auto_release_time, replace=True)
             except QuorumUnavailableError as error:
@@ -320,9 +340,9 @@ class _Base:
 
     def _release(self, raise_on_redis_errors: bool | None) -> Steps[None]:
         errors: list[BaseException] = []
-        if self._lock is not None:
+        if self._owner is not None:
             try:
-                yield self._lock.release
+                yield self._owner.lock.release
             except QuorumUnavailableError as error:
                 errors = self._quorum_errors(error, raise_on_redis_errors)
             except (LockNotOwnedError, LockLostError):
@@ -349,26 +369,11 @@ class Redlock(_Base):
 
     __slots__ = ()
 
-    def __init__(
-        self,
-        *,
-        key: str,
-        masters: Iterable[Any] = frozenset(),
-        raise_on_redis_errors: bool = False,
-        auto_release_time: float = _AUTO_RELEASE_TIME,
-        num_extensions: int = _NUM_EXTENSIONS,
-        context_manager_blocking: bool = True,
-        context_manager_timeout: float = -1,
-    ) -> None:
-        super().__init__(
-            key,
-            frozenset(masters) or _default_masters(),
-            raise_on_redis_errors,
-            auto_release_time,
-            num_extensions,
-            context_manager_blocking,
-            context_manager_timeout,
-        )
+    # _Base's constructor, but masters= is optional: pottery's default masters
+    __init__ = functools.partialmethod(_Base.__init__, masters=frozenset())
+    _no_masters = staticmethod(_default_masters)
+    _manager = staticmethod(managers.sync_manager)
+    _sleep = staticmethod(time.sleep)
 
     def acquire(
         self,
@@ -382,8 +387,7 @@ class Redlock(_Base):
         hold, also by an object that holds the lock already (which then waits for its
         own lease to run out). ``QuorumIsImpossible`` when too many masters failed and
         ``raise_on_redis_errors`` (else False, or another try after a pause)."""
-        manager = managers.sync_manager
-        return run(self._acquire(manager, time.sleep, blocking, timeout, raise_on_redis_errors))
+        return run(self._acquire(blocking, timeout, raise_on_redis_errors))
 
     def locked(self, *, raise_on_redis_errors: bool | None = None) -> float:
         """Seconds of validity left on this object's hold (0 if it holds none): local,
@@ -402,11 +406,12 @@ class Redlock(_Base):
         run(self._release(raise_on_redis_errors))
 
     def __enter__(self) -> Redlock:
-        if self.acquire(
-            blocking=self.context_manager_blocking, timeout=self.context_manager_timeout
-        ):
-            return self
-        raise QuorumNotAchieved(self.key, self.masters)
+        self._entered(
+            self.acquire(
+                blocking=self.context_manager_blocking, timeout=self.context_manager_timeout
+            )
+        )
+        return self
 
     def __exit__(
         self,
@@ -463,29 +468,12 @@ class AIORedlock(_Base):
 
     __slots__ = ()
 
-    def __init__(
-        self,
-        *,
-        key: str,
-        masters: Iterable[Any],
-        raise_on_redis_errors: bool = False,
-        auto_release_time: float = _AUTO_RELEASE_TIME,
-        num_extensions: int = _NUM_EXTENSIONS,
-        context_manager_blocking: bool = True,
-        context_manager_timeout: float = -1,
-    ) -> None:
-        chosen = frozenset(masters)
-        if not chosen:
-            raise ValueError("AIORedlock needs masters= (redis.asyncio.Redis clients)")
-        super().__init__(
-            key,
-            chosen,
-            raise_on_redis_errors,
-            auto_release_time,
-            num_extensions,
-            context_manager_blocking,
-            context_manager_timeout,
-        )
+    _manager = staticmethod(managers.async_manager)
+    _sleep = staticmethod(asyncio.sleep)
+
+    @staticmethod
+    def _no_masters() -> frozenset[Any]:
+        raise ValueError("AIORedlock needs masters= (redis.asyncio.Redis clients)")
 
     async def acquire(
         self,
@@ -495,9 +483,7 @@ class AIORedlock(_Base):
         raise_on_redis_errors: bool | None = None,
     ) -> bool:
         """See :meth:`Redlock.acquire`."""
-        manager = managers.async_manager
-        steps = self._acquire(manager, asyncio.sleep, blocking, timeout, raise_on_redis_errors)
-        return await arun(steps)
+        return await arun(self._acquire(blocking, timeout, raise_on_redis_errors))
 
     async def locked(self, *, raise_on_redis_errors: bool | None = None) -> float:
         """See :meth:`Redlock.locked`."""
@@ -512,12 +498,12 @@ class AIORedlock(_Base):
         await arun(self._release(raise_on_redis_errors))
 
     async def __aenter__(self) -> AIORedlock:
-        acquired = await self.acquire(
-            blocking=self.context_manager_blocking, timeout=self.context_manager_timeout
+        self._entered(
+            await self.acquire(
+                blocking=self.context_manager_blocking, timeout=self.context_manager_timeout
+            )
         )
-        if acquired:
-            return self
-        raise QuorumNotAchieved(self.key, self.masters)
+        return self
 
     async def __aexit__(
         self,

@@ -114,6 +114,14 @@ _FIXED, _RENEWED, _FOREVER = "fixed", "renewed", "forever"
 _Key = tuple[LockManager, str]
 
 
+def _whole_seconds(expire: Any) -> int:
+    """The library's ``expire``: whole seconds (truncated), not negative."""
+    seconds = int(expire)
+    if seconds < 0:
+        raise ValueError("A negative expire is not acceptable.")
+    return seconds
+
+
 class _Owner:
     """The owner of the holds of every Lock object of one id in this process."""
 
@@ -127,11 +135,21 @@ class _Owner:
         #: (manager, name) of an acquire, release or extend under way (one at a time)
         self.busy: set[_Key] = set()
 
-    def forget(self, key: _Key) -> None:
-        """The hold of ``key`` is gone (call with ``cond`` held)."""
-        if self.holds.pop(key, None) == _FOREVER and _FOREVER not in self.holds.values():
-            with _registry:
-                _pinned.discard(self)
+    def done(self, key: _Key, mode: str | None = None, gone: bool = True) -> None:
+        """The call under way on ``key`` (in ``busy``) ended: the hold was taken
+        (``mode``: how), or else is gone if ``gone``; wakes the calls waiting."""
+        with self.cond:
+            self.busy.discard(key)
+            if mode is not None:
+                self.holds[key] = mode
+                if mode == _FOREVER:
+                    with _registry:
+                        _pinned.add(self)
+            elif gone and self.holds.pop(key, None) == _FOREVER:  # its last such: unpinned
+                with _registry:
+                    if _FOREVER not in self.holds.values():
+                        _pinned.discard(self)
+            self.cond.notify_all()
 
 
 _registry = threading.Lock()
@@ -211,14 +229,8 @@ class Lock:
         if auto_renewal and expire is None:
             raise ValueError("Expire may not be None when auto_renewal is set")
         self._client = redis_client
-        if expire:
-            expire = int(expire)
-            if expire < 0:
-                raise ValueError("A negative expire is not acceptable.")
-        else:
-            expire = None
         #: the lease in whole seconds (None: renewed by the watchdog)
-        self._expire: int | None = expire
+        self._expire = _whole_seconds(expire) if expire else None
         if auto_renewal and expire is None:  # expire=0: the library fails here too
             raise TypeError("float() argument must be a string or a real number, not 'NoneType'")
         if id is None:
@@ -243,9 +255,10 @@ class Lock:
     def id(self) -> str:
         return self._id
 
-    def _view(self) -> tuple[LockManager, _CoreLock]:
+    def _view(self) -> tuple[LockManager, _CoreLock, _Key]:
+        """The manager, this id's lock of the name on it, and the hold's key."""
         mgr = sync_manager([_manager_client(self._client)])
-        return mgr, mgr.lock(self._lock_name, owner=self._owner)
+        return mgr, mgr.lock(self._lock_name, owner=self._owner), (mgr, self._lock_name)
 
     def _not_acquired(self) -> NotAcquired:
         return NotAcquired(f"Lock({self._label}) is not acquired or it already expired.")
@@ -255,8 +268,8 @@ class Lock:
         ``timeout`` (whole seconds; None or 0: no limit) passed. ``AlreadyAcquired`` if
         this lock's id holds it on the server."""
         logger_for_acquire.debug("Acquiring Lock(%r) ...", self._label)
-        mgr, lock = self._view()
-        if self._held(mgr, lock):
+        mgr, lock, key = self._view()
+        if self._held(mgr, lock, key):
             raise AlreadyAcquired("Already acquired from this Lock instance.")
         if not blocking and timeout is not None:
             raise TimeoutNotUsable("Timeout cannot be used if blocking=False")
@@ -269,7 +282,7 @@ class Lock:
                     f"Timeout ({timeout}) cannot be greater than expire ({self._expire})"
                 )
         deadline = time.monotonic() + timeout if timeout else None
-        owner, key = self._owner, (mgr, self._lock_name)
+        owner = self._owner
         with owner.cond:
             # Held (or being taken) by this id through another thread: the library
             # waits for its own lock as for anyone's.
@@ -292,35 +305,26 @@ class Lock:
             lease, mode = None, (_RENEWED if self._auto_renewal else _FOREVER)
         acquired = False
         try:
-            self._drop_stale(lock)
+            _drop(lock, stale=True)
             if not blocking:
                 acquired = lock.acquire(blocking=False, lease=lease)
             else:
                 wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
                 acquired = lock.acquire(timeout=wait, lease=lease)
         finally:
-            with owner.cond:
-                owner.busy.discard(key)
-                if acquired:
-                    owner.holds[key] = mode
-                    if mode == _FOREVER:
-                        with _registry:
-                            _pinned.add(owner)
-                else:
-                    owner.forget(key)
-                owner.cond.notify_all()
+            owner.done(key, mode if acquired else None)
         if acquired:
             logger_for_acquire.info("Acquired Lock(%r).", self._label)
         elif not blocking:
             logger_for_acquire.warning("Failed to acquire Lock(%r).", self._label)
         return acquired
 
-    def _held(self, mgr: LockManager, lock: _CoreLock) -> bool:
+    def _held(self, mgr: LockManager, lock: _CoreLock, key: _Key) -> bool:
         """Whether this id holds the lock, as the library's ``GET`` of its key tells:
         held here and on the server (one round). A hold here that the server lost
         (``FLUSHALL``, a restart) is dropped: the lock is free, as the library's key is
         gone."""
-        owner, key = self._owner, (mgr, self._lock_name)
+        owner = self._owner
         holder = mgr.owner_id(owner)
         if not lock.is_owned():
             return False
@@ -335,21 +339,10 @@ class Lock:
         try:
             if holder in _holders(mgr, self._lock_name, "acquire"):
                 return True
-            while lock.hold_count > 0:
-                with contextlib.suppress(LockLostError, LockNotOwnedError):
-                    lock.release()
+            _drop(lock)
             return False
         finally:
-            self._done(lock, key)
-
-    @staticmethod
-    def _drop_stale(lock: _CoreLock) -> None:
-        """Forget a hold of this owner that is no longer valid (a fixed lease that ran
-        out, a lost hold): the library's key is gone then, and a new acquire is a first
-        one, not a re-entry."""
-        while lock.hold_count > 0 and not lock.is_owned():
-            with contextlib.suppress(LockLostError, LockNotOwnedError):
-                lock.release()
+            owner.done(key, gone=lock.hold_count == 0)
 
     def extend(self, expire: Any = None) -> None:
         """Set the fixed lease to ``expire`` seconds from now (default: the ``expire``
@@ -357,9 +350,7 @@ class Lock:
         ``NotExpirable`` if it was taken with ``expire=None``; on an ``auto_renewal``
         lock, only the check that it is held (the watchdog renews it)."""
         if expire:
-            expire = int(expire)
-            if expire < 0:
-                raise ValueError("A negative expire is not acceptable.")
+            expire = _whole_seconds(expire)
         elif self._expire is not None:
             expire = self._expire
         else:
@@ -367,8 +358,8 @@ class Lock:
                 "To extend a lock 'expire' must be provided as an argument to extend() "
                 "method or at initialization time."
             )
-        mgr, lock = self._view()
-        owner, key = self._owner, (mgr, self._lock_name)
+        _, lock, key = self._view()
+        owner = self._owner
         with owner.cond:
             if key in owner.busy or not lock.is_owned():
                 raise NotAcquired(f"Lock {self._label} is not acquired or it already expired.")
@@ -388,22 +379,14 @@ class Lock:
                 f"Lock {self._label} is not acquired or it already expired."
             ) from None
         finally:
-            self._done(lock, key)
-
-    def _done(self, lock: _CoreLock, key: _Key) -> None:
-        owner = self._owner
-        with owner.cond:
-            owner.busy.discard(key)
-            if lock.hold_count == 0:
-                owner.forget(key)
-            owner.cond.notify_all()
+            owner.done(key, gone=lock.hold_count == 0)
 
     def release(self) -> None:
         """Release the lock this id holds (whichever Lock object of the id took it);
         ``NotAcquired`` if it does not hold it, or its lease ran out."""
         logger_for_release.debug("Releasing Lock(%r).", self._label)
-        mgr, lock = self._view()
-        owner, key = self._owner, (mgr, self._lock_name)
+        _, lock, key = self._view()
+        owner = self._owner
         with owner.cond:
             if key in owner.busy:  # being taken: not held yet
                 raise self._not_acquired()
@@ -413,7 +396,7 @@ class Lock:
         except (LockLostError, LockNotOwnedError):
             raise self._not_acquired() from None
         finally:
-            self._done(lock, key)
+            owner.done(key, gone=lock.hold_count == 0)
 
     def locked(self) -> bool:
         """Whether anyone holds the lock (one round)."""
@@ -483,21 +466,22 @@ def _force_unlock(mgr: LockManager, names: set[str]) -> None:
             mgr.lock(name).force_unlock()
     except BaseException:
         for owner, key in held:
-            with owner.cond:
-                owner.busy.discard(key)
-                owner.cond.notify_all()
+            owner.done(key, gone=False)
         raise
     for owner, key in held:
-        lock = mgr.lock(key[1], owner=owner)
         try:
-            while lock.hold_count > 0:
-                with contextlib.suppress(LockLostError, LockNotOwnedError):
-                    lock.release()
+            _drop(mgr.lock(key[1], owner=owner))
         finally:
-            with owner.cond:
-                owner.busy.discard(key)
-                owner.forget(key)
-                owner.cond.notify_all()
+            owner.done(key)
+
+
+def _drop(lock: _CoreLock, stale: bool = False) -> None:
+    """Forget every hold of ``lock``'s owner, whether or not the masters still have it
+    (``stale``: only a hold no longer valid, a fixed lease that ran out or a lost one;
+    the library's key is gone then, and a new acquire is a first one, not a re-entry)."""
+    while lock.hold_count > 0 and not (stale and lock.is_owned()):
+        with contextlib.suppress(LockLostError, LockNotOwnedError):
+            lock.release()
 
 
 def reset_all(redis_client: Any) -> None:

@@ -54,12 +54,11 @@ import logging
 import math
 import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from types import SimpleNamespace, TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import redis
-import redis.asyncio
 from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
 import redreentrant
@@ -70,15 +69,9 @@ from redreentrant.compat.owners import Owner, registry
 
 __all__ = ["AsyncLock", "Lock", "LockError", "LockNotOwnedError"]
 
-_sync_logger = logging.getLogger("redis.lock")
-_async_logger = logging.getLogger("redis.asyncio.lock")
-
 # The constructor takes raise_on_release_error where the installed redis-py's does
-# (its Redis.lock passes it on then).
-_SYNC_RAISE_ON_RELEASE = "raise_on_release_error" in inspect.signature(redis.Redis.lock).parameters
-_ASYNC_RAISE_ON_RELEASE = (
-    "raise_on_release_error" in inspect.signature(redis.asyncio.Redis.lock).parameters
-)
+# (its sync and asyncio lock got it together; its Redis.lock passes it on then).
+_RAISE_ON_RELEASE = "raise_on_release_error" in inspect.signature(redis.Redis.lock).parameters
 
 
 def _lock_error_takes_name() -> bool:
@@ -167,20 +160,24 @@ class _ThreadLocal(threading.local):
 
 
 class _Common:
-    """What the sync and the asyncio lock share: redis-py's attributes."""
+    """What the sync and the asyncio lock share: redis-py's constructor and attributes,
+    and the bodies of their methods (see ._steps); each flavour gives ``_manager``, its
+    shared manager of the client's server, and ``_logger``, redis-py's logger."""
 
-    def _setup(
+    _logger: ClassVar[logging.Logger]
+
+    def __init__(
         self,
-        client: Any,
-        name: Any,
-        timeout: Any,
-        sleep: Any,
-        blocking: bool,
-        blocking_timeout: Any,
-        thread_local: bool,
-        raise_on_release_error: bool,
+        redis: Any,
+        name: str | bytes | memoryview,
+        timeout: float | None = None,
+        sleep: float = 0.1,
+        blocking: bool = True,
+        blocking_timeout: float | None = None,
+        thread_local: bool = True,
+        raise_on_release_error: bool = True,
     ) -> None:
-        self.redis = client
+        self.redis = redis
         self.name = name
         self.timeout = timeout
         self.sleep = sleep
@@ -191,9 +188,22 @@ class _Common:
         self.local: Any = _ThreadLocal() if self.thread_local else SimpleNamespace()
         self.local.token = None
         self._key = _lock_name(name)
+        self._made()
 
-    def _token(self, token: object) -> bytes:
-        return uuid.uuid1().hex.encode() if token is None else _encode(self.redis, token)
+    if not TYPE_CHECKING and not _RAISE_ON_RELEASE:  # redis-py 5: not an argument
+        _init = __init__
+
+        def __init__(
+            self, redis, name, timeout=None, sleep=0.1, blocking=True, blocking_timeout=None,
+            thread_local=True,
+        ):  # fmt: skip
+            self._init(redis, name, timeout, sleep, blocking, blocking_timeout, thread_local)
+
+    def _made(self) -> None:
+        """The end of the constructor (the sync lock finds its manager there)."""
+
+    def _manager(self) -> Any:
+        raise NotImplementedError
 
     def _error(self, cls: type[LockError], message: str) -> LockError:
         return _error(cls, message, self.name)
@@ -204,35 +214,39 @@ class _Common:
         if self.timeout is None:
             raise self._error(LockError, f"Cannot {what} a lock with no timeout")
 
-    def _held(self, mgr: object, what: str) -> Owner:
-        """The owner of this thread's token, which holds with a fixed lease; else
-        redis-py's LockNotOwnedError (a ``timeout=0`` key has no TTL to extend)."""
-        owner = registry(mgr).get((self._key, self.local.token))
-        if owner is None or not self.timeout or not owner.lock.is_owned():
-            raise self._error(LockNotOwnedError, f"Cannot {what} a lock that's no longer owned")
-        return owner
+    def _not_owned(self, what: str = "release") -> LockError:
+        return self._error(LockNotOwnedError, f"Cannot {what} a lock that's no longer owned")
 
-    def _not_owned(self) -> LockError:
-        return self._error(LockNotOwnedError, "Cannot release a lock that's no longer owned")
+    def _entered(self, acquired: bool) -> None:
+        """``with``'s check of its acquire."""
+        if not acquired:
+            raise self._error(LockError, "Unable to acquire lock within the time specified")
 
-    def _unlocked(self) -> LockError:
-        return self._error(
-            LockError, "Cannot release a lock that's not owned or is already unlocked."
-        )
+    def _exit_error(self, error: LockError) -> None:
+        """``with``'s handling of its release's error."""
+        if self.raise_on_release_error:
+            raise error
+        self._logger.warning("Lock was unlocked or no longer owned when exiting context manager.")
+
+    def _owned(self) -> bool:
+        token = self.local.token
+        if token is None:
+            return False
+        owner = registry(self._manager()).get((self._key, token))
+        return owner is not None and bool(owner.lock.is_owned())
 
     # -- the bodies of the methods, the same for Lock and AsyncLock (see ._steps) --------
 
     def _acquire(
-        self, manager: Callable[[], Any], blocking: Any, blocking_timeout: Any, sleep: Any,
-        token: object,
-    ) -> Steps[bool]:  # fmt: skip
-        token_b = self._token(token)
+        self, blocking: Any, blocking_timeout: Any, sleep: Any, token: object
+    ) -> Steps[bool]:
+        token_b = uuid.uuid1().hex.encode() if token is None else _encode(self.redis, token)
         wait = _wait(
             self.blocking if blocking is None else blocking,
             self.blocking_timeout if blocking_timeout is None else blocking_timeout,
             self.sleep if sleep is None else sleep,
         )
-        mgr = manager()
+        mgr = self._manager()
         lease = _lease(self.timeout, mgr)
         owner = RedisPyToken()
         owner.lock = mgr.lock(self._key, owner=owner)
@@ -246,26 +260,21 @@ class _Common:
         registry(mgr).add((self._key, token_b), owner)
         return True
 
-    def _locked(self, manager: Callable[[], Any]) -> Steps[bool]:
-        lock = manager().lock(self._key)
+    def _locked(self) -> Steps[bool]:
+        lock = self._manager().lock(self._key)
         try:
             return bool((yield lock.locked))
         except redreentrant.QuorumUnavailableError as error:
             raise _master_error(error) from error
 
-    def _owned(self, mgr: object) -> bool:
-        token = self.local.token
-        if token is None:
-            return False
-        owner = registry(mgr).get((self._key, token))
-        return owner is not None and bool(owner.lock.is_owned())
-
-    def _release(self, manager: Callable[[], Any]) -> Steps[None]:
+    def _release(self) -> Steps[None]:
         expected = self.local.token
         if expected is None:
-            raise self._unlocked()
+            raise self._error(
+                LockError, "Cannot release a lock that's not owned or is already unlocked."
+            )
         self.local.token = None
-        owner = registry(manager()).pop((self._key, expected))
+        owner = registry(self._manager()).pop((self._key, expected))
         if owner is None:
             raise self._not_owned()
         valid = owner.lock.is_owned()  # else removed where it is left, and not owned
@@ -278,18 +287,19 @@ class _Common:
         if not valid:
             raise self._not_owned()
 
-    def _extend(
-        self, manager: Callable[[], Any], seconds: Any, replace: bool, what: str
-    ) -> Steps[Literal[True]]:
-        mgr = manager()
-        owner = self._held(mgr, what)
+    def _extend(self, seconds: Any, replace: bool, what: str) -> Steps[Literal[True]]:
+        """The body of ``extend`` and ``reacquire``: for the owner of this thread's
+        token, which holds with a fixed lease; else redis-py's LockNotOwnedError (a
+        ``timeout=0`` key has no TTL to extend)."""
+        mgr = self._manager()
+        owner = registry(mgr).get((self._key, self.local.token))
+        if owner is None or not self.timeout or not owner.lock.is_owned():
+            raise self._not_owned(what)
         lease = _lease(seconds, mgr) if replace else seconds
         try:
             yield lambda: owner.lock.extend(lease, replace=replace)
         except (redreentrant.LockNotOwnedError, redreentrant.LockLostError) as error:
-            raise self._error(
-                LockNotOwnedError, f"Cannot {what} a lock that's no longer owned"
-            ) from error
+            raise self._not_owned(what) from error
         except redreentrant.QuorumUnavailableError as error:
             raise _master_error(error) from error
         return True
@@ -298,44 +308,17 @@ class _Common:
 class Lock(_Common):
     """redis-py's ``redis.lock.Lock`` on a redreentrant manager (see the module)."""
 
-    if TYPE_CHECKING or _SYNC_RAISE_ON_RELEASE:
+    _logger = logging.getLogger("redis.lock")
 
-        def __init__(
-            self,
-            redis: Any,
-            name: str,
-            timeout: float | None = None,
-            sleep: float = 0.1,
-            blocking: bool = True,
-            blocking_timeout: float | None = None,
-            thread_local: bool = True,
-            raise_on_release_error: bool = True,
-        ) -> None:
-            self._setup(
-                redis, name, timeout, sleep, blocking, blocking_timeout, thread_local,
-                raise_on_release_error,
-            )  # fmt: skip
-            self._mgr = sync_manager([redis])
+    def _made(self) -> None:
+        self._mgr = sync_manager([self.redis])
 
-    else:
-
-        def __init__(
-            self,
-            redis: Any,
-            name: str,
-            timeout: float | None = None,
-            sleep: float = 0.1,
-            blocking: bool = True,
-            blocking_timeout: float | None = None,
-            thread_local: bool = True,
-        ) -> None:
-            self._setup(redis, name, timeout, sleep, blocking, blocking_timeout, thread_local, True)
-            self._mgr = sync_manager([redis])
+    def _manager(self) -> redreentrant.LockManager:
+        return self._mgr
 
     def __enter__(self) -> Lock:
-        if self.acquire():
-            return self
-        raise self._error(LockError, "Unable to acquire lock within the time specified")
+        self._entered(self.acquire())
+        return self
 
     def __exit__(
         self,
@@ -345,12 +328,8 @@ class Lock(_Common):
     ) -> None:
         try:
             self.release()
-        except LockError:
-            if self.raise_on_release_error:
-                raise
-            _sync_logger.warning(
-                "Lock was unlocked or no longer owned when exiting context manager."
-            )
+        except LockError as error:
+            self._exit_error(error)
 
     def acquire(
         self,
@@ -362,35 +341,32 @@ class Lock(_Common):
         """Take the lock with a new token (or ``token``); True once held, False when
         the wait ran out first (``blocking=False``: at once). The wait is redis-py's (see
         the module), woken rather than polled."""
-        return run(self._acquire(self._manager, blocking, blocking_timeout, sleep, token))
+        return run(self._acquire(blocking, blocking_timeout, sleep, token))
 
     def locked(self) -> bool:
         """Whether anyone holds the lock (one round trip)."""
-        return run(self._locked(self._manager))
+        return run(self._locked())
 
     def owned(self) -> bool:
         """Whether this thread's token (``thread_local=False``: the lock object's)
         holds the lock, with validity left (local: no round trip)."""
-        return self._owned(self._mgr)
+        return self._owned()
 
     def release(self) -> None:
         """Release the token's hold: ``LockError`` if there is no token,
         ``LockNotOwnedError`` if the hold was lost or its lease ran out."""
-        run(self._release(self._manager))
+        run(self._release())
 
     def extend(self, additional_time: float, replace_ttl: bool = False) -> Literal[True]:
         """Add ``additional_time`` seconds to the fixed lease (``replace_ttl``: make it
         that long from now)."""
         self._check_extend("extend")
-        return run(self._extend(self._manager, additional_time, replace_ttl, "extend"))
+        return run(self._extend(additional_time, replace_ttl, "extend"))
 
     def reacquire(self) -> Literal[True]:
         """Make the fixed lease ``timeout`` long again, from now."""
         self._check_extend("reacquire")
-        return run(self._extend(self._manager, self.timeout, True, "reacquire"))
-
-    def _manager(self) -> redreentrant.LockManager:
-        return self._mgr
+        return run(self._extend(self.timeout, True, "reacquire"))
 
 
 class AsyncLock(_Common):
@@ -398,45 +374,14 @@ class AsyncLock(_Common):
     running event loop (see the module). As redis-py's, ``thread_local=True`` keeps the
     token per thread, so the tasks of one loop share it."""
 
-    if TYPE_CHECKING or _ASYNC_RAISE_ON_RELEASE:
-
-        def __init__(
-            self,
-            redis: Any,
-            name: str | bytes | memoryview,
-            timeout: float | None = None,
-            sleep: float = 0.1,
-            blocking: bool = True,
-            blocking_timeout: float | None = None,
-            thread_local: bool = True,
-            raise_on_release_error: bool = True,
-        ) -> None:
-            self._setup(
-                redis, name, timeout, sleep, blocking, blocking_timeout, thread_local,
-                raise_on_release_error,
-            )  # fmt: skip
-
-    else:
-
-        def __init__(
-            self,
-            redis: Any,
-            name: str | bytes | memoryview,
-            timeout: float | None = None,
-            sleep: float = 0.1,
-            blocking: bool = True,
-            blocking_timeout: float | None = None,
-            thread_local: bool = True,
-        ) -> None:
-            self._setup(redis, name, timeout, sleep, blocking, blocking_timeout, thread_local, True)
+    _logger = logging.getLogger("redis.asyncio.lock")
 
     def _manager(self) -> redreentrant.asyncio.LockManager:
         return async_manager([self.redis])
 
     async def __aenter__(self) -> AsyncLock:
-        if await self.acquire():
-            return self
-        raise self._error(LockError, "Unable to acquire lock within the time specified")
+        self._entered(await self.acquire())
+        return self
 
     async def __aexit__(
         self,
@@ -446,12 +391,8 @@ class AsyncLock(_Common):
     ) -> None:
         try:
             await self.release()
-        except LockError:
-            if self.raise_on_release_error:
-                raise
-            _async_logger.warning(
-                "Lock was unlocked or no longer owned when exiting context manager."
-            )
+        except LockError as error:
+            self._exit_error(error)
 
     async def acquire(
         self,
@@ -460,28 +401,28 @@ class AsyncLock(_Common):
         token: str | bytes | None = None,
     ) -> bool:
         """See :meth:`Lock.acquire`."""
-        return await arun(self._acquire(self._manager, blocking, blocking_timeout, None, token))
+        return await arun(self._acquire(blocking, blocking_timeout, None, token))
 
     async def locked(self) -> bool:
         """See :meth:`Lock.locked`."""
-        return await arun(self._locked(self._manager))
+        return await arun(self._locked())
 
     async def owned(self) -> bool:
         """See :meth:`Lock.owned`."""
-        return self._owned(self._manager())
+        return self._owned()
 
     async def release(self) -> None:
         """See :meth:`Lock.release`. Once under way it runs to its end, also when the
         task is cancelled; cancelled before it began, the token stays for a retry."""
-        await arun(self._release(self._manager))
+        await arun(self._release())
 
     def extend(self, additional_time: float, replace_ttl: bool = False) -> Awaitable[Literal[True]]:
         """See :meth:`Lock.extend`; as redis-py's, raises ``LockError`` when called
         (not awaited) on a lock without a token or without a timeout."""
         self._check_extend("extend")
-        return arun(self._extend(self._manager, additional_time, replace_ttl, "extend"))
+        return arun(self._extend(additional_time, replace_ttl, "extend"))
 
     def reacquire(self) -> Awaitable[Literal[True]]:
         """See :meth:`Lock.reacquire` (and :meth:`extend` for when it raises)."""
         self._check_extend("reacquire")
-        return arun(self._extend(self._manager, self.timeout, True, "reacquire"))
+        return arun(self._extend(self.timeout, True, "reacquire"))
