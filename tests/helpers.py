@@ -384,7 +384,9 @@ def run_library_tests(
     (``passed``, ``failed``, ``error`` or ``skipped``)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        path = os.pathsep.join([str(shims), str(source)])
+        # Last: the tree these tests import redreentrant from (a worktree, say).
+        tree = Path(redreentrant.__file__).resolve().parents[1]
+        path = os.pathsep.join([str(shims), str(source), str(tree)])
         subprocess.run(
             [
                 PY,
