@@ -221,11 +221,8 @@ class Injector:
             assert master is not None
             self.clocks[master].reset()
         else:
-            if master is not None:
-                self.lab.heal(master)
-            else:
-                for m in fault.masters:
-                    self.lab.heal(m, fault.client)
+            for m in _packets_of(fault):
+                self.lab.heal(m, fault.client)
             # A heal undoes every fault on those packets: put back the others' there.
             for other in self.active:
                 if other.kind not in ("kill", "freeze", *RATES):
@@ -238,24 +235,23 @@ class Injector:
         self.lab.heal()
 
     def _apply(self, fault: Fault) -> None:
-        lab, kind = self.lab, fault.kind
-        if fault.master is not None:
+        """Put a packet fault in place: a master's on every path, or one client's."""
+        lab, kind, client = self.lab, fault.kind.removeprefix("client-"), fault.client
+        for m in _packets_of(fault):
             if kind == "cut":
-                lab.cut(fault.master)
+                lab.cut(m, client)
             elif kind in ("cut-requests", "cut-replies"):
-                lab.cut(fault.master, way="requests" if kind == "cut-requests" else "replies")
+                lab.cut(m, client, way="requests" if kind == "cut-requests" else "replies")
             elif kind == "loss":
-                lab.loss(fault.master, LOSS_PERCENT)
+                lab.loss(m, LOSS_PERCENT, client)
             elif kind == "jitter":
-                lab.delay(fault.master, DELAY_MS, JITTER_MS)
-            return
-        for m in fault.masters:
-            if kind == "client-cut":
-                lab.cut(m, client=fault.client)
-            elif kind == "client-loss":
-                lab.loss(m, LOSS_PERCENT, client=fault.client)
-            elif kind == "client-jitter":
-                lab.delay(m, DELAY_MS, JITTER_MS, client=fault.client)
+                lab.delay(m, DELAY_MS, JITTER_MS, client)
+
+
+def _packets_of(fault: Fault) -> tuple[int, ...]:
+    """The masters whose packets a packet fault hits (on ``fault.client``'s path only,
+    when it names a client)."""
+    return fault.masters if fault.master is None else (fault.master,)
 
 
 def carry_out(faults: list[Fault], injector: Injector, seconds: float) -> None:
