@@ -57,6 +57,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import TextIO, TypeVar
@@ -183,13 +184,14 @@ class _Sink:
         self.lock = threading.Lock()
         self.file: TextIO = path.open("a", encoding="utf-8", newline="\n")
 
-    def write(self, make: Callable[[int], Event]) -> Event:
+    def write(self, make: Callable[..., Event]) -> Event:
+        """Record ``make(t=now)``."""
         # The time is read under the lock so that each file is in time order: a reader
         # of one file (or a human) sees the order the events were recorded in.
         with self.lock:
             if self.file.closed:
                 raise ValueError(f"recorder for {self.path} is closed")
-            event = make(self.clock())
+            event = make(t=self.clock())
             # One write and a flush per line: a process killed with SIGKILL loses at
             # most the line it was writing (which load() then skips).
             self.file.write(event.to_json() + "\n")
@@ -267,10 +269,7 @@ class Recorder:
 
     def record(self, op: str, phase: str, lock: str, mode: str = "x", **f: Unpack[Fields]) -> Event:
         """Record an event now; returns it."""
-
-        def make(t: int) -> Event:
-            return Event(client=self.client, op=op, phase=phase, t=t, lock=lock, mode=mode, **f)
-
+        make = partial(Event, client=self.client, op=op, phase=phase, lock=lock, mode=mode, **f)
         return self._sink.write(make)
 
     def invoke(self, op: str, lock: str, mode: str = "x", **f: Unpack[Fields]) -> Event:
@@ -299,13 +298,13 @@ class Recorder:
         """
         self.invoke(op, lock, mode, **f)
         outcome = Outcome()
+        failed = True  # unless the block ends normally
         try:
             yield outcome
-        except BaseException:
-            self.fail(op, lock, mode, **_merged(f, outcome.fields))
-            raise
-        done = self.fail if outcome.failed else self.ok
-        done(op, lock, mode, **_merged(f, outcome.fields))
+            failed = outcome.failed
+        finally:
+            merged: Fields = {**f, **outcome.fields}
+            (self.fail if failed else self.ok)(op, lock, mode, **merged)
 
     def close(self) -> None:
         """Close the file (a child's close does nothing: its parent owns the file)."""
@@ -322,12 +321,6 @@ class Recorder:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _merged(base: Fields, more: Fields) -> Fields:
-    merged = Fields(**base)
-    merged.update(more)
-    return merged
 
 
 def load(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Event]:
