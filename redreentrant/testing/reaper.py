@@ -119,15 +119,17 @@ def alive(pid):
         return False
     except (OSError, IndexError):
         return not PROC
+def kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 killed = set()
 for attempt in range(2):
     targets = {p for p, (top, binary) in pids.items() if server_in(p, top, binary)}
     targets |= strays()
     for pid in targets - killed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill(pid)
     killed |= targets
     deadline = time.monotonic() + 5
     while any(alive(p) for p in killed) and time.monotonic() < deadline:
@@ -146,10 +148,7 @@ for name, (ip,) in nets.items():
     deadline = time.monotonic() + 5
     while inside(name, ip) and time.monotonic() < deadline:
         for pid in inside(name, ip):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            kill(pid)
         time.sleep(0.02)
     ip_netns(ip, "del", name)
 for top in dirs:
