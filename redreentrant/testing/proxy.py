@@ -170,15 +170,8 @@ class TcpProxy:
         """Listen and start the loop thread. Returns ``self``."""
         if self._thread is not None:
             raise RuntimeError("the proxy was already started")
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((HOST, self._port))
-            listener.listen(128)
-            listener.setblocking(False)
-        except BaseException:
-            listener.close()
-            raise
+        listener = socket.create_server((HOST, self._port), backlog=128)  # SO_REUSEADDR
+        listener.setblocking(False)
         self._listener = listener
         self._port = int(listener.getsockname()[1])
         self._wake_r, self._wake_w = socket.socketpair()
