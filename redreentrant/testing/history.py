@@ -450,10 +450,6 @@ def _scan(events: list[Event], end: int) -> _Scan:
     open_: dict[_Key, _Open] = {}
     waiting: dict[tuple[str, str, str], Event] = {}  # acquire invokes awaiting an outcome
     writing: dict[tuple[str, str], Event] = {}  # write invokes awaiting an outcome
-
-    def holding(client: str, lock: str, mode: str) -> bool:
-        return any(k[:3] == (client, lock, mode) for k in open_)
-
     for e in events:
         key: _Key = (e.client, e.lock, e.mode, e.who)
         if e.op == "acquire":
@@ -471,7 +467,7 @@ def _scan(events: list[Event], end: int) -> _Scan:
                             start.t,
                             e.t if e.phase == "ok" else None,
                             # A re-entry never queues: judge only first-level acquires.
-                            nested=holding(e.client, e.lock, e.mode),
+                            nested=any(k[:3] == key[:3] for k in open_),
                         )
                     )
             if e.phase == "ok":
@@ -494,20 +490,17 @@ def _scan(events: list[Event], end: int) -> _Scan:
                 held.level -= 1
                 held.last_release_invoke = e.t
                 if held.level <= 0:
-                    out.holds.append(held.close(e.t, "release"))
-                    del open_[key]
+                    out.holds.append(open_.pop(key).close(e.t, "release"))
             elif e.phase == "fail":
                 # A failed release (the lease was lost, or never owned) means the
                 # client holds nothing from its invoke on, whatever the level.
                 release_t = e.t if held.last_release_invoke is None else held.last_release_invoke
-                out.holds.append(held.close(release_t, "release"))
-                del open_[key]
+                out.holds.append(open_.pop(key).close(release_t, "release"))
         elif e.op == "lost" and e.phase == "ok" and e.owner is not None:
             # Told lost: from here the owner holds nothing (its later release fails).
             for k, held in list(open_.items()):
                 if k[1:] == (e.lock, e.mode, e.owner) and e.token in (None, held.token):
-                    out.holds.append(held.close(e.t, "lost"))
-                    del open_[k]
+                    out.holds.append(open_.pop(k).close(e.t, "lost"))
         elif e.op == "write":
             if e.phase == "invoke":
                 writing[(e.client, e.lock)] = e
