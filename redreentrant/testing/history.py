@@ -152,8 +152,7 @@ class Event:
         data = json.loads(line)
         if not isinstance(data, dict):
             raise ValueError(f"not an event: {line!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
+        unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown event fields {sorted(unknown)}: {line!r}")
         return cls(**data)

@@ -518,13 +518,12 @@ def figures(
     found = [v for v in report.violations if v not in documented]
     violations = Counter(v.kind for v in found)
     first = found[0] if found else None
-    around: list[str] = []
-    if first is not None:
-        for t, sign, fault in injector.log:
-            if abs(t - first.t) < 5_000_000_000:
-                at = (t - report.origin) / 1e6
-                around.append(f"+{at:.3f}ms {'injected' if sign == '+' else 'undone'} "
-                              f"{fault.kind} on {_where(fault)}")  # fmt: skip
+    around = [
+        f"+{(t - report.origin) / 1e6:.3f}ms {'injected' if sign == '+' else 'undone'} "
+        f"{fault.kind} on {_where(fault)}"
+        for t, sign, fault in injector.log
+        if first is not None and abs(t - first.t) < 5_000_000_000
+    ]
     return {
         "seed": config.seed,
         "seconds": config.seconds,
