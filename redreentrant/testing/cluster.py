@@ -165,21 +165,18 @@ class LocalCluster:
         says ``cluster_state:ok`` and knows all the others. Returns ``self``."""
         if self._stopped:
             raise RuntimeError("this LocalCluster was stopped; create a new one")
-        for attempt in range(_PORT_ATTEMPTS):
-            try:
-                start_all(self.servers, timeout)
-                break
-            except RuntimeError as error:
-                stop_all(self.servers)
-                if "already in use" not in str(error) or attempt + 1 == _PORT_ATTEMPTS:
-                    raise
-                # Another process took a port or a bus port: all of them anew.
-                for server, port in zip(self.servers, cluster_ports(self.size), strict=True):
-                    server.port = port
-            except BaseException:
-                stop_all(self.servers)
-                raise
         try:
+            for attempt in range(_PORT_ATTEMPTS):
+                try:
+                    start_all(self.servers, timeout)
+                    break
+                except RuntimeError as error:
+                    if "already in use" not in str(error) or attempt + 1 == _PORT_ATTEMPTS:
+                        raise
+                    stop_all(self.servers)
+                    # Another process took a port or a bus port: all of them anew.
+                    for server, port in zip(self.servers, cluster_ports(self.size), strict=True):
+                        server.port = port
             self._form(timeout)
         except BaseException:
             stop_all(self.servers)
