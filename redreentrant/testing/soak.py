@@ -103,6 +103,8 @@ CLIENT_FAULTS = ("client-cut", "client-loss", "client-jitter")
 LOSS_PERCENT = 30.0
 DELAY_MS, JITTER_MS = 70.0, 50.0  # 20-120 ms per packet
 RATES = {"clock-1.1x": 1.1, "clock-10x": 10.0}
+#: the master faults done to its process (the others, to its packets)
+_ON_PROCESS = ("kill", "freeze", *RATES)
 #: a master counts as faulted until this many leases after its fault is undone
 SETTLE = 0.6
 #: how many clients' paths may have a fault at one time
@@ -189,18 +191,15 @@ class Injector:
 
     def inject(self, fault: Fault) -> None:
         master = fault.master
-        if fault.kind == "kill":
-            assert master is not None
+        if master is None or fault.kind not in _ON_PROCESS:
+            self._apply(fault)
+        elif fault.kind == "kill":
             self.lab.kill(master)
             self.killed_at[master] = time.monotonic()
         elif fault.kind == "freeze":
-            assert master is not None
             self.lab.freeze(master)
-        elif fault.kind in RATES:
-            assert master is not None
-            self.clocks[master].rate(RATES[fault.kind])
         else:
-            self._apply(fault)
+            self.clocks[master].rate(RATES[fault.kind])
         self.active.append(fault)
         self.counts[fault.kind] += 1
         self.log.append((time.monotonic_ns(), "+", fault))
@@ -208,25 +207,22 @@ class Injector:
     def undo(self, fault: Fault) -> None:
         self.active.remove(fault)
         master = fault.master
-        if fault.kind == "kill":
-            assert master is not None
+        if master is None or fault.kind not in _ON_PROCESS:
+            for m in _packets_of(fault):
+                self.lab.heal(m, fault.client)
+            # A heal undoes every fault on those packets: put back the others' there.
+            for other in self.active:
+                if other.kind not in _ON_PROCESS:
+                    self._apply(other)
+        elif fault.kind == "kill":
             # Masters persist nothing: one restarted within a lease could forget holds
             # that are still valid (outside the model).
             time.sleep(max(0.0, self.killed_at.pop(master) + self.lease + 0.1 - time.monotonic()))
             self.lab.start(master)
         elif fault.kind == "freeze":
-            assert master is not None
             self.lab.thaw(master)
-        elif fault.kind in RATES:
-            assert master is not None
-            self.clocks[master].reset()
         else:
-            for m in _packets_of(fault):
-                self.lab.heal(m, fault.client)
-            # A heal undoes every fault on those packets: put back the others' there.
-            for other in self.active:
-                if other.kind not in ("kill", "freeze", *RATES):
-                    self._apply(other)
+            self.clocks[master].reset()
         self.log.append((time.monotonic_ns(), "-", fault))
 
     def undo_all(self) -> None:
