@@ -59,7 +59,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
-from types import TracebackType
 from typing import TextIO, TypeVar
 
 from typing_extensions import TypedDict, Unpack
@@ -313,12 +312,7 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
