@@ -44,11 +44,6 @@ _HOW_TO_GET_ONE = (
 )
 
 
-def _executable(candidate: str) -> str | None:
-    # shutil.which handles both bare names (PATH lookup) and paths (existence + X bit).
-    return shutil.which(candidate)
-
-
 def _shipped_path(package: str) -> object:
     """Where ``package`` says its binary is (not checked yet); raises ImportError when
     the package is not installed."""
@@ -83,7 +78,7 @@ def shipped_server(package: str) -> str:
         path = _shipped_path(package)
     except Exception as error:  # ImportError, or the package's own "no binary here"
         raise RedisServerNotFound(f"{package} ships no server binary here: {error}") from error
-    if isinstance(path, str) and path and _executable(path) is not None:
+    if isinstance(path, str) and path and shutil.which(path) is not None:
         return path
     raise RedisServerNotFound(f"{package} ships no executable server binary here ({path!r})")
 
@@ -109,13 +104,13 @@ def find_redis_server(explicit: str | None = None) -> str:
     from_env = os.environ.get("REDIS_SERVER")
     for asked, said in ((explicit, repr(explicit)), (from_env, f"REDIS_SERVER={from_env!r}")):
         if asked:
-            found = _executable(asked)
+            found = shutil.which(asked)  # a name looked up on PATH, or a path checked
             if found is None:
                 raise RedisServerNotFound(f"{said} is not an executable redis-server")
             return found
 
     for name in ON_PATH:
-        found = _executable(name)
+        found = shutil.which(name)
         if found is not None:
             return found
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import math
 import mmap
@@ -63,7 +64,7 @@ from importlib import resources
 from typing import Any
 
 from . import cleanup, reaper
-from .ensemble import LocalEnsemble
+from .ensemble import LocalEnsemble, remove_directory
 
 __all__ = [
     "CLOCK_FILE_ENV",
@@ -126,13 +127,7 @@ def _directory() -> str:
     if _workdir is None or not os.path.isdir(_workdir):
         directory = tempfile.mkdtemp(prefix="redreentrant-clocks-")
         owner = object()
-
-        def remove() -> None:
-            shutil.rmtree(directory, ignore_errors=True)
-            reaper.forget_dir(directory)
-            cleanup.untrack(owner)
-
-        cleanup.track(owner, remove)
+        cleanup.track(owner, functools.partial(remove_directory, owner, directory))
         reaper.watch_dir(directory, "")  # no server binary: only the directory to remove
         _workdir = directory
     return _workdir

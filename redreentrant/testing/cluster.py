@@ -16,6 +16,7 @@ its own slots down, and the other nodes keep serving theirs.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import socket
@@ -146,14 +147,9 @@ class LocalCluster:
 
     def names_on(self, index: int, count: int, prefix: str = "lock") -> list[str]:
         """``count`` lock names whose slot node ``index`` owns (as the slots were split)."""
-        out: list[str] = []
-        n = 0
-        while len(out) < count:
-            name = f"{prefix}-{n}"
-            n += 1
-            if self._initial_owner(self.slot_of(name)) == index:
-                out.append(name)
-        return out
+        names = (f"{prefix}-{n}" for n in itertools.count())
+        mine = (name for name in names if self._initial_owner(self.slot_of(name)) == index)
+        return list(itertools.islice(mine, max(0, count)))
 
     def _initial_owner(self, slot: int) -> int:
         return min(slot * self.size // SLOTS, self.size - 1)
@@ -169,21 +165,18 @@ class LocalCluster:
         says ``cluster_state:ok`` and knows all the others. Returns ``self``."""
         if self._stopped:
             raise RuntimeError("this LocalCluster was stopped; create a new one")
-        for attempt in range(_PORT_ATTEMPTS):
-            try:
-                start_all(self.servers, timeout)
-                break
-            except RuntimeError as error:
-                stop_all(self.servers)
-                if "already in use" not in str(error) or attempt + 1 == _PORT_ATTEMPTS:
-                    raise
-                # Another process took a port or a bus port: all of them anew.
-                for server, port in zip(self.servers, cluster_ports(self.size), strict=True):
-                    server.port = port
-            except BaseException:
-                stop_all(self.servers)
-                raise
         try:
+            for attempt in range(_PORT_ATTEMPTS):
+                try:
+                    start_all(self.servers, timeout)
+                    break
+                except RuntimeError as error:
+                    if "already in use" not in str(error) or attempt + 1 == _PORT_ATTEMPTS:
+                        raise
+                    stop_all(self.servers)
+                    # Another process took a port or a bus port: all of them anew.
+                    for server, port in zip(self.servers, cluster_ports(self.size), strict=True):
+                        server.port = port
             self._form(timeout)
         except BaseException:
             stop_all(self.servers)

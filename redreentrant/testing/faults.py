@@ -108,14 +108,12 @@ class Faults:
         chosen = list(indices)
         if not chosen:
             raise TypeError("name at least one master by its index")
-        servers = []
         for index in chosen:
             if not isinstance(index, int) or isinstance(index, bool):
                 raise TypeError(f"a master's index must be an int, not {index!r}")
             if not 0 <= index < self.size:
                 raise IndexError(f"no master {index}: the ensemble has {self.size} (0..)")
-            servers.append(self.ensemble.servers[index])
-        return servers
+        return [self.ensemble.servers[index] for index in chosen]
 
     def stop(self, *indices: int) -> None:
         """Shut the masters down gracefully (SIGTERM): clients get their connections

@@ -57,9 +57,9 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
-from types import TracebackType
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 from typing_extensions import TypedDict, Unpack
 
@@ -151,8 +151,7 @@ class Event:
         data = json.loads(line)
         if not isinstance(data, dict):
             raise ValueError(f"not an event: {line!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
+        unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown event fields {sorted(unknown)}: {line!r}")
         return cls(**data)
@@ -183,13 +182,14 @@ class _Sink:
         self.lock = threading.Lock()
         self.file: TextIO = path.open("a", encoding="utf-8", newline="\n")
 
-    def write(self, make: Callable[[int], Event]) -> Event:
+    def write(self, make: Callable[..., Event]) -> Event:
+        """Record ``make(t=now)``."""
         # The time is read under the lock so that each file is in time order: a reader
         # of one file (or a human) sees the order the events were recorded in.
         with self.lock:
             if self.file.closed:
                 raise ValueError(f"recorder for {self.path} is closed")
-            event = make(self.clock())
+            event = make(t=self.clock())
             # One write and a flush per line: a process killed with SIGKILL loses at
             # most the line it was writing (which load() then skips).
             self.file.write(event.to_json() + "\n")
@@ -267,10 +267,7 @@ class Recorder:
 
     def record(self, op: str, phase: str, lock: str, mode: str = "x", **f: Unpack[Fields]) -> Event:
         """Record an event now; returns it."""
-
-        def make(t: int) -> Event:
-            return Event(client=self.client, op=op, phase=phase, t=t, lock=lock, mode=mode, **f)
-
+        make = partial(Event, client=self.client, op=op, phase=phase, lock=lock, mode=mode, **f)
         return self._sink.write(make)
 
     def invoke(self, op: str, lock: str, mode: str = "x", **f: Unpack[Fields]) -> Event:
@@ -299,13 +296,13 @@ class Recorder:
         """
         self.invoke(op, lock, mode, **f)
         outcome = Outcome()
+        failed = True  # unless the block ends normally
         try:
             yield outcome
-        except BaseException:
-            self.fail(op, lock, mode, **_merged(f, outcome.fields))
-            raise
-        done = self.fail if outcome.failed else self.ok
-        done(op, lock, mode, **_merged(f, outcome.fields))
+            failed = outcome.failed
+        finally:
+            merged: Fields = {**f, **outcome.fields}
+            (self.fail if failed else self.ok)(op, lock, mode, **merged)
 
     def close(self) -> None:
         """Close the file (a child's close does nothing: its parent owns the file)."""
@@ -315,19 +312,8 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _merged(base: Fields, more: Fields) -> Fields:
-    merged = Fields(**base)
-    merged.update(more)
-    return merged
 
 
 def load(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Event]:
@@ -457,10 +443,6 @@ def _scan(events: list[Event], end: int) -> _Scan:
     open_: dict[_Key, _Open] = {}
     waiting: dict[tuple[str, str, str], Event] = {}  # acquire invokes awaiting an outcome
     writing: dict[tuple[str, str], Event] = {}  # write invokes awaiting an outcome
-
-    def holding(client: str, lock: str, mode: str) -> bool:
-        return any(k[:3] == (client, lock, mode) for k in open_)
-
     for e in events:
         key: _Key = (e.client, e.lock, e.mode, e.who)
         if e.op == "acquire":
@@ -478,7 +460,7 @@ def _scan(events: list[Event], end: int) -> _Scan:
                             start.t,
                             e.t if e.phase == "ok" else None,
                             # A re-entry never queues: judge only first-level acquires.
-                            nested=holding(e.client, e.lock, e.mode),
+                            nested=any(k[:3] == key[:3] for k in open_),
                         )
                     )
             if e.phase == "ok":
@@ -501,20 +483,17 @@ def _scan(events: list[Event], end: int) -> _Scan:
                 held.level -= 1
                 held.last_release_invoke = e.t
                 if held.level <= 0:
-                    out.holds.append(held.close(e.t, "release"))
-                    del open_[key]
+                    out.holds.append(open_.pop(key).close(e.t, "release"))
             elif e.phase == "fail":
                 # A failed release (the lease was lost, or never owned) means the
                 # client holds nothing from its invoke on, whatever the level.
                 release_t = e.t if held.last_release_invoke is None else held.last_release_invoke
-                out.holds.append(held.close(release_t, "release"))
-                del open_[key]
+                out.holds.append(open_.pop(key).close(release_t, "release"))
         elif e.op == "lost" and e.phase == "ok" and e.owner is not None:
             # Told lost: from here the owner holds nothing (its later release fails).
             for k, held in list(open_.items()):
                 if k[1:] == (e.lock, e.mode, e.owner) and e.token in (None, held.token):
-                    out.holds.append(held.close(e.t, "lost"))
-                    del open_[k]
+                    out.holds.append(open_.pop(k).close(e.t, "lost"))
         elif e.op == "write":
             if e.phase == "invoke":
                 writing[(e.client, e.lock)] = e
@@ -624,6 +603,31 @@ def _at(t: int, origin: int) -> str:
     return f"+{(t - origin) / 1e6:.3f}ms"
 
 
+_T = TypeVar("_T")
+_K = TypeVar("_K")
+
+
+def _grouped(items: Iterable[_T], key: Callable[[_T], _K]) -> dict[_K, list[_T]]:
+    """``items`` by ``key``, each group in the order of ``items``."""
+    groups: dict[_K, list[_T]] = defaultdict(list)
+    for item in items:
+        groups[key(item)].append(item)
+    return dict(groups)
+
+
+def _overlapping(holds: list[Hold]) -> Iterator[tuple[Hold, Hold]]:
+    """The pairs ``(a, b)`` of ``holds`` by different owners that share an instant, ``a``
+    starting first."""
+    group = sorted(holds, key=lambda h: h.start)
+    for i, a in enumerate(group):
+        # Sorted by start: only the holds starting before a's end can overlap it.
+        for b in group[i + 1 :]:
+            if b.start >= a.end:
+                break
+            if a.owner != b.owner and a.overlaps(b):
+                yield a, b
+
+
 def check(
     events: Iterable[Event],
     *,
@@ -719,44 +723,31 @@ def check(
 
 def _exclusion(holds: list[Hold], origin: int) -> list[Violation]:
     found: list[Violation] = []
-    groups: dict[tuple[str, str], list[Hold]] = defaultdict(list)
-    for h in holds:
-        groups[(h.lock, h.family)].append(h)
-    for (lock, fam), group in groups.items():
-        group.sort(key=lambda h: h.start)
-        for i, a in enumerate(group):
-            # Sorted by start: only the holds starting before a's end can overlap it.
-            for b in group[i + 1 :]:
-                if b.start >= a.end:
-                    break
-                if a.owner == b.owner or not a.overlaps(b):
-                    continue
-                if a.mode in EXCLUSIVE_MODES and b.mode in EXCLUSIVE_MODES:
-                    kind = "overlap"
-                elif "w" in (a.mode, b.mode):
-                    kind = "reader-writer"
-                else:
-                    continue  # readers with readers
-                shared = min(a.end, b.end) - b.start
-                found.append(
-                    Violation(
-                        kind,
-                        lock,
-                        b.start,
-                        f"[{fam}] {a.describe(origin)} and {b.describe(origin)}: "
-                        f"both held for {shared / 1e6:.3f}ms",
-                    )
+    for (lock, fam), group in _grouped(holds, lambda h: (h.lock, h.family)).items():
+        for a, b in _overlapping(group):
+            if a.mode in EXCLUSIVE_MODES and b.mode in EXCLUSIVE_MODES:
+                kind = "overlap"
+            elif "w" in (a.mode, b.mode):
+                kind = "reader-writer"
+            else:
+                continue  # readers with readers
+            shared = min(a.end, b.end) - b.start
+            found.append(
+                Violation(
+                    kind,
+                    lock,
+                    b.start,
+                    f"[{fam}] {a.describe(origin)} and {b.describe(origin)}: "
+                    f"both held for {shared / 1e6:.3f}ms",
                 )
+            )
     return found
 
 
 def _fifo(attempts: list[_Attempt], slack: int, origin: int) -> list[Violation]:
     found: list[Violation] = []
-    groups: dict[str, list[_Attempt]] = defaultdict(list)
-    for a in attempts:
-        if a.mode == "fair" and a.ok_t is not None and not a.nested:
-            groups[a.lock].append(a)
-    for lock, group in groups.items():
+    fair = [a for a in attempts if a.mode == "fair" and a.ok_t is not None and not a.nested]
+    for lock, group in _grouped(fair, lambda a: a.lock).items():
         group.sort(key=lambda a: a.invoke_t)
         for i, a in enumerate(group):
             assert a.ok_t is not None
@@ -785,10 +776,14 @@ def _stale_writes(
     events: list[Event], scan: _Scan, late_writes: bool, origin: int
 ) -> list[Violation]:
     found: list[Violation] = []
-    resources: dict[str, list[Event]] = defaultdict(list)
-    for e in events:
-        if e.op == "write" and e.phase == "ok" and e.accepted is True and e.token is not None:
-            resources[e.lock].append(e)
+    resources = _grouped(
+        (
+            e
+            for e in events
+            if e.op == "write" and e.phase == "ok" and e.accepted is True and e.token is not None
+        ),
+        lambda e: e.lock,
+    )
     stale: set[int] = set()
     for lock, writes in resources.items():
         if all(w.seq is not None for w in writes):
@@ -869,15 +864,9 @@ def _lost_updates(
     end: int,
 ) -> list[Violation]:
     found: list[Violation] = []
-    counters: dict[str, list[Event]] = defaultdict(list)
-    for e in events:
-        if e.op == "incr" and e.phase == "ok":
-            counters[e.lock].append(e)
+    counters = _grouped((e for e in events if e.op == "incr" and e.phase == "ok"), lambda e: e.lock)
     for lock, incrs in counters.items():
-        by_value: dict[int, list[Event]] = defaultdict(list)
-        for e in incrs:
-            if e.value is not None:
-                by_value[e.value].append(e)
+        by_value = _grouped((e for e in incrs if e.value is not None), lambda e: e.value or 0)
         for value, writers in sorted(by_value.items()):
             if len(writers) > 1:
                 who = ", ".join(f"{e.client} at {_at(e.t, origin)}" for e in writers)
@@ -936,26 +925,17 @@ def upgradeable_violations(scan: _Scan, origin: int) -> list[Violation]:
         and grant (from its invoke to its ok): a writer came in between.
     """
     found: list[Violation] = []
-    ups: dict[str, list[Hold]] = defaultdict(list)
-    for h in scan.holds:
-        if h.mode == "u":
-            ups[h.lock].append(h)
+    ups = _grouped((h for h in scan.holds if h.mode == "u"), lambda h: h.lock)
     for lock, group in ups.items():
-        group.sort(key=lambda h: h.start)
-        for i, a in enumerate(group):
-            for b in group[i + 1 :]:
-                if b.start >= a.end:
-                    break
-                if a.owner != b.owner and a.overlaps(b):
-                    found.append(
-                        Violation(
-                            "overlap",
-                            lock,
-                            b.start,
-                            f"[rw] two upgradeable holds: {a.describe(origin)} and "
-                            f"{b.describe(origin)}",
-                        )
-                    )
+        for a, b in _overlapping(group):
+            found.append(
+                Violation(
+                    "overlap",
+                    lock,
+                    b.start,
+                    f"[rw] two upgradeable holds: {a.describe(origin)} and {b.describe(origin)}",
+                )
+            )
     for at in scan.attempts:
         if at.mode != "w" or at.ok_t is None or at.nested:
             continue
@@ -1009,11 +989,7 @@ def over_capacity(
     judged). Holds that merely touch (one ends where the next starts) do not count
     together."""
     found: list[Violation] = []
-    groups: dict[str, list[Hold]] = defaultdict(list)
-    for h in holds:
-        if h.mode == "sem":
-            groups[h.lock].append(h)
-    for lock, group in groups.items():
+    for lock, group in _grouped((h for h in holds if h.mode == "sem"), lambda h: h.lock).items():
         p = permits if isinstance(permits, int) or permits is None else permits.get(lock)
         if p is None:
             continue
@@ -1084,11 +1060,8 @@ def _order(
     """Tokens (terms) of the holds in ``modes`` that do not grow in the order the holds
     began, per lock and family (see :func:`leadership_violations`)."""
     found: list[Violation] = []
-    groups: dict[tuple[str, str], list[Hold]] = defaultdict(list)
-    for h in holds:
-        if h.mode in modes and h.token is not None:
-            groups[(h.lock, h.family)].append(h)
-    for (lock, fam), group in groups.items():
+    judged = (h for h in holds if h.mode in modes and h.token is not None)
+    for (lock, fam), group in _grouped(judged, lambda h: (h.lock, h.family)).items():
         group.sort(key=lambda h: (h.start, h.end))
         for i, b in enumerate(group):
             if b.end <= b.start:
@@ -1128,9 +1101,7 @@ def loss_violations(
     matches: an owner that holds again may have a later hold's report matched to it.
     """
     found: list[Violation] = []
-    by_owner: dict[tuple[str, str, str], list[Hold]] = defaultdict(list)
-    for h in holds:
-        by_owner[(h.lock, h.mode, h.owner)].append(h)
+    by_owner = _grouped(holds, lambda h: (h.lock, h.mode, h.owner))
     reported: set[int] = set()  # ids of the holds whose loss was reported
     for e in events:
         if e.op != "lost" or e.phase != "ok" or e.owner is None:

@@ -207,8 +207,7 @@ def _marker_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 def _manager_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
-    settings = _marker_settings(request)
-    return {key: value for key, value in settings.items() if key in MANAGER_OPTIONS}
+    return {k: v for k, v in _marker_settings(request).items() if k in MANAGER_OPTIONS}
 
 
 def _size(value: object, where: str) -> int:
@@ -236,6 +235,17 @@ def _missing_server(config: pytest.Config, error: RedisServerNotFound) -> NoRetu
     if choice == "fail" or (choice == "auto" and in_ci):
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
+
+
+def _binary(request: pytest.FixtureRequest, unavailable: str | None) -> str:
+    """The ``redis-server`` for a fixture that makes its own servers; the test is
+    skipped with ``unavailable``, the reason they cannot be made here, if there is one."""
+    if unavailable is not None:
+        pytest.skip(unavailable)
+    try:
+        return find_redis_server()
+    except RedisServerNotFound as error:
+        _missing_server(request.config, error)
 
 
 @pytest.fixture(scope="session")
@@ -350,14 +360,7 @@ def redreentrant_netlab(
     masters, started, and closed after the test (its namespace, rules and processes
     gone). Skipped, with the reason, where labs cannot be made (not Linux, not root, no
     ``ip``, ``nft`` or ``iptables``)."""
-    reason = available()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        binary = find_redis_server()
-    except RedisServerNotFound as error:
-        _missing_server(request.config, error)
-    with NetLab(redreentrant_masters, binary=binary) as lab:
+    with NetLab(redreentrant_masters, binary=_binary(request, available())) as lab:
         yield lab
 
 
@@ -370,12 +373,6 @@ def redreentrant_clocks(
     ``ensemble, clocks = redreentrant_clocks; clocks[0].rate(10)``. Stopped, and the
     clocks' files removed, after the test. Skipped, with the reason, where the clock
     shim cannot be built (no C compiler, not Linux)."""
-    reason = clocks_available()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        binary = find_redis_server()
-    except RedisServerNotFound as error:
-        _missing_server(request.config, error)
+    binary = _binary(request, clocks_available())
     with clocked_ensemble(redreentrant_masters, binary=binary) as pair:
         yield pair

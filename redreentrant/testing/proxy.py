@@ -125,7 +125,6 @@ class TcpProxy:
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._pipes: dict[socket.socket, tuple[_Pipe, _Side]] = {}
-        self._interest: dict[socket.socket, int] = {}  # what each socket is registered for
         self._guard = threading.Lock()
         self._applied = threading.Condition(self._guard)
         self._requested = 0  # generation of the last mode change asked for
@@ -165,21 +164,14 @@ class TcpProxy:
     def connections(self) -> int:
         """Connections open right now."""
         with self._guard:
-            return len({id(pipe) for pipe, _ in self._pipes.values()})
+            return len(self._open_pipes())
 
     def start(self) -> TcpProxy:
         """Listen and start the loop thread. Returns ``self``."""
         if self._thread is not None:
             raise RuntimeError("the proxy was already started")
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((HOST, self._port))
-            listener.listen(128)
-            listener.setblocking(False)
-        except BaseException:
-            listener.close()
-            raise
+        listener = socket.create_server((HOST, self._port), backlog=128)  # SO_REUSEADDR
+        listener.setblocking(False)
         self._listener = listener
         self._port = int(listener.getsockname()[1])
         self._wake_r, self._wake_w = socket.socketpair()
@@ -249,6 +241,10 @@ class TcpProxy:
         if not applied:
             raise RuntimeError(f"the proxy did not apply mode {mode!r} in time")
 
+    def _open_pipes(self) -> list[_Pipe]:
+        """Every open connection, once (its pipe is listed under each of its sockets)."""
+        return list({id(pipe): pipe for pipe, _ in self._pipes.values()}.values())
+
     def _wake(self) -> None:
         if self._wake_w is not None:
             with contextlib.suppress(OSError):
@@ -284,10 +280,10 @@ class TcpProxy:
                 return
             mode = self._mode
         if mode == "reset":
-            for pipe in {id(p): p for p, _ in list(self._pipes.values())}.values():
+            for pipe in self._open_pipes():
                 self._close_pipe(pipe, hard=True)
         elif mode == "blackhole":
-            for pipe, _ in list(self._pipes.values()):
+            for pipe in self._open_pipes():
                 for side in (pipe.client, pipe.upstream):
                     side.out.clear()
                     side.delayed.clear()
@@ -342,18 +338,16 @@ class TcpProxy:
             events |= selectors.EVENT_READ
         if side.out:
             events |= selectors.EVENT_WRITE
-        current = self._interest.get(sock, 0)
+        registered = self._selector.get_map().get(sock)
+        current = 0 if registered is None else registered.events
         if events == current:
             return
         if not events:
             self._selector.unregister(sock)
-            del self._interest[sock]
         elif current:
             self._selector.modify(sock, events)
-            self._interest[sock] = events
         else:
             self._selector.register(sock, events)
-            self._interest[sock] = events
 
     def _serve(self, sock: socket.socket, events: int) -> None:
         entry = self._pipes.get(sock)
@@ -432,8 +426,8 @@ class TcpProxy:
                 continue
             with self._guard:
                 self._pipes.pop(sock, None)
-            if self._interest.pop(sock, 0) and self._selector is not None:
-                with contextlib.suppress(KeyError, ValueError):
+            if self._selector is not None:
+                with contextlib.suppress(KeyError, ValueError):  # not registered
                     self._selector.unregister(sock)
             if hard:
                 _hard_close(sock)
@@ -443,7 +437,7 @@ class TcpProxy:
             side.sock = None
 
     def _shutdown(self) -> None:
-        for pipe in {id(p): p for p, _ in list(self._pipes.values())}.values():
+        for pipe in self._open_pipes():
             self._close_pipe(pipe, hard=False)
         for sock in (self._listener, self._wake_r, self._wake_w):
             if sock is not None:

@@ -66,25 +66,19 @@ _REAPER = r"""
 import json, os, shutil, signal, subprocess, sys, time
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
     signal.signal(s, signal.SIG_IGN)
-pids, dirs, nets = {}, {}, {}
+lists = {"pid": {}, "dir": {}, "netns": {}}
 for line in sys.stdin.buffer:
     try:
         message = json.loads(line)
-        op, key = message[0], message[1]
-        if op == "+pid":
-            pids[key] = (message[2], message[3])
-        elif op == "-pid":
-            pids.pop(key, None)
-        elif op == "+dir":
-            dirs[key] = message[2]
-        elif op == "-dir":
-            dirs.pop(key, None)
-        elif op == "+netns":
-            nets[key] = message[2]
-        elif op == "-netns":
-            nets.pop(key, None)
+        sign, listed, key = message[0][0], lists[message[0][1:]], message[1]
+        if sign == "+":
+            listed[key] = message[2:]
+        elif sign == "-":
+            listed.pop(key, None)
     except (ValueError, LookupError, TypeError):
         continue
+pids, nets = lists["pid"], lists["netns"]
+dirs = {top: binary for top, (binary,) in lists["dir"].items()}
 PROC = os.path.isdir("/proc")
 def link(pid, what):
     try:
@@ -125,15 +119,17 @@ def alive(pid):
         return False
     except (OSError, IndexError):
         return not PROC
+def kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 killed = set()
 for attempt in range(2):
     targets = {p for p, (top, binary) in pids.items() if server_in(p, top, binary)}
     targets |= strays()
     for pid in targets - killed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill(pid)
     killed |= targets
     deadline = time.monotonic() + 5
     while any(alive(p) for p in killed) and time.monotonic() < deadline:
@@ -148,14 +144,11 @@ def ip_netns(ip, *args):
         return b""
 def inside(name, ip):
     return {int(p) for p in ip_netns(ip, "pids", name).split()} - {os.getpid()}
-for name, ip in nets.items():
+for name, (ip,) in nets.items():
     deadline = time.monotonic() + 5
     while inside(name, ip) and time.monotonic() < deadline:
         for pid in inside(name, ip):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            kill(pid)
         time.sleep(0.02)
     ip_netns(ip, "del", name)
 for top in dirs:
@@ -172,47 +165,26 @@ class _Reaper:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._pids: dict[int, tuple[str, str]] = {}
-        self._dirs: dict[str, str] = {}
-        self._nets: dict[str, str] = {}
+        # What is listed, by kind ("dir", "pid", "netns"): key -> the message's values.
+        self._lists: dict[str, dict[object, tuple[object, ...]]] = {
+            "dir": {},
+            "pid": {},
+            "netns": {},
+        }
         self._fd: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._warned = False
 
-    def watch_pid(self, pid: int, directory: str, binary: str) -> None:
-        """Kill ``pid``, the ``binary`` server in ``directory``, if this process dies."""
+    def watch(self, kind: str, key: object, *values: object) -> None:
+        """List ``key`` (a pid, a directory, a namespace's name) of ``kind``."""
         with self._lock:
-            self._pids[pid] = (directory, binary)
-            self._send(["+pid", pid, directory, binary])
+            self._lists[kind][key] = values
+            self._send([f"+{kind}", key, *values])
 
-    def forget_pid(self, pid: int) -> None:
+    def forget(self, kind: str, key: object) -> None:
         with self._lock:
-            if self._pids.pop(pid, None) is not None:
-                self._send(["-pid", pid])
-
-    def watch_dir(self, directory: str, binary: str) -> None:
-        """Remove ``directory`` if this process dies, after killing the ``binary``
-        servers inside it."""
-        with self._lock:
-            self._dirs[directory] = binary
-            self._send(["+dir", directory, binary])
-
-    def forget_dir(self, directory: str) -> None:
-        with self._lock:
-            if self._dirs.pop(directory, None) is not None:
-                self._send(["-dir", directory])
-
-    def watch_netns(self, name: str, ip: str) -> None:
-        """Kill every process inside the network namespace ``name``, and delete it
-        (with ``ip``), if this process dies."""
-        with self._lock:
-            self._nets[name] = ip
-            self._send(["+netns", name, ip])
-
-    def forget_netns(self, name: str) -> None:
-        with self._lock:
-            if self._nets.pop(name, None) is not None:
-                self._send(["-netns", name])
+            if self._lists[kind].pop(key, None) is not None:
+                self._send([f"-{kind}", key])
 
     def _send(self, message: list[object]) -> None:
         for _ in range(2):  # a reaper that died is replaced once, with the whole list
@@ -247,9 +219,11 @@ class _Reaper:
         finally:
             os.close(read)
         self._fd = write
-        lines: list[list[object]] = [["+dir", d, b] for d, b in self._dirs.items()]
-        lines += [["+pid", pid, d, b] for pid, (d, b) in self._pids.items()]
-        lines += [["+netns", name, ip] for name, ip in self._nets.items()]
+        lines = [
+            [f"+{kind}", key, *values]
+            for kind, listed in self._lists.items()
+            for key, values in listed.items()
+        ]
         try:
             os.write(write, b"".join(json.dumps(line).encode() + b"\n" for line in lines))
         except OSError:
@@ -299,35 +273,35 @@ os.register_at_fork(after_in_child=_reaper.after_fork_in_child)
 
 def watch_pid(pid: int, directory: str, binary: str) -> None:
     """Kill ``pid``, the ``binary`` server working in ``directory``, if this process dies."""
-    _reaper.watch_pid(pid, directory, binary)
+    _reaper.watch("pid", pid, directory, binary)
 
 
 def forget_pid(pid: int) -> None:
     """Take ``pid`` off the list (it was stopped, or detached)."""
-    _reaper.forget_pid(pid)
+    _reaper.forget("pid", pid)
 
 
 def watch_dir(directory: str, binary: str) -> None:
     """Remove ``directory`` if this process dies, after killing the ``binary`` servers
     working inside it."""
-    _reaper.watch_dir(directory, binary)
+    _reaper.watch("dir", directory, binary)
 
 
 def forget_dir(directory: str) -> None:
     """Take ``directory`` off the list (it was removed, or detached)."""
-    _reaper.forget_dir(directory)
+    _reaper.forget("dir", directory)
 
 
 def watch_netns(name: str, ip: str) -> None:
     """Kill every process inside the network namespace ``name`` and delete it (with
     ``ip``, the path of iproute2's command) if this process dies. Call it from a thread
     outside the namespace: a reaper it starts runs where that thread is."""
-    _reaper.watch_netns(name, ip)
+    _reaper.watch("netns", name, ip)
 
 
 def forget_netns(name: str) -> None:
     """Take the network namespace ``name`` off the list (it was deleted)."""
-    _reaper.forget_netns(name)
+    _reaper.forget("netns", name)
 
 
 def close() -> None:

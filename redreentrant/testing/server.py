@@ -284,13 +284,10 @@ class LocalServer:
         longer be used. For :meth:`redreentrant.testing.LocalEnsemble.detach`.
         """
         described: dict[str, Any] = {"port": self.port, "pid": self.pid, "dir": self.directory}
+        self._forget_process()  # not ours to stop any more
         cleanup.untrack(self)
-        if self._process is not None:
-            reaper.forget_pid(self._process.pid)
         if self._owns_directory:
             reaper.forget_dir(self.directory)
-        self._process = None  # not ours to stop any more
-        self._paused = False
         self._closed = True
         return described
 

@@ -103,6 +103,8 @@ CLIENT_FAULTS = ("client-cut", "client-loss", "client-jitter")
 LOSS_PERCENT = 30.0
 DELAY_MS, JITTER_MS = 70.0, 50.0  # 20-120 ms per packet
 RATES = {"clock-1.1x": 1.1, "clock-10x": 10.0}
+#: the master faults done to its process (the others, to its packets)
+_ON_PROCESS = ("kill", "freeze", *RATES)
 #: a master counts as faulted until this many leases after its fault is undone
 SETTLE = 0.6
 #: how many clients' paths may have a fault at one time
@@ -189,18 +191,15 @@ class Injector:
 
     def inject(self, fault: Fault) -> None:
         master = fault.master
-        if fault.kind == "kill":
-            assert master is not None
+        if master is None or fault.kind not in _ON_PROCESS:
+            self._apply(fault)
+        elif fault.kind == "kill":
             self.lab.kill(master)
             self.killed_at[master] = time.monotonic()
         elif fault.kind == "freeze":
-            assert master is not None
             self.lab.freeze(master)
-        elif fault.kind in RATES:
-            assert master is not None
-            self.clocks[master].rate(RATES[fault.kind])
         else:
-            self._apply(fault)
+            self.clocks[master].rate(RATES[fault.kind])
         self.active.append(fault)
         self.counts[fault.kind] += 1
         self.log.append((time.monotonic_ns(), "+", fault))
@@ -208,28 +207,22 @@ class Injector:
     def undo(self, fault: Fault) -> None:
         self.active.remove(fault)
         master = fault.master
-        if fault.kind == "kill":
-            assert master is not None
+        if master is None or fault.kind not in _ON_PROCESS:
+            for m in _packets_of(fault):
+                self.lab.heal(m, fault.client)
+            # A heal undoes every fault on those packets: put back the others' there.
+            for other in self.active:
+                if other.kind not in _ON_PROCESS:
+                    self._apply(other)
+        elif fault.kind == "kill":
             # Masters persist nothing: one restarted within a lease could forget holds
             # that are still valid (outside the model).
             time.sleep(max(0.0, self.killed_at.pop(master) + self.lease + 0.1 - time.monotonic()))
             self.lab.start(master)
         elif fault.kind == "freeze":
-            assert master is not None
             self.lab.thaw(master)
-        elif fault.kind in RATES:
-            assert master is not None
-            self.clocks[master].reset()
         else:
-            if master is not None:
-                self.lab.heal(master)
-            else:
-                for m in fault.masters:
-                    self.lab.heal(m, fault.client)
-            # A heal undoes every fault on those packets: put back the others' there.
-            for other in self.active:
-                if other.kind not in ("kill", "freeze", *RATES):
-                    self._apply(other)
+            self.clocks[master].reset()
         self.log.append((time.monotonic_ns(), "-", fault))
 
     def undo_all(self) -> None:
@@ -238,24 +231,23 @@ class Injector:
         self.lab.heal()
 
     def _apply(self, fault: Fault) -> None:
-        lab, kind = self.lab, fault.kind
-        if fault.master is not None:
+        """Put a packet fault in place: a master's on every path, or one client's."""
+        lab, kind, client = self.lab, fault.kind.removeprefix("client-"), fault.client
+        for m in _packets_of(fault):
             if kind == "cut":
-                lab.cut(fault.master)
+                lab.cut(m, client)
             elif kind in ("cut-requests", "cut-replies"):
-                lab.cut(fault.master, way="requests" if kind == "cut-requests" else "replies")
+                lab.cut(m, client, way="requests" if kind == "cut-requests" else "replies")
             elif kind == "loss":
-                lab.loss(fault.master, LOSS_PERCENT)
+                lab.loss(m, LOSS_PERCENT, client)
             elif kind == "jitter":
-                lab.delay(fault.master, DELAY_MS, JITTER_MS)
-            return
-        for m in fault.masters:
-            if kind == "client-cut":
-                lab.cut(m, client=fault.client)
-            elif kind == "client-loss":
-                lab.loss(m, LOSS_PERCENT, client=fault.client)
-            elif kind == "client-jitter":
-                lab.delay(m, DELAY_MS, JITTER_MS, client=fault.client)
+                lab.delay(m, DELAY_MS, JITTER_MS, client)
+
+
+def _packets_of(fault: Fault) -> tuple[int, ...]:
+    """The masters whose packets a packet fault hits (on ``fault.client``'s path only,
+    when it names a client)."""
+    return fault.masters if fault.master is None else (fault.master,)
 
 
 def carry_out(faults: list[Fault], injector: Injector, seconds: float) -> None:
@@ -522,13 +514,12 @@ def figures(
     found = [v for v in report.violations if v not in documented]
     violations = Counter(v.kind for v in found)
     first = found[0] if found else None
-    around: list[str] = []
-    if first is not None:
-        for t, sign, fault in injector.log:
-            if abs(t - first.t) < 5_000_000_000:
-                at = (t - report.origin) / 1e6
-                around.append(f"+{at:.3f}ms {'injected' if sign == '+' else 'undone'} "
-                              f"{fault.kind} on {_where(fault)}")  # fmt: skip
+    around = [
+        f"+{(t - report.origin) / 1e6:.3f}ms {'injected' if sign == '+' else 'undone'} "
+        f"{fault.kind} on {_where(fault)}"
+        for t, sign, fault in injector.log
+        if first is not None and abs(t - first.t) < 5_000_000_000
+    ]
     return {
         "seed": config.seed,
         "seconds": config.seconds,

@@ -52,13 +52,13 @@ from redreentrant import (
     MultiLock,
 )
 
-from .history import Recorder
+from .history import Recorder, family
 
 #: the kinds a worker draws from: the plain lock, the read/write lock's two sides, the
 #: fair lock, a permit of a semaphore, a multi-lock of two names, an election's leadership
 KINDS = ("x", "r", "w", "fair", "sem", "multi", "lead")
 #: the history mode each kind is recorded in
-MODE = {"x": "x", "r": "r", "w": "w", "fair": "fair", "sem": "sem", "multi": "x", "lead": "lead"}
+MODE = {kind: "x" if kind == "multi" else kind for kind in KINDS}
 #: the names each family contends for; a name is one lock per family, and each family
 #: has names of its own so that counters and fenced resources are never shared across
 #: families (the plain lock and the multi-lock share theirs: they exclude each other)
@@ -69,16 +69,8 @@ NAMES: dict[str, tuple[str, ...]] = {
     "sem": ("sem0",),
     "lead": ("lead0",),
 }
-#: the family of names each kind takes
-FAMILY = {
-    "x": "x",
-    "r": "rw",
-    "w": "rw",
-    "fair": "fair",
-    "sem": "sem",
-    "multi": "x",
-    "lead": "lead",
-}
+#: the family of names each kind takes (its mode's lock family)
+FAMILY = {kind: family(mode) for kind, mode in MODE.items()}
 #: the semaphore's permits
 PERMITS = 2
 #: the kinds whose holds work on the resource (exclusive ones: they have a token)
