@@ -13,8 +13,6 @@ from .._core.errors import LockTimeoutError
 from .._core.kinds import ELECTION, LockKind
 from .._core.owner import new_token
 from .lock import Lock
-from .owner import current_task
-from .signals import LostSignal
 
 
 class Election(Lock):
@@ -38,19 +36,9 @@ class Election(Lock):
     async def _campaign(
         self, value: bytes, blocking: bool, timeout: float, caller: FrameType | None
     ) -> bool:
-        engine = self._engine
-        owner = self._owner()
-        signal = None
-        if self.cancel_on_loss and self._hold() is None:
-            signal = LostSignal(engine)
-            signal.task = current_task()
-        steps = election.campaign(
-            engine, ELECTION, self.name, owner, value, blocking, timeout, signal, caller
-        )
-        got = await self._driver.run(steps)
-        if got and signal is not None:
-            signal.attach(engine.held(self.kind, self.name, owner))
-        return got
+        return await self._first_hold(self.kind, lambda owner, signal: election.campaign(
+            self._engine, ELECTION, self.name, owner, value, blocking, timeout, signal, caller
+        ))  # fmt: skip
 
     async def acquire(
         self,

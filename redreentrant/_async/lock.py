@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Callable
 from types import FrameType, TracebackType
 
+from .._core.effects import Steps
 from .._core.engine import Engine, entry_caller
 from .._core.errors import LockLostError, LockOwnerError
 from .._core.kinds import FAIR, READ, UPGRADEABLE, WRITE, LockKind
@@ -80,19 +82,26 @@ class Lock(LockCore):
         With ``cancel_on_loss`` (``mgr.lock(name, cancel_on_loss=True)``), a first hold
         cancels the owning task once it is lost (also when a fixed lease runs out)."""
         self._refuse_own_task(inspect.currentframe(), "lock.acquire()")
-        engine = self._engine
-        owner = self._owner()
+        caller = entry_caller()
+        return await self._first_hold(self.kind, lambda owner, signal: self._engine.acquire(
+            self.kind, self.name, owner, blocking, timeout, lease, self.fencing, max_hold,
+            signal, caller,
+        ))  # fmt: skip
+
+    async def _first_hold(
+        self, kind: LockKind, steps: Callable[[str, LostSignal | None], Steps[bool]]
+    ) -> bool:
+        """Run ``steps(owner, signal)`` that may take the owner's hold of ``kind``; with
+        ``cancel_on_loss``, a first hold gets a signal that cancels this task once the
+        hold is lost."""
+        engine, owner = self._engine, self._owner()
         signal = None
-        if self.cancel_on_loss and self._hold() is None:
+        if self.cancel_on_loss and engine.holds.get(kind, self.name, owner) is None:
             signal = LostSignal(engine)
             signal.task = current_task()
-        steps = engine.acquire(
-            self.kind, self.name, owner, blocking, timeout, lease, self.fencing, max_hold,
-            signal, entry_caller(),
-        )  # fmt: skip
-        got = await self._driver.run(steps)
+        got = await self._driver.run(steps(owner, signal))
         if got and signal is not None:
-            signal.attach(engine.held(self.kind, self.name, owner))
+            signal.attach(engine.held(kind, self.name, owner))
         return got
 
     async def extend(self, seconds: float, replace: bool = False) -> None:
@@ -188,17 +197,11 @@ class UpgradeableReadLock(Lock):
         """See :meth:`redreentrant.UpgradeableReadLock.upgrade`. Cancelling it leaves
         the owner an upgradeable reader, as a timeout does."""
         self._refuse_own_task(inspect.currentframe(), "lock.upgrade()")
-        engine = self._engine
-        owner = self._owner()
-        signal = None
-        if self.cancel_on_loss and engine.holds.get(WRITE, self.name, owner) is None:
-            signal = LostSignal(engine)  # the write hold's, as rw.write.acquire() makes
-            signal.task = current_task()
-        steps = engine.upgrade(self.name, owner, timeout, self.fencing, entry_caller(), signal)
-        got = await self._driver.run(steps)
-        if got and signal is not None:
-            signal.attach(engine.held(WRITE, self.name, owner))
-        return got
+        caller = entry_caller()
+        # The write hold's signal, as rw.write.acquire() makes.
+        return await self._first_hold(WRITE, lambda owner, signal: self._engine.upgrade(
+            self.name, owner, timeout, self.fencing, caller, signal
+        ))  # fmt: skip
 
     async def downgrade(self) -> None:
         """See :meth:`redreentrant.UpgradeableReadLock.downgrade`."""

@@ -181,8 +181,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         """Leader election on ``name`` (see :meth:`redreentrant.LockManager.election`);
         ``cancel_on_loss`` cancels the leading task when its leadership is lost."""
         self._engine.check_open()
-        made = Election(self._engine, self._driver, name, None, False, owner_token(owner))
-        return self._cancelling(made, cancel_on_loss)
+        return Election(self._engine, self._driver, name, None, cancel_on_loss, owner_token(owner))
 
     def semaphore(
         self, name: str, permits: int, *, cancel_on_loss: bool = False, owner: object = None
@@ -193,8 +192,8 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         self._engine.check_open()
         permits = check_permits(permits)
         kind = semaphore_kind(permits)
-        made = Semaphore(self._engine, self._driver, name, None, False, owner_token(owner), kind)
-        return self._cancelling(made, cancel_on_loss)
+        token = owner_token(owner)
+        return Semaphore(self._engine, self._driver, name, None, cancel_on_loss, token, kind)
 
     @staticmethod
     def _cancelling(lock: L, cancel_on_loss: bool) -> L:
@@ -219,8 +218,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
             raise TypeError("multi_lock takes several names (a list), not one str")
         kind = multi_kind(multi_names(names))
         token, name = owner_token(owner), kind.label_of_names
-        made = MultiLock(self._engine, self._driver, name, fencing, False, token, kind)
-        return self._cancelling(made, cancel_on_loss)
+        return MultiLock(self._engine, self._driver, name, fencing, cancel_on_loss, token, kind)
 
     def _make(self, kind: LockKind, name: str, fencing: bool | None, owner: str | None) -> Lock:
         made = LOCK_CLASSES.get(kind.label, Lock)  # a kind without a class of its own
