@@ -34,7 +34,7 @@ from .fencing import FENCE_TTL_MS, check_token, floor_of
 from .holds import Guard, Hold, Holds, Signal
 from .keys import home_channel
 from .kinds import UPGRADEABLE, WRITE, FamilyKind, LockKind, MultiKind, SemaphoreKind
-from .listeners import LockInfo, LockListener, tell
+from .listeners import LockInfo, tell
 from .masters import connect, master_name
 from .owner import new_manager_id
 from .quorum import Clock, Quorum, Tally, Uniform, lease_ms
@@ -303,49 +303,18 @@ class Engine:
         # After its turn on several masters, an owner lets the waiter woken go first.
         polite = self.turns.polite(kind, name, owner) if q.size > 1 else 0
         listener = settings.listener
+        contended: Callable[[Tally], None] | None = None
         if listener is not None:
-            return (yield from self._acquire_told(
-                listener, kind, name, owner, lease, lease_s, deadline, blocking, fencing, cap,
-                signal, site, polite,
-            ))  # fmt: skip
+            info = LockInfo(name, kind.label, owner)
+            started = self.clock()
+            tell(partial(listener.acquire_started, info))
+
+            def contended(t: Tally) -> None:
+                counts = (len(t.granted), len(t.refused), len(t.failed))
+                tell(partial(listener.contended, info, *counts))
+
         steps = acquire_steps(
             Acquire(q, kind, name, owner, 1, lease_s, blocking, deadline, fencing, polite),
-            self.is_closed,
-        )
-        grant = yield from steps
-        if grant is not None and self.closed:
-            yield from self._closed_meanwhile(grant.kind or kind, name, owner, grant.tag)
-        return self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
-
-    def _acquire_told(
-        self,
-        listener: LockListener,
-        kind: LockKind,
-        name: str,
-        owner: str,
-        lease: float | None,
-        lease_s: float,
-        deadline: float | None,
-        blocking: bool,
-        fencing: bool,
-        cap: float | None,
-        signal: Signal | None,
-        site: CallSite | str,
-        polite: int,
-    ) -> Steps[bool]:
-        """:meth:`acquire`'s first hold, telling ``listener`` what happens."""
-        info = LockInfo(name, kind.label, owner)
-        started = self.clock()
-        tell(partial(listener.acquire_started, info))
-
-        def contended(t: Tally) -> None:
-            counts = (len(t.granted), len(t.refused), len(t.failed))
-            tell(partial(listener.contended, info, *counts))
-
-        steps = acquire_steps(
-            Acquire(
-                self.quorum, kind, name, owner, 1, lease_s, blocking, deadline, fencing, polite
-            ),
             self.is_closed,
             contended,
         )
@@ -355,17 +324,18 @@ class Engine:
                 yield from self._closed_meanwhile(grant.kind or kind, name, owner, grant.tag)
             got = self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site)
         except BaseException as error:
-            if isinstance(error, QuorumUnavailableError):
-                tell(partial(listener.quorum_unavailable, error.action, error.errors))
-            tell(partial(listener.acquire_failed, info, self.clock() - started, error))
+            if listener is not None:
+                if isinstance(error, QuorumUnavailableError):
+                    tell(partial(listener.quorum_unavailable, error.action, error.errors))
+                tell(partial(listener.acquire_failed, info, self.clock() - started, error))
             raise
-        wait = self.clock() - started
-        if grant is None:
-            tell(partial(listener.acquire_failed, info, wait, None))
-        else:
-            size = self.quorum.size
-            token = grant.token if isinstance(grant.token, int) else None  # not per name
-            tell(partial(listener.acquired, info, wait, grant.votes, size, token))
+        if listener is not None:
+            wait = self.clock() - started
+            if grant is None:
+                tell(partial(listener.acquire_failed, info, wait, None))
+            else:
+                token = grant.token if isinstance(grant.token, int) else None  # not per name
+                tell(partial(listener.acquired, info, wait, grant.votes, q.size, token))
         return got
 
     def _granted(
@@ -443,18 +413,9 @@ class Engine:
             )
         renewed = hold.lease if lease is None else lease_s
         count = hold.count + 1
+        q = self.quorum
         steps = acquire_steps(
-            Acquire(
-                self.quorum,
-                hold.kind,
-                hold.name,
-                hold.owner,
-                count,
-                renewed,
-                True,
-                None,
-                tag=hold.tag,
-            )
+            Acquire(q, hold.kind, hold.name, hold.owner, count, renewed, True, None, tag=hold.tag)
         )
         try:
             grant = yield from steps
