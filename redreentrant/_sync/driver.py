@@ -69,13 +69,9 @@ class SyncDriver:
                 self.hub.unwatch(channel, owner)
 
     def _carry_out(self, effect: object, watched: list[tuple[str, str]]) -> object:
-        if isinstance(effect, Fanout):
-            return self.transport.fanout(effect)
+        """Any effect but a round and a notice (carried out in :meth:`finish`)."""
         if isinstance(effect, Wait):
             return self.hub.wait(effect.channel, effect.owner, effect.generation, effect.timeout)
-        if isinstance(effect, Notify):
-            self.hub.notify(effect)
-            return None
         if isinstance(effect, Pause):
             self.hub.pause(effect.seconds)
             return None
