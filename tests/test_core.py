@@ -26,6 +26,7 @@ import redis
 
 from redreentrant._async.driver import AsyncDriver
 from redreentrant._async.waker import AsyncWaker
+from redreentrant._core import replies as decode
 from redreentrant._core.effects import Call, Fanout, Handover, Notify, Pause, Reply, Steps, Wait
 from redreentrant._core.engine import Engine
 from redreentrant._core.errors import LockLostError, QuorumUnavailableError
@@ -43,8 +44,7 @@ from redreentrant._core.keys import (
 from redreentrant._core.kinds import EXCLUSIVE, FAIR, Try
 from redreentrant._core.mock import AsyncMockTransport, FakeClock, MockTransport
 from redreentrant._core.packing import evalsha_args
-from redreentrant._core.quorum import Quorum, decoded, lease_ms, tally_grants
-from redreentrant._core.replies import attempt
+from redreentrant._core.quorum import Quorum, decoded, lease_ms, tally_grants, tally_holds
 from redreentrant._core.rounds import next_tag
 from redreentrant._core.settings import Settings
 from redreentrant._core.subscriptions import Subscriptions
@@ -1491,9 +1491,8 @@ def test_a_master_whose_clock_steps_is_counted_out_for_the_quarantine_and_report
         sent = clock()
         clock.advance(took)
         at = offset + server_ms(sent + took / 2)
-        watch.observe(
-            [attempt([1, 1, at + (jump_ms if i == 1 else 0)]) for i in range(3)], sent, clock()
-        )
+        times = [at + (jump_ms if i == 1 else 0) for i in range(3)]
+        watch.observe([decode.attempt([1, 1, t]) for t in times], sent, clock())
 
     for _ in range(5):  # in step, over 50 s (well within the drift allowance)
         observe()
@@ -1511,8 +1510,7 @@ def test_a_master_whose_clock_steps_is_counted_out_for_the_quarantine_and_report
     q = Quorum(("a", "b", "c"), 0.01, 0.05, clock)
     q.watch.out_until[2] = clock() + 1.0
     q.watch.anyone_out = True
-    replies = [[[1, 1, 0]]] * 3
-    tally = tally_grants(q, str, "k", replies, decoded(attempt, replies))
+    tally = tally_grants(q, str, "k", [[[1, 1, 0]]] * 3, [decode.attempt([1, 1, 0])] * 3)
     assert tally.granted == [0, 1] and tally.refused == [2]
     # ... so a round that may end early waits for one more vote, until it counts again.
     assert q.until_granted.needed == q.until_held.needed == 3
@@ -1533,7 +1531,7 @@ def test_a_master_seen_seldom_may_drift_by_the_allowance_of_the_time_between() -
         sent = clock()
         clock.advance(0.002)
         at = 1_700_000_000_000 + round(server_ms(sent + 0.001) + drift + jump_ms)
-        watch.observe([attempt([1, 1, at])], sent, clock())
+        watch.observe([decode.attempt([1, 1, at])], sent, clock())
 
     for _ in range(5):  # once a minute: 300 ms ahead each time, within 1 % of a minute
         observe()
@@ -1932,15 +1930,13 @@ def test_a_round_decided_without_some_masters_leaves_them_unread_and_undoes_ther
 
 def test_unread_replies_are_neither_grants_refusals_nor_failures() -> None:
     from redreentrant._core.effects import UNREAD
-    from redreentrant._core.quorum import tally_holds
-    from redreentrant._core.replies import release
 
     q = Quorum(("a", "b", "c", "d", "e"), 0.01, 0.05)
     replies = [[[1, 1]], [[1, 1]], [[1, 1]], [UNREAD], [UNREAD]]
-    t = tally_grants(q, str, "k", replies, decoded(attempt, replies))
+    t = tally_grants(q, str, "k", replies, decoded(decode.attempt, replies))
     assert t.granted == [0, 1, 2] and t.unread == [3, 4] and not t.failed and not t.refused
     replies = [[0], [UNREAD], [-1], [0], [UNREAD]]
-    t = tally_holds(q, str, "k", replies, decoded(release, replies))
+    t = tally_holds(q, str, "k", replies, decoded(decode.release, replies))
     assert t.granted == [0, 3] and t.refused == [2] and t.unread == [1, 4] and not t.failed
 
 
@@ -2251,7 +2247,7 @@ def test_a_semaphore_grant_is_a_slot_a_quorum_granted_and_the_rest_is_taken_back
     front = semaphore_kind(2)
     # Masters 0, 1, 3 granted slot 1 (position 2); master 2 slot 0; master 4 refused.
     replies: list[list[object]] = [[[1, 1, 2]], [[1, 1, 2]], [[1, 1, 1]], [[1, 1, 2]], [[0, 50]]]
-    tally, held = front.judge(q, "s", replies, decoded(attempt, replies))
+    tally, held = front.judge(q, "s", replies, decoded(decode.attempt, replies))
     assert held is semaphore_kind(2, 1) and tally.granted == [0, 1, 3]
     assert sorted(tally.refused) == [2, 4]
     back = front.kept(q, "s", "o", tally, held, 7)
@@ -2262,10 +2258,10 @@ def test_a_semaphore_grant_is_a_slot_a_quorum_granted_and_the_rest_is_taken_back
     assert back.calls[2][0].args == ("drop", "o", 2, 7, 1)
     # Split: no slot on a quorum (two masters each for slots 0 and 1, one refused).
     split: list[list[object]] = [[[1, 1, 1]], [[1, 1, 2]], [[1, 1, 1]], [[1, 1, 2]], [[0, 9]]]
-    tally, _ = front.judge(q, "s", split, decoded(attempt, split))
+    tally, _ = front.judge(q, "s", split, decoded(decode.attempt, split))
     assert len(tally.granted) == 2 < q.needed
     everyone: list[list[object]] = [[[1, 1, 1]]] * 5
-    tally, held = front.judge(q, "s", everyone, decoded(attempt, everyone))
+    tally, held = front.judge(q, "s", everyone, decoded(decode.attempt, everyone))
     assert front.kept(q, "s", "o", tally, held, 7) is None  # nothing to take back
 
 

@@ -70,6 +70,14 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
 
 
+def _run_child(script: str, binary: str | None, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a child given the server binary and a base directory."""
+    argv = [sys.executable, "-c", script, binary or "", str(tmp_path)]
+    return subprocess.run(
+        argv, env=_child_env(), capture_output=True, text=True, timeout=30, check=True
+    )
+
+
 def _fake_binary(directory: Path, name: str = "redis-server", version: str = "7.2.4") -> str:
     path = directory / name
     path.write_text(f"#!/bin/sh\necho 'Redis server v={version} sha=00000000:0 bits=64'\n")
@@ -334,14 +342,7 @@ def test_atexit_stops_forgotten_ensemble(binary: str | None, tmp_path: Path) -> 
         "e = LocalEnsemble(2, binary=sys.argv[1] or None, base_dir=sys.argv[2]).start()\n"
         "print(json.dumps({'pids': [s.pid for s in e.servers], 'dir': e.directory}))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, binary or "", str(tmp_path)],
-        env=_child_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
+    result = _run_child(script, binary, tmp_path)
     report = json.loads(result.stdout)
     for pid in report["pids"]:
         assert not _alive(pid)
@@ -459,14 +460,7 @@ def test_a_forked_child_leaves_its_parents_servers_alone(
         "print(json.dumps({'dir': os.path.isdir(e.directory),\n"
         "                  'running': [s.running for s in e.servers]}))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, binary or "", str(tmp_path)],
-        env=_child_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
+    result = _run_child(script, binary, tmp_path)
     assert json.loads(result.stdout) == {"dir": True, "running": [True, True]}
     assert list(tmp_path.iterdir()) == []  # and the parent's own exit cleaned up
 
