@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Protocol
+
+from .replies import Attempt, Renewed
 
 #: ms an offset may move between two observations besides the drift allowance: the
 #: server's time in whole ms, and the drift allowance's own fixed part
@@ -31,13 +32,6 @@ SLACK_MS = 3.0
 #: little per round cannot creep past the allowance, which is that of this long (the
 #: drift over it, and SLACK_MS), or of the time since the anchor when longer
 REANCHOR_MS = 1_000.0
-
-
-class Timed(Protocol):
-    """A decoded reply that tells the server's time (ms), if it does."""
-
-    @property
-    def time(self) -> int | None: ...
 
 
 class ClockWatch:
@@ -78,7 +72,9 @@ class ClockWatch:
         #: told when masters are counted out, or all back in
         self.on_change = on_change
 
-    def observe(self, replies: Sequence[Timed | None], sent: float, received: float) -> None:
+    def observe(
+        self, replies: Sequence[Attempt | Renewed | None], sent: float, received: float
+    ) -> None:
         """Note the server times in a round's decoded replies (each master's first, a
         try's or a renewal's: see :mod:`.replies`), the round having gone out at
         ``sent`` and ended at ``received`` (monotonic seconds). A master without one (an

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from .effects import Reply
 from .errors import FencingError
 from .quorum import Quorum
-from .replies import counter_of, granted
+from .replies import counter_of, first_granted
 
 #: how long a lock's fencing counters outlive its last grant (seconds): long, so that
 #: counters do not pile up for every name ever locked, yet outlive any pause
@@ -56,7 +56,7 @@ def check_token(value: object, where: str) -> int:
 def kept_counter(replies: Sequence[Reply]) -> bool:
     """A master's replies (acquire, then each ``fence next``) granted with kept
     counters: the vote of a fenced acquire round, which may end once a quorum gave one."""
-    if len(replies) < 2 or not granted(replies[0]):
+    if len(replies) < 2 or not first_granted(replies):
         return False
     counters = [counter_of(r) for r in replies[1:]]
     return all(c is not None and c.held and not c.fresh for c in counters)

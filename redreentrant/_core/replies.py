@@ -56,14 +56,9 @@ def attempt(reply: object) -> Attempt | None:
     return None
 
 
-def granted(reply: object) -> bool:
-    """A try's reply granted."""
-    return isinstance(reply, list) and len(reply) >= 2 and reply[0] == 1
-
-
 def first_granted(replies: Sequence[object]) -> bool:
     """A master's first reply (its try's) granted: the vote of a round that ends once
-    a quorum granted (:func:`granted`, inline: it runs on every reply)."""
+    a quorum granted."""
     reply = replies[0]
     return isinstance(reply, list) and len(reply) >= 2 and reply[0] == 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import keys, scripts
 from ..effects import Call
 from ..quorum import Replies
-from ..replies import granted, head
+from ..replies import first_granted, head
 from .base import FamilyKind, Try
 
 
@@ -79,8 +79,7 @@ class FairKind(FamilyKind):
         # may have been a holder that released and queued again, now a new arrival.
         heads: dict[tuple[str, str], int] = {}
         for per_master in replies:
-            reply = per_master[0] if per_master else None
-            seen = (owner, "") if granted(reply) else head(reply)
+            seen = (owner, "") if first_granted(per_master) else head(per_master[0])
             if seen is not None:
                 seen = (owner, "") if seen[0] == owner else seen
                 heads[seen] = heads.get(seen, 0) + 1
