@@ -207,7 +207,7 @@ class LockKind(ABC):
         ``release_id`` is the payload of the wake-up sent when the lock is freed;
         ``handover``, ``"<ms>:<tag>"`` (``"0"``: none), hands the lock over to the
         waiter woken, with that lease and tag."""
-        return self._release_call(name, owner, left, release_id, "1", handover)
+        return self._ends(name, owner, left, release_id, "1", handover)
 
     def release_in_turn(
         self, name: str, owner: str, left: str, release_id: str, handover: str, defer: bool,
@@ -217,8 +217,8 @@ class LockKind(ABC):
         kind that :attr:`hands_over`): as :meth:`release`, and ``defer`` wakes (or hands
         the lock to) nobody, replying ``{0, '', 0, 1}`` when there was a waiter to wake,
         while ``reserve_ms`` > 0 reserves the lock that long for the waiter woken."""
-        extra = ("1" if defer else "0", reserve_ms)
-        return self._release_call(name, owner, left, release_id, "1", handover, extra)
+        deferred = "1" if defer else "0"
+        return self._ends(name, owner, left, release_id, "1", handover, deferred, reserve_ms)
 
     def wake(self, name: str, release_id: str, reserve_ms: int) -> Call:
         """A deferred wake-up: where the lock is free, wake the next waiter, reserving
@@ -230,21 +230,15 @@ class LockKind(ABC):
         """Take back a try that failed to reach a quorum (``left``: the try's hold less
         one level, see :meth:`release`), keeping any place the owner holds as a waiter
         (it is still waiting)."""
-        return self._release_call(name, owner, left, release_id, "0")
+        return self._ends(name, owner, left, release_id, "0", "0")
 
-    def _release_call(
-        self,
-        name: str,
-        owner: str,
-        left: str,
-        rid: str,
-        leave: str,
-        handover: str = "0",
-        extra: tuple[str | int, ...] = (),
-    ) -> Call:
+    def _ends(self, name: str, owner: str, left: str, rid: str, end: str, *more: str | int) -> Call:
+        """The call of a :meth:`release` (``end`` "1": the owner's wait ends too) and
+        of an :meth:`undo` (``end`` "0"); ``more``: what else the kind's script takes
+        (here the hand-over, and a release in turn's deferral and reservation)."""
         channel = keys.wake_channel(name)
-        args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, leave, handover)
-        return made(Call, (scripts.RELEASE, self._keys(name), args + extra, None, ()))
+        args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, end, *more)
+        return made(Call, (scripts.RELEASE, self._keys(name), args, None, ()))
 
     def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
         """Remove a waiter's place when its acquire gives up (and, where the lock is

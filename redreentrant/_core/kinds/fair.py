@@ -51,16 +51,8 @@ class FairKind(FamilyKind):
         args = ("acquire", *t[1:5], queued)
         return Call(scripts.FAIRLOCK, self._keys(t.name), args, None, (3,))
 
-    def release(
-        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
-    ) -> Call:
-        return self._release(name, owner, left, release_id, "1")
-
-    def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
-        return self._release(name, owner, left, release_id, "0")
-
-    def _release(self, name: str, owner: str, left: str, rid: str, leave_queue: str) -> Call:
-        args = ("release", owner, left, self._prefix(name), rid, leave_queue)
+    def _ends(self, name: str, owner: str, left: str, rid: str, end: str, *more: str | int) -> Call:
+        args = ("release", owner, left, self._prefix(name), rid, end)  # no hand-over
         return Call(scripts.FAIRLOCK, self._keys(name), args)
 
     def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:

@@ -88,15 +88,9 @@ class MultiKind(LockKind):
             tally.unread += some
         return tally, held
 
-    def release(
-        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
-    ) -> Call:
-        args = ("release", owner, left, release_id, keys.HOME_PREFIX, "1")
-        return self._call(args, _least_status)
-
-    def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
-        args = ("release", owner, left, release_id, keys.HOME_PREFIX, "0")
-        return self._call(args, _least_status)
+    def _ends(self, name: str, owner: str, left: str, rid: str, end: str, *more: str | int) -> Call:
+        # '1' a final release: it ends the registrations too, and wakes waiters.
+        return self._call(("release", owner, left, rid, keys.HOME_PREFIX, end), _least_status)
 
     def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
         # Ends the registrations only: a try that was granted is undone, holding nothing.

@@ -70,20 +70,12 @@ class _ReadWriteKind(FamilyKind):
         args = ("acquire", self.side, *t[1:5])
         return Call(scripts.RWLOCK, self._keys(t.name), args, None, (4,))
 
-    def release(
-        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
-    ) -> Call:
-        return self._release(name, owner, left, release_id, "1")
-
-    def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
-        return self._release(name, owner, left, release_id, "0")
-
     def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
         return None  # readers keep no place as waiters
 
-    def _release(self, name: str, owner: str, left: str, rid: str, stop_waiting: str) -> Call:
+    def _ends(self, name: str, owner: str, left: str, rid: str, end: str, *more: str | int) -> Call:
         readers, writers, upgrade = self._channels(name)
-        args = ("release", self.side, owner, left, readers, writers, rid, stop_waiting, upgrade)
+        args = ("release", self.side, owner, left, readers, writers, rid, end, upgrade)
         return Call(scripts.RWLOCK, self._keys(name), args)
 
     def extend(self, name: str, owner: str, ms: int, add: bool, tag: int) -> Call:

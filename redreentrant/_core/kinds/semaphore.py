@@ -123,19 +123,14 @@ class SemaphoreKind(FamilyKind):
         args = ("drop", owner, 0 if keep is None else keep + 1, tag, int(granted))
         return Call(scripts.SEMAPHORE, self._all(name), args)
 
-    def release(
-        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
-    ) -> Call:
-        return self._release(name, owner, left, release_id, "1")
-
     def undo(self, name: str, owner: str, left: str, release_id: str) -> Call:
         if self.slot is None:
             return self._drop(name, owner, None, tag_of(left))  # a first acquire's try
-        return self._release(name, owner, left, release_id, "0")
+        return self._ends(name, owner, left, release_id, "0")
 
-    def _release(self, name: str, owner: str, left: str, rid: str, final: str) -> Call:
+    def _ends(self, name: str, owner: str, left: str, rid: str, end: str, *more: str | int) -> Call:
         channel = keys.aux_key(name, "sem:wake")
-        args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, final)
+        args = ("release", owner, left, channel, rid, keys.HOME_PREFIX, end)
         return Call(scripts.SEMAPHORE, self._own(name), args)
 
     def abandon(self, name: str, owner: str, release_id: str, tag: int) -> Call | None:
