@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import random
 import threading
@@ -259,17 +260,6 @@ class _Base:
             raise QuorumIsImpossible(self.key, self.masters, redis_errors=errors) from error
         return errors
 
-    def _pause(self, deadline: float | None) -> float | None:
-        """The pause before trying again after masters failed (pottery's random retry
-        delay); None when the deadline passed."""
-        pause = random.uniform(0, self._RETRY_DELAY)
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            pause = min(pause, left)
-        return pause
-
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} key={self.key}>"
 
@@ -302,20 +292,18 @@ class _Base:
             if blocking:
                 yield lambda: self._sleep(timeout)
             return False
-        deadline = None if timeout == -1 else time.monotonic() + timeout
-        left = timeout
+        deadline = math.inf if timeout == -1 else time.monotonic() + timeout
         while True:
+            wait = -1 if timeout == -1 else max(deadline - time.monotonic(), 0.0)
             try:
-                call = functools.partial(lock.acquire, blocking=bool(blocking), timeout=left)
-                return bool((yield functools.partial(call, lease=lease)))
+                return bool((yield functools.partial(lock.acquire, bool(blocking), wait, lease)))
             except QuorumUnavailableError as error:
                 self._quorum_errors(error, raise_on_redis_errors)
-                pause = self._pause(deadline) if blocking else None
-                if pause is None:
+                left = deadline - time.monotonic()
+                if not blocking or left <= 0:
                     return False
+                pause = min(random.uniform(0, self._RETRY_DELAY), left)  # pottery's retry delay
                 yield functools.partial(self._sleep, pause)
-                if deadline is not None:
-                    left = max(deadline - time.monotonic(), 0.0)
 
     def _locked(self) -> float:
         left = 0.0 if self._owner is None else self._owner.lock.remaining()
