@@ -306,11 +306,8 @@ class Lock:
         acquired = False
         try:
             _drop(lock, stale=True)
-            if not blocking:
-                acquired = lock.acquire(blocking=False, lease=lease)
-            else:
-                wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                acquired = lock.acquire(timeout=wait, lease=lease)
+            wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            acquired = lock.acquire(blocking=bool(blocking), timeout=wait, lease=lease)
         finally:
             owner.done(key, mode if acquired else None)
         if acquired:
