@@ -263,9 +263,11 @@ class _Base:
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} key={self.key}>"
 
-    def _entered(self, acquired: bool) -> None:
-        """``with``'s check of its acquire."""
-        if not acquired:
+    def _enter(self) -> Steps[None]:
+        """``with``'s acquire (not ``acquire()``, as pottery's): ``QuorumNotAchieved`` if
+        the lock was not obtained."""
+        blocking, timeout = self.context_manager_blocking, self.context_manager_timeout
+        if not (yield from self._acquire(blocking, timeout, None)):
             raise QuorumNotAchieved(self.key, self.masters)
 
     # -- the bodies of the methods, the same for Redlock and AIORedlock (see ._steps) ----
@@ -394,11 +396,7 @@ class Redlock(_Base):
         run(self._release(raise_on_redis_errors))
 
     def __enter__(self) -> Redlock:
-        self._entered(
-            self.acquire(
-                blocking=self.context_manager_blocking, timeout=self.context_manager_timeout
-            )
-        )
+        run(self._enter())
         return self
 
     def __exit__(
@@ -429,15 +427,14 @@ def synchronize(
     def decorator(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            redlock = Redlock(
+            with Redlock(
                 key=key,
                 masters=chosen,
                 raise_on_redis_errors=raise_on_redis_errors,
                 auto_release_time=auto_release_time,
                 context_manager_blocking=blocking,
                 context_manager_timeout=timeout,
-            )
-            with redlock:
+            ):
                 return func(*args, **kwargs)
 
         return cast(F, wrapper)
@@ -486,11 +483,7 @@ class AIORedlock(_Base):
         await arun(self._release(raise_on_redis_errors))
 
     async def __aenter__(self) -> AIORedlock:
-        self._entered(
-            await self.acquire(
-                blocking=self.context_manager_blocking, timeout=self.context_manager_timeout
-            )
-        )
+        await arun(self._enter())
         return self
 
     async def __aexit__(
