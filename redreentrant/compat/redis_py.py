@@ -172,8 +172,7 @@ class _Common:
         self.blocking_timeout = blocking_timeout
         self.thread_local = bool(thread_local)
         self.raise_on_release_error = raise_on_release_error
-        self.local: Any = _ThreadLocal() if self.thread_local else SimpleNamespace()
-        self.local.token = None
+        self.local: Any = _ThreadLocal() if self.thread_local else SimpleNamespace(token=None)
         self._key = _lock_name(name)
         self._made()
 
