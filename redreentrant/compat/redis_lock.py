@@ -401,8 +401,7 @@ class Lock:
 
     def reset(self) -> None:
         """Force-unlock the lock, whoever holds it, and wake a waiter."""
-        mgr = self._view()[0]
-        _force_unlock(mgr, {self._lock_name})
+        _force_unlock(self._view()[0], {self._lock_name})
 
     def get_owner_id(self) -> str | None:
         """The id of the lock's holder (see the module's docstring), None if free."""
@@ -415,8 +414,7 @@ class Lock:
         return next((o.id for o in owners if mgr.owner_id(o) == holders[0]), holders[0])
 
     def __enter__(self) -> Lock:
-        acquired = self.acquire(blocking=self.blocking)
-        if not acquired:
+        if not self.acquire(blocking=self.blocking):
             if self.blocking:
                 raise AssertionError(
                     f"Lock({self._label}) wasn't acquired, but blocking=True was used!"
