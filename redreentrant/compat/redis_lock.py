@@ -357,9 +357,10 @@ class Lock:
             )
         _, lock, key = self._view()
         owner = self._owner
+        not_acquired = f"Lock {self._label} is not acquired or it already expired."
         with owner.cond:
             if key in owner.busy or not lock.is_owned():
-                raise NotAcquired(f"Lock {self._label} is not acquired or it already expired.")
+                raise NotAcquired(not_acquired)
             mode = owner.holds.get(key, _FIXED)
             if mode == _FOREVER:
                 raise NotExpirable(f"Lock {self._label} has no assigned expiration time")
@@ -372,9 +373,7 @@ class Lock:
             else:
                 lock.extend(float(expire), replace=True)
         except (LockLostError, LockNotOwnedError):
-            raise NotAcquired(
-                f"Lock {self._label} is not acquired or it already expired."
-            ) from None
+            raise NotAcquired(not_acquired) from None
         finally:
             owner.done(key, gone=lock.hold_count == 0)
 
