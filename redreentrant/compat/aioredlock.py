@@ -141,7 +141,9 @@ IGNORED = frozenset({"minsize", "maxsize", "encoding"})
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-def _url(host: object, port: object, db: object = 0, password: object = None) -> str:
+def _url(
+    host: object = "localhost", port: object = 6379, db: object = 0, password: object = None
+) -> str:
     host = str(host)
     where = f"[{host}]" if ":" in host else host
     auth = f":{quote(str(password), safe='')}@" if password else ""
@@ -161,12 +163,7 @@ def master_of(connection: Any) -> Any:
                 f"connection options {sorted(unknown)} are not supported: pass a URL, or"
                 " a redis.asyncio.Redis client made with them"
             )
-        return _url(
-            connection.get("host", "localhost"),
-            connection.get("port", 6379),
-            connection.get("db", 0),
-            connection.get("password"),
-        )
+        return _url(**{k: v for k, v in connection.items() if k not in IGNORED})
     if isinstance(connection, (tuple, list)) and len(connection) == 2:
         return _url(*connection)
     module = type(connection).__module__
@@ -188,14 +185,19 @@ class _Owner(Owner):
 
     __slots__ = ("fixed",)
 
-    def __init__(self, mgr: redreentrant.asyncio.LockManager, resource: str) -> None:
+    def __init__(self, mgr: redreentrant.asyncio.LockManager, resource: str, fixed: bool) -> None:
         self.lock = mgr.lock(resource, owner=self)
-        self.fixed = False
+        self.fixed = fixed
 
 
-async def _release(lock: redreentrant.asyncio.Lock) -> None:
-    with contextlib.suppress(LockLostError, LockNotOwnedError, QuorumUnavailableError):
+async def _released(lock: redreentrant.asyncio.Lock) -> bool:
+    """Release a hold: False if it was lost or is not held (QuorumUnavailableError
+    passes)."""
+    try:
         await lock.release()
+    except (LockLostError, LockNotOwnedError):
+        return False
+    return True
 
 
 def _positive(value: Any, message: str) -> float:
@@ -293,24 +295,22 @@ class Aioredlock:
             except LockLostError:
                 if held.get(key) is owner:
                     held.pop(key)
-                await _release(owner.lock)
+                with contextlib.suppress(QuorumUnavailableError):
+                    await _released(owner.lock)
             except QuorumUnavailableError as error:
                 raise LockRuntimeError("Can not set lock") from error
-        owner = _Owner(mgr, resource)
-        owner.fixed = fixed is not None
+        owner = _Owner(mgr, resource, fixed is not None)
         if fixed is not None and fixed < mgr.shortest_lease:
             raise LockError("Lock timeout")
         deadline = time.monotonic() + (self.retry_count - 1) * self.retry_delay_max
-        tries = 0
-        while True:
-            tries += 1
+        for tries_left in reversed(range(self.retry_count)):
             try:
                 got = await owner.lock.acquire(
                     timeout=max(0.0, deadline - time.monotonic()), lease=fixed
                 )
                 break
             except QuorumUnavailableError as error:
-                if tries >= self.retry_count:
+                if not tries_left:
                     raise LockRuntimeError("Can not set lock") from error
             await asyncio.sleep(random.uniform(self.retry_delay_min, self.retry_delay_max))
         if not got:
@@ -366,20 +366,12 @@ class Aioredlock:
         lock.valid = False
         mgr = self._manager()
         owner = registry(mgr).pop((lock.resource, lock.id))
-        if owner is not None:
-            try:
-                await owner.lock.release()
-            except (LockLostError, LockNotOwnedError):
-                owner = None
-            except QuorumUnavailableError as error:
-                raise LockRuntimeError("Can not unset lock") from error
-        if owner is None:
-            try:
-                another = await mgr.lock(lock.resource).locked()
-            except QuorumUnavailableError as error:
-                raise LockRuntimeError("Can not unset lock") from error
-            if another:
+        try:
+            released = owner is not None and await _released(owner.lock)
+            if not released and await mgr.lock(lock.resource).locked():
                 raise LockAcquiringError("Can not unset lock")
+        except QuorumUnavailableError as error:
+            raise LockRuntimeError("Can not unset lock") from error
         self._locks.pop(lock.resource, None)
 
     async def is_locked(self, resource_or_lock: Lock | str) -> bool:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import random
 import threading
@@ -259,23 +260,14 @@ class _Base:
             raise QuorumIsImpossible(self.key, self.masters, redis_errors=errors) from error
         return errors
 
-    def _pause(self, deadline: float | None) -> float | None:
-        """The pause before trying again after masters failed (pottery's random retry
-        delay); None when the deadline passed."""
-        pause = random.uniform(0, self._RETRY_DELAY)
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            pause = min(pause, left)
-        return pause
-
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} key={self.key}>"
 
-    def _entered(self, acquired: bool) -> None:
-        """``with``'s check of its acquire."""
-        if not acquired:
+    def _enter(self) -> Steps[None]:
+        """``with``'s acquire (not ``acquire()``, as pottery's): ``QuorumNotAchieved`` if
+        the lock was not obtained."""
+        blocking, timeout = self.context_manager_blocking, self.context_manager_timeout
+        if not (yield from self._acquire(blocking, timeout, None)):
             raise QuorumNotAchieved(self.key, self.masters)
 
     # -- the bodies of the methods, the same for Redlock and AIORedlock (see ._steps) ----
@@ -302,20 +294,18 @@ class _Base:
             if blocking:
                 yield lambda: self._sleep(timeout)
             return False
-        deadline = None if timeout == -1 else time.monotonic() + timeout
-        left = timeout
+        deadline = math.inf if timeout == -1 else time.monotonic() + timeout
         while True:
+            wait = -1 if timeout == -1 else max(deadline - time.monotonic(), 0.0)
             try:
-                call = functools.partial(lock.acquire, blocking=bool(blocking), timeout=left)
-                return bool((yield functools.partial(call, lease=lease)))
+                return bool((yield functools.partial(lock.acquire, bool(blocking), wait, lease)))
             except QuorumUnavailableError as error:
                 self._quorum_errors(error, raise_on_redis_errors)
-                pause = self._pause(deadline) if blocking else None
-                if pause is None:
+                left = deadline - time.monotonic()
+                if not blocking or left <= 0:
                     return False
+                pause = min(random.uniform(0, self._RETRY_DELAY), left)  # pottery's retry delay
                 yield functools.partial(self._sleep, pause)
-                if deadline is not None:
-                    left = max(deadline - time.monotonic(), 0.0)
 
     def _locked(self) -> float:
         left = 0.0 if self._owner is None else self._owner.lock.remaining()
@@ -406,11 +396,7 @@ class Redlock(_Base):
         run(self._release(raise_on_redis_errors))
 
     def __enter__(self) -> Redlock:
-        self._entered(
-            self.acquire(
-                blocking=self.context_manager_blocking, timeout=self.context_manager_timeout
-            )
-        )
+        run(self._enter())
         return self
 
     def __exit__(
@@ -441,15 +427,14 @@ def synchronize(
     def decorator(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            redlock = Redlock(
+            with Redlock(
                 key=key,
                 masters=chosen,
                 raise_on_redis_errors=raise_on_redis_errors,
                 auto_release_time=auto_release_time,
                 context_manager_blocking=blocking,
                 context_manager_timeout=timeout,
-            )
-            with redlock:
+            ):
                 return func(*args, **kwargs)
 
         return cast(F, wrapper)
@@ -498,11 +483,7 @@ class AIORedlock(_Base):
         await arun(self._release(raise_on_redis_errors))
 
     async def __aenter__(self) -> AIORedlock:
-        self._entered(
-            await self.acquire(
-                blocking=self.context_manager_blocking, timeout=self.context_manager_timeout
-            )
-        )
+        await arun(self._enter())
         return self
 
     async def __aexit__(

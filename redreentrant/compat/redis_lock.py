@@ -306,11 +306,8 @@ class Lock:
         acquired = False
         try:
             _drop(lock, stale=True)
-            if not blocking:
-                acquired = lock.acquire(blocking=False, lease=lease)
-            else:
-                wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                acquired = lock.acquire(timeout=wait, lease=lease)
+            wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            acquired = lock.acquire(blocking=bool(blocking), timeout=wait, lease=lease)
         finally:
             owner.done(key, mode if acquired else None)
         if acquired:
@@ -360,9 +357,10 @@ class Lock:
             )
         _, lock, key = self._view()
         owner = self._owner
+        not_acquired = f"Lock {self._label} is not acquired or it already expired."
         with owner.cond:
             if key in owner.busy or not lock.is_owned():
-                raise NotAcquired(f"Lock {self._label} is not acquired or it already expired.")
+                raise NotAcquired(not_acquired)
             mode = owner.holds.get(key, _FIXED)
             if mode == _FOREVER:
                 raise NotExpirable(f"Lock {self._label} has no assigned expiration time")
@@ -375,9 +373,7 @@ class Lock:
             else:
                 lock.extend(float(expire), replace=True)
         except (LockLostError, LockNotOwnedError):
-            raise NotAcquired(
-                f"Lock {self._label} is not acquired or it already expired."
-            ) from None
+            raise NotAcquired(not_acquired) from None
         finally:
             owner.done(key, gone=lock.hold_count == 0)
 
@@ -404,8 +400,7 @@ class Lock:
 
     def reset(self) -> None:
         """Force-unlock the lock, whoever holds it, and wake a waiter."""
-        mgr = self._view()[0]
-        _force_unlock(mgr, {self._lock_name})
+        _force_unlock(self._view()[0], {self._lock_name})
 
     def get_owner_id(self) -> str | None:
         """The id of the lock's holder (see the module's docstring), None if free."""
@@ -418,8 +413,7 @@ class Lock:
         return next((o.id for o in owners if mgr.owner_id(o) == holders[0]), holders[0])
 
     def __enter__(self) -> Lock:
-        acquired = self.acquire(blocking=self.blocking)
-        if not acquired:
+        if not self.acquire(blocking=self.blocking):
             if self.blocking:
                 raise AssertionError(
                     f"Lock({self._label}) wasn't acquired, but blocking=True was used!"

@@ -74,22 +74,12 @@ __all__ = ["AsyncLock", "Lock", "LockError", "LockNotOwnedError"]
 _RAISE_ON_RELEASE = "raise_on_release_error" in inspect.signature(redis.Redis.lock).parameters
 
 
-def _lock_error_takes_name() -> bool:
-    try:
-        LockError("", lock_name="")  # type: ignore[call-arg,unused-ignore]
-    except TypeError:
-        return False
-    return True
-
-
-_LOCK_NAME = _lock_error_takes_name()
-
-
 def _error(cls: type[LockError], message: str, name: Any) -> LockError:
     """redis-py's ``cls(message)``, with ``lock_name`` where its LockError has one."""
-    if _LOCK_NAME:
+    try:
         return cls(message, lock_name=name)  # type: ignore[call-arg,unused-ignore]
-    return cls(message)
+    except TypeError:
+        return cls(message)
 
 
 def _master_error(error: redreentrant.QuorumUnavailableError) -> Exception:
@@ -110,11 +100,8 @@ def _lock_name(name: object) -> str:
 
 def _encode(client: Any, token: object) -> bytes:
     """``token`` as redis-py stores it: encoded by the client's encoder."""
-    get_encoder = getattr(client, "get_encoder", None)
-    if get_encoder is None:
-        get_encoder = client.connection_pool.get_encoder
-    encoded = get_encoder().encode(token)
-    return bytes(encoded)
+    get_encoder = getattr(client, "get_encoder", None) or client.connection_pool.get_encoder
+    return bytes(get_encoder().encode(token))
 
 
 def _lease(
@@ -185,8 +172,7 @@ class _Common:
         self.blocking_timeout = blocking_timeout
         self.thread_local = bool(thread_local)
         self.raise_on_release_error = raise_on_release_error
-        self.local: Any = _ThreadLocal() if self.thread_local else SimpleNamespace()
-        self.local.token = None
+        self.local: Any = _ThreadLocal() if self.thread_local else SimpleNamespace(token=None)
         self._key = _lock_name(name)
         self._made()
 

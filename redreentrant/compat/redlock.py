@@ -76,8 +76,7 @@ class MultipleRedlockException(Exception):
     def __str__(self) -> str:
         return " :: ".join(str(e) for e in self.errors)
 
-    def __repr__(self) -> str:
-        return self.__str__()
+    __repr__ = __str__
 
 
 def _name(resource: object) -> str:
@@ -116,12 +115,10 @@ class Redlock:
         self.servers: list[Any] = []
         masters: list[Any] = []
         for connection_info in connections:
-            server: Any
-            master: Any
             try:
                 if isinstance(connection_info, str):
-                    server = redis.StrictRedis.from_url(connection_info)
-                    master = connection_info
+                    server: Any = redis.StrictRedis.from_url(connection_info)
+                    master: Any = connection_info
                 elif type(connection_info) is dict:
                     server = master = redis.StrictRedis(**connection_info)
                 else:
