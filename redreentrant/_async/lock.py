@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import FrameType, TracebackType
+from typing import Any
 
 from .._core.effects import Steps
 from .._core.engine import Engine, entry_caller
@@ -88,20 +89,26 @@ class Lock(LockCore):
             signal, caller,
         ))  # fmt: skip
 
-    async def _first_hold(
+    def _first_hold(
         self, kind: LockKind, steps: Callable[[str, LostSignal | None], Steps[bool]]
-    ) -> bool:
+    ) -> Coroutine[Any, Any, bool]:
         """Run ``steps(owner, signal)`` that may take the owner's hold of ``kind``; with
         ``cancel_on_loss``, a first hold gets a signal that cancels this task once the
-        hold is lost."""
+        hold is lost. (Without one, the driver's run, awaited by the caller: no
+        coroutine of its own on every acquire.)"""
         engine, owner = self._engine, self._owner()
-        signal = None
-        if self.cancel_on_loss and engine.holds.get(kind, self.name, owner) is None:
-            signal = LostSignal(engine)
-            signal.task = current_task()
-        got = await self._driver.run(steps(owner, signal))
-        if got and signal is not None:
-            signal.attach(engine.held(kind, self.name, owner))
+        if not self.cancel_on_loss or engine.holds.get(kind, self.name, owner) is not None:
+            return self._driver.run(steps(owner, None))
+        signal = LostSignal(engine)
+        signal.task = current_task()
+        return self._signalled(steps(owner, signal), signal, kind, owner)
+
+    async def _signalled(
+        self, steps: Steps[bool], signal: LostSignal, kind: LockKind, owner: str
+    ) -> bool:
+        got = await self._driver.run(steps)
+        if got:
+            signal.attach(self._engine.held(kind, self.name, owner))
         return got
 
     async def extend(self, seconds: float, replace: bool = False) -> None:
