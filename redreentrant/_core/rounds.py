@@ -532,7 +532,7 @@ def extend_steps(
     replies = yield q.everywhere(call, early=Early(q.voting, kept))
     lefts = decoded(extended, replies)
     left = sorted(
-        (ms for i, ms in enumerate(lefts) if ms is not None and ms > 0 and q.watch.counts(i)),
+        (n for i, n in enumerate(lefts) if n is not None and n > 0 and q.watch.counts(i)),
         reverse=True,
     )
     if len(left) >= q.needed:
