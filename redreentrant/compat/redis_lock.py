@@ -51,7 +51,6 @@ import contextlib
 import os
 import threading
 import time
-import weakref
 from base64 import b64encode
 from logging import getLogger
 from types import TracebackType
@@ -62,6 +61,7 @@ import redis
 from redreentrant import Lock as _CoreLock
 from redreentrant import LockLostError, LockManager, LockNotOwnedError, QuorumUnavailableError
 from redreentrant.compat.managers import master_key, sync_manager
+from redreentrant.compat.owners import Registry
 
 __all__ = [
     "AlreadyAcquired",
@@ -153,17 +153,10 @@ class _Owner:
 
 
 _registry = threading.Lock()
-_owners: weakref.WeakValueDictionary[str, _Owner] = weakref.WeakValueDictionary()
+#: every Lock object's owner, by id (weak: the last Lock object of an id ends its holds)
+_owners: Registry[_Owner] = Registry()
 # Owners that hold a lock taken with expire=None: kept alive, as the library's key stays.
 _pinned: set[_Owner] = set()
-
-
-def _owner_of(lock_id: str) -> _Owner:
-    with _registry:
-        owner = _owners.get(lock_id)
-        if owner is None:
-            owner = _owners[lock_id] = _Owner(lock_id)
-        return owner
 
 
 # A client of each server with a pool of its own, for the manager: a program that closes
@@ -193,7 +186,8 @@ def _after_fork_in_child() -> None:
     global _registry
     _registry = threading.Lock()
     _pinned.clear()
-    for owner in list(_owners.values()):
+    _owners.forked()
+    for owner in _owners.values():
         owner.cond = threading.Condition(threading.Lock())
         owner.busy.clear()
         owner.holds.clear()
@@ -249,7 +243,7 @@ class Lock:
         self._lock_name = name
         self._auto_renewal = bool(auto_renewal)
         self.blocking = blocking
-        self._owner = _owner_of(self._id)
+        self._owner = _owners.setdefault(self._id, lambda: _Owner(self._id))
 
     @property
     def id(self) -> str:
@@ -408,8 +402,7 @@ class Lock:
         holders = _holders(mgr, self._lock_name, "get_owner_id")
         if not holders:
             return None
-        with _registry:
-            owners = list(_owners.values())
+        owners = _owners.values()
         return next((o.id for o in owners if mgr.owner_id(o) == holders[0]), holders[0])
 
     def __enter__(self) -> Lock:
@@ -446,8 +439,7 @@ def _force_unlock(mgr: LockManager, names: set[str]) -> None:
     """Force-unlock ``names``; then the owners of this process that held them no longer
     do (their holds are marked under way meanwhile, so that they neither take nor
     release them, and a waiter that takes one after the force-unlock keeps it)."""
-    with _registry:
-        owners = list(_owners.values())
+    owners = _owners.values()
     held: list[tuple[_Owner, _Key]] = []
     for owner in owners:
         with owner.cond:
