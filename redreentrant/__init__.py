@@ -13,6 +13,7 @@ import logging
 
 from ._core.election import LeaderView
 from ._core.errors import (
+    DurabilityError,
     FencingError,
     LockError,
     LockKeyTypeError,
@@ -43,6 +44,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __version__ = "0.1.0"
 
 __all__ = [
+    "DurabilityError",
     "Election",
     "FairLock",
     "FencedStore",

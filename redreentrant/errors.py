@@ -10,6 +10,7 @@ Hierarchy::
     ├── LockKeyTypeError            a lock key holds data that is not a lock
     ├── LockOwnerError              an asyncio acquire ran in a task of its own
     ├── FencingError                a fencing token could not be proven larger
+    ├── DurabilityError             a master cannot make writes as durable as asked
     ├── LockTimeoutError            a synchronized call timed out (also a TimeoutError)
     ├── ManagerClosedError          the manager was closed (also a RuntimeError)
     └── QuorumUnavailableError      too many masters failed to answer for a quorum
@@ -22,6 +23,7 @@ master's error that does not pickle travels as a ``RuntimeError`` with its text.
 """
 
 from ._core.errors import (
+    DurabilityError,
     FencingError,
     LockError,
     LockKeyTypeError,
@@ -35,6 +37,7 @@ from ._core.errors import (
 )
 
 __all__ = [
+    "DurabilityError",
     "FencingError",
     "LockError",
     "LockKeyTypeError",

@@ -137,6 +137,15 @@ def test_a_cluster_member_is_one_vote_beside_plain_masters(
     assert not node_keys(cluster)
 
 
+def test_a_cluster_member_refuses_durability_naming_it(
+    cluster: LocalCluster, plain: list[str]
+) -> None:
+    with pytest.raises(ValueError, match=r"not supported on a Redis Cluster member \(cluster:"):
+        LockManager([cluster.url, *plain], lease=LEASE, durability="replicas:1")
+    with LockManager([cluster.url, *plain], lease=LEASE, durability=[None, "aof", "aof"]):
+        pass  # the plain masters may have one
+
+
 def test_a_semaphore_works_through_a_cluster_member(
     cluster: LocalCluster, plain: list[str]
 ) -> None:

@@ -99,6 +99,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         max_hold: float | None = None,
         listener: LockListener | None = None,
         quarantine: float | None = None,
+        durability: str | Sequence[str | None] | None = None,
     ) -> None:
         settings = Settings.check(
             lease,
@@ -110,6 +111,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
             max_hold,
             listener,
             quarantine,
+            durability,
         )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.

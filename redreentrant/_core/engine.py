@@ -22,6 +22,7 @@ from types import CodeType, FrameType
 from typing import Any, TypeVar
 
 from .cluster import ClusterMember
+from .durability import per_master
 from .effects import Pause, Steps
 from .errors import (
     FencingError,
@@ -139,9 +140,15 @@ class Engine:
         wall: Clock = time.time,
     ) -> None:
         self.settings = settings
+        durabilities = per_master(settings.durability, len(masters))
+        # Within the round: a server ends a WAIT up to a tick (100 ms) after its time-out.
+        wait_ms = max(1, int(settings.master_timeout * 500))
         self.quorum = Quorum(
-            tuple(masters), settings.drift_factor, settings.retry_jitter, clock, uniform, wall
-        )
+            tuple(masters), settings.drift_factor, settings.retry_jitter, clock, uniform, wall,
+            tuple(None if d is None else d.call(wait_ms) for d in durabilities)
+            if any(durabilities) else (),
+            durabilities,
+        )  # fmt: skip
         self.clock = clock
         self._token = token
         self._guard = guard
@@ -171,6 +178,8 @@ class Engine:
         quarantine = settings.quarantine
         watch.memory_ms = (settings.lease if quarantine is None else quarantine) * 1000.0
         watch.on_forgot = self._forgot
+        # A promoted replica has every grant its replicas acknowledged: it votes at once.
+        watch.trusts_failover = [d is not None and not d.aof for d in durabilities]
 
     @classmethod
     def connect(
@@ -196,6 +205,12 @@ class Engine:
         engine.clusters = frozenset(
             i for i, c in enumerate(clients) if isinstance(c, ClusterMember)
         )
+        for i in engine.clusters:
+            if engine.quorum.durabilities[i] is not None:
+                raise ValueError(
+                    f"durability is not supported on a Redis Cluster member"
+                    f" ({names[i]}): give it None (one setting per master)"
+                )
         return engine, clients, own
 
     @property

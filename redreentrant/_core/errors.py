@@ -84,6 +84,12 @@ class ManagerClosedError(LockError, RuntimeError):
     fail with it, and no new hold is taken."""
 
 
+class DurabilityError(LockError):
+    """A master cannot make its writes as durable as the manager's ``durability`` asks
+    (a server without ``WAITAOF``), or did not in time (then one master's failure, in a
+    :class:`QuorumUnavailableError`'s ``errors``)."""
+
+
 class QuorumUnavailableError(LockError):
     """Too many masters failed (errors or time-outs, not contention) for a quorum.
 

@@ -63,6 +63,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple, TypeVar
 
 from .cluster import Endpoints, NodeCommands, NodeRound, route
+from .durability import durable
 from .effects import UNREAD, Call, Early, Fanout, Reply
 from .health import IDLE_CHECK, Behind, MasterHealth, suspect_error_text
 from .masters import master_name
@@ -209,7 +210,7 @@ class FanoutRound:
             out = templates.packed(packing[0], calls[0], packing[1])
         else:
             out = pack_calls(calls, packing[0], packing[1])
-        done = (out, frozenset(c.script.sha for c in calls))
+        done = (out, frozenset(c.script.sha for c in calls if c.script.command is None))
         self._last = (calls, packing, done)
         return done
 
@@ -229,6 +230,7 @@ class FanoutRound:
             and replies
             and (self._voters is None or i in self._voters)
             and early.vote(replies)
+            and (self.calls[i][-1].script.command is None or durable(self.calls[i][-1], replies))
         ):
             self._yes += 1
             self.decided = self._yes >= early.needed
@@ -747,7 +749,11 @@ class FanoutProtocol:
         if shas <= loaded:
             return packed, ()  # the usual round
         calls = fan.calls[i]
-        scripts = {c.script.sha: c.script for c in calls if c.script.sha not in loaded}
+        scripts = {
+            c.script.sha: c.script
+            for c in calls
+            if c.script.sha not in loaded and c.script.command is None
+        }
         loads = self._packing(conn)[1](load_commands(list(scripts.values())))
         both = loads + packed
         if all(type(part) is bytes for part in both):

@@ -48,11 +48,14 @@ def load_commands(scripts: Sequence[Script]) -> list[tuple[object, ...]]:
     each (see :mod:`.fanout`): its master then knows every script it is sent, so a
     call whose reply a round does not read (an undo, a release decided without it)
     cannot be dropped there as NOSCRIPT."""
-    return [("SCRIPT", "LOAD", script.source) for script in scripts]
+    return [("SCRIPT", "LOAD", script.source) for script in scripts if script.command is None]
 
 
 def evalsha_args(call: Call) -> tuple[object, ...]:
-    """The EVALSHA command for a call."""
+    """The EVALSHA command for a call (a plain command's own, see
+    :func:`~.scripts.command`)."""
+    if call.script.command is not None:
+        return (call.script.command, *call.args)
     return ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
 
 

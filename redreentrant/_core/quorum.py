@@ -12,6 +12,7 @@ from operator import itemgetter
 from typing import TypeVar
 
 from .clockwatch import ClockWatch
+from .durability import Durability, judged
 from .effects import UNREAD, Call, Early, Fanout, Handover, Reply, made
 from .errors import LockKeyTypeError, QuorumUnavailableError
 from .replies import Attempt, Release, first_granted, first_held
@@ -46,6 +47,11 @@ class Quorum:
     #: masters is told in (see :func:`.rounds.acquire_steps`): comparable between
     #: clients, unlike ``clock``
     wall: Clock = time.time
+    #: per master, the command that waits until its writes are durable (None: none;
+    #: empty: no master has one): see :mod:`.durability`
+    durable: tuple[Call | None, ...] = ()
+    #: per master, what ``durable`` waits for
+    durabilities: tuple[Durability | None, ...] = ()
 
     # Asked for on every round: worked out once (cached_property writes the instance's
     # __dict__, which a frozen dataclass allows; later looks are plain attribute reads).
@@ -75,6 +81,23 @@ class Quorum:
     def everywhere(self, *calls: Call, early: Early | None = None, cleanup: bool = False) -> Fanout:
         """The same calls on every master (see :class:`~.effects.Fanout`)."""
         return made(Fanout, ((calls,) * self.size, early, cleanup))
+
+    def durably(self, fanout: Fanout) -> Fanout:
+        """``fanout`` with each master's calls followed by its durability's command
+        where it has one (see :mod:`.durability`; :meth:`judged` reads the replies)."""
+        if not self.durable:
+            return fanout
+        per = tuple(
+            c if d is None else (*c, d) for c, d in zip(fanout.calls, self.durable, strict=True)
+        )
+        return fanout._replace(calls=per)
+
+    def judged(self, replies: list[list[Reply]]) -> list[list[Reply]]:
+        """The replies of a :meth:`durably` round, as if its calls alone were sent: a
+        master whose writes were not made durable in time failed them."""
+        if not self.durable:
+            return replies
+        return judged(self.durabilities, self.masters, replies)
 
     @cached_property
     def voting(self) -> int:

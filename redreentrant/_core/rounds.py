@@ -251,7 +251,9 @@ class Acquire:
         )))  # fmt: skip
         self.polite = 0
         try:
-            replies = yield q.everywhere(call, *self.fence_calls, early=self.early)
+            replies = q.judged(
+                (yield q.durably(q.everywhere(call, *self.fence_calls, early=self.early)))
+            )
         except BaseException:
             # Interrupted mid-round: some masters may have granted.
             yield _undo(q, kind, name, owner, count, try_tag)

@@ -22,6 +22,14 @@ class Script:
     version: int
     source: str
     sha: str
+    #: a plain command sent in a script's place (``WAIT``): its name; never loaded
+    command: str | None = None
+
+
+def command(name: str) -> Script:
+    """A plain command that rides in a round as a call does (see :mod:`.durability`):
+    sent as ``NAME *args``, no script to load."""
+    return Script(name, 0, "", f"command:{name}", name)
 
 
 def script_dir() -> Path:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from .cluster import CLUSTER_SCHEMES, parse_cluster_url
+from .durability import durability as check_durability
 from .listeners import LockListener
 from .quorum import drift_allowance
 
@@ -67,6 +68,9 @@ class Settings:
     #: how long a master whose memory began lately does not vote (seconds; None: the
     #: longest lease handed out; 0: never quarantined)
     quarantine: float | None = None
+    #: what a master's writes must reach before its vote counts: one setting for every
+    #: master or one per master (see :mod:`.durability`), checked
+    durability: object = None
 
     @property
     def probe_interval(self) -> float:
@@ -85,6 +89,7 @@ class Settings:
         max_hold: object = None,
         listener: object = None,
         quarantine: object = None,
+        durability: object = None,
     ) -> Settings:
         """The settings, or a ValueError/TypeError naming the first bad one."""
         lease_s = check_lease("lease", lease)
@@ -120,7 +125,15 @@ class Settings:
                 raise ValueError(
                     f"quarantine must be a finite number of seconds >= 0, not {quarantine!r}"
                 )
-        settings = cls(lease_s, drift, timeout_s, jitter, on_lost, fences, cap, listener, kept)
+        if isinstance(durability, Sequence) and not isinstance(durability, str):
+            durability = tuple(durability)
+            for each in durability:
+                check_durability(each)
+        else:
+            check_durability(durability)
+        settings = cls(
+            lease_s, drift, timeout_s, jitter, on_lost, fences, cap, listener, kept, durability
+        )
         settings.check_quarantine("lease", lease_s)
         return settings
 

@@ -128,7 +128,7 @@ def renew_steps(
     per_master = [
         _renew_calls(holds, ms, True, started) if i in cluster else plain for i in range(q.size)
     ]
-    replies = yield Fanout(tuple(calls for calls, _ in per_master))
+    replies = q.judged((yield q.durably(Fanout(tuple(calls for calls, _ in per_master)))))
     crossed = [i for i, rs in enumerate(replies) if any(map(_cross_slot, rs))]
     if crossed:
         cluster.update(crossed)

@@ -90,6 +90,10 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
     a restart without its data, ``FLUSHALL``, eviction, a promoted replica) does not
     vote; default the longest lease the manager hands out, 0 never (see
     docs/safety.md); a fixed lease longer than a quarantine set is refused.
+    ``durability`` (``"replicas:N"``, ``"aof"`` or None, for every master or one per
+    master) makes a master's grants, re-entries and renewals count only once N
+    replicas acknowledged them (``WAIT``) or they were fsynced (``WAITAOF``), in the
+    same round (see docs/deployments.md).
     Bad settings raise
     ``ValueError``/``TypeError`` naming the argument.
 
@@ -109,6 +113,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         max_hold: float | None = None,
         listener: LockListener | None = None,
         quarantine: float | None = None,
+        durability: str | Sequence[str | None] | None = None,
     ) -> None:
         settings = Settings.check(
             lease,
@@ -120,6 +125,7 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
             max_hold,
             listener,
             quarantine,
+            durability,
         )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.

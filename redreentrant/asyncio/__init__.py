@@ -16,6 +16,7 @@ from .._async.semaphore import Semaphore
 from .._async.signals import LostSignal
 from .._core.election import LeaderView
 from .._core.errors import (
+    DurabilityError,
     FencingError,
     LockError,
     LockKeyTypeError,
@@ -34,6 +35,7 @@ from .._core.views import LockView, MasterView
 
 __all__ = [
     "Campaign",
+    "DurabilityError",
     "Election",
     "FairLock",
     "FencedStore",
