@@ -119,7 +119,7 @@ def connect(
 
     One string may hold several masters separated by commas: never a silent quorum of
     one master when the list came from an environment variable. A list item holds one
-    master: a comma in it is an error, but between the sentinels of a
+    master: a comma in it is an error, except between the sentinels of a
     ``redis+sentinel://`` URL."""
     if isinstance(masters, str):
         masters = master_urls(masters)
