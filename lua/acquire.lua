@@ -1,5 +1,5 @@
 -- name: acquire
--- version: 8
+-- version: 9
 -- Takes a free exclusive lock, or re-enters it, as a hash owner -> hold, where a hold
 -- is '<count>:<tag>': its hold count and the tag of the try that made it (a number
 -- that grows with every try of the owner's process; a value without ':<tag>' has tag
@@ -43,11 +43,12 @@
 --          waiters; '0' or absent: not polite
 -- ARGV[6]  (optional) the proposed end of the owner's registration, in ms since the
 --          epoch; '0' or absent: none (ARGV[5] is then sent as '0' when not polite)
--- Reply    {1, count, time} granted; {0, pttl, time} refused: pttl is the holder's
+-- Reply    {1, count, stamp} granted; {0, pttl, stamp} refused: pttl is the holder's
 --          remaining lease in ms (or what is left of the reservation that refused it,
 --          or of the first other registration that refused a polite hold, at most
 --          ARGV[5]), or -2 when the key is absent (a re-entry whose hold is gone);
---          time is the server's time in ms
+--          stamp is {time, age, failover}: the server's time in ms and its memory
+--          record (see stamp below)
 local PLACE_SKEW_MS = 1000
 local count, tag = string.match(ARGV[3], '^(%d+):?(%d*)$')
 count, tag = tonumber(count), tonumber(tag) or 0
@@ -58,6 +59,38 @@ local now = nil
 local function server_ms()
   local t = redis.call('time')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- The try's stamp: {time, age, failover}: the server's time in ms, and this master's
+-- memory record (the hash 'redreentrant:v1:memory': when its current memory began, in
+-- server ms, the replication id it began under, and whether it began with a failover).
+-- The record is made now when missing (a restart without persistence, FLUSHALL,
+-- FLUSHDB, eviction), and begun anew, as a failover, when this server was promoted
+-- from a replica of the master that wrote it (its previous replication id,
+-- master_replid2, is the record's); a restart that kept the data keeps it. age: ms
+-- since the memory began. {time} alone on a Redis Cluster node, where the record
+-- would lie outside the lock's hash slot. (A server that denies scripts INFO keeps
+-- the record, but a failover there looks like a restart that kept the data.)
+local function stamp(now)
+  local function info(section)
+    local text = redis.pcall('info', section)
+    return type(text) == 'string' and text or ''
+  end
+  if string.find(info('cluster'), 'cluster_enabled:1', 1, true) then
+    return {now}
+  end
+  local info = info('replication')
+  local id = string.match(info, 'master_replid:(%w+)') or ''
+  local memory = 'redreentrant:v1:memory'
+  local kept = redis.call('hmget', memory, 'began', 'replid', 'failover')
+  local began, failover = tonumber(kept[1]), tonumber(kept[3]) or 0
+  if not began or (kept[2] ~= id and kept[2] == string.match(info, 'master_replid2:(%w+)')) then
+    failover = began and 1 or 0
+    began = now
+    redis.call('hset', memory, 'began', began, 'replid', id, 'failover', failover)
+  elseif kept[2] ~= id then
+    redis.call('hset', memory, 'replid', id)
+  end
+  return {now, now - began, failover}
 end
 -- The owner's own hold here, if any: the tag of the try that made it.
 local mine = redis.call('hget', KEYS[1], ARGV[1])
@@ -90,7 +123,7 @@ end
 if free or (mine and (mine == tag or (count == 1 and mine < tag))) then
   redis.call('hset', KEYS[1], ARGV[1], ARGV[3])
   redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, count, now or server_ms()}
+  return {1, count, stamp(now or server_ms())}
 end
 if pttl == -2 then
   pttl = redis.call('pttl', KEYS[1])
@@ -110,4 +143,4 @@ if count == 1 and wait > 0 and not mine then
   local last = redis.call('zrange', KEYS[2], -1, -1, 'withscores')
   redis.call('pexpire', KEYS[2], math.max(1, tonumber(last[2]) - now))
 end
-return {0, pttl, now or server_ms()}
+return {0, pttl, stamp(now or server_ms())}

@@ -1,5 +1,5 @@
 -- name: fairlock
--- version: 6
+-- version: 7
 -- The fair lock: reentrant like the plain lock, but granted in order of arrival.
 -- Waiters queue in KEYS[2] with a deadline each in KEYS[3] (server time, ms): a waiter
 -- stays queued while it keeps its deadline fresh. A head of the queue past its deadline
@@ -27,10 +27,11 @@
 --            '<count>:<tag>' (count 1 takes, >1 re-enters the hold of that tag),
 --            ARGV[5] ms the waiter stays queued (0: do not queue), ARGV[6] the
 --            acquire's ticket (the same in each of its tries; '' none)
---            Reply {1, count, time} granted; {0, ms, head, ticket, time} refused, ms =
+--            Reply {1, count, stamp} granted; {0, ms, head, ticket, stamp} refused, ms =
 --            when a retry may succeed (-2: a re-entry whose hold is gone), head = the
 --            queue's head here ('' when none), ticket = the head's ticket ('' none);
---            time = the server's time in ms
+--            stamp = {time, age, failover}: the server's time in ms and its
+--            memory record (see stamp below)
 --   release  ARGV[2] owner, ARGV[3] the hold left, '<count>:<tag>' (a count above 0
 --            is set on the hold of that tag only; 0 frees a hold of that tag or a
 --            smaller one), ARGV[4] prefix of the
@@ -107,6 +108,38 @@ end
 local hash, queue, deadlines, tickets, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The try's stamp: {time, age, failover}: the server's time in ms, and this master's
+-- memory record (the hash 'redreentrant:v1:memory': when its current memory began, in
+-- server ms, the replication id it began under, and whether it began with a failover).
+-- The record is made now when missing (a restart without persistence, FLUSHALL,
+-- FLUSHDB, eviction), and begun anew, as a failover, when this server was promoted
+-- from a replica of the master that wrote it (its previous replication id,
+-- master_replid2, is the record's); a restart that kept the data keeps it. age: ms
+-- since the memory began. {time} alone on a Redis Cluster node, where the record
+-- would lie outside the lock's hash slot. (A server that denies scripts INFO keeps
+-- the record, but a failover there looks like a restart that kept the data.)
+local function stamp(now)
+  local function info(section)
+    local text = redis.pcall('info', section)
+    return type(text) == 'string' and text or ''
+  end
+  if string.find(info('cluster'), 'cluster_enabled:1', 1, true) then
+    return {now}
+  end
+  local info = info('replication')
+  local id = string.match(info, 'master_replid:(%w+)') or ''
+  local memory = 'redreentrant:v1:memory'
+  local kept = redis.call('hmget', memory, 'began', 'replid', 'failover')
+  local began, failover = tonumber(kept[1]), tonumber(kept[3]) or 0
+  if not began or (kept[2] ~= id and kept[2] == string.match(info, 'master_replid2:(%w+)')) then
+    failover = began and 1 or 0
+    began = now
+    redis.call('hset', memory, 'began', began, 'replid', id, 'failover', failover)
+  elseif kept[2] ~= id then
+    redis.call('hset', memory, 'replid', id)
+  end
+  return {now, now - began, failover}
+end
 
 local kind = redis.call('type', hash)['ok']
 if kind ~= 'none' and kind ~= 'hash' then
@@ -263,11 +296,11 @@ if mine == tag or (mine and count == 1 and mine < tag)
   -- to be a split (no quorum) and is undone, it must not lose its turn.
   redis.call('hset', hash, owner, ARGV[4])
   redis.call('pexpire', hash, lease)
-  return {1, count, now}
+  return {1, count, stamp(now)}
 end
 if count > 1 or mine then
   -- A re-entry whose hold is gone, or a try of this owner's that a later one overtook.
-  return {0, -2, '', '', now}
+  return {0, -2, '', '', stamp(now)}
 end
 if wait > 0 then
   if not redis.call('zscore', deadlines, owner) then
@@ -287,4 +320,4 @@ local ticket = ''
 if head then
   ticket = redis.call('hget', tickets, head) or ''
 end
-return {0, math.max(1, retry), head or '', ticket, now}
+return {0, math.max(1, retry), head or '', ticket, stamp(now)}

@@ -1,5 +1,5 @@
 -- name: multilock
--- version: 2
+-- version: 3
 -- Several plain locks taken or released together (see docs/multi-lock.md): all of the
 -- names in the call or none, in one call. Each name is the plain lock of that name
 -- (acquire.lua, release.lua): a hash owner -> hold ('<count>:<tag>': nothing sent for
@@ -14,10 +14,10 @@
 --            (0: do not register). Every name is taken (count 1: free, and not
 --            reserved for another owner, or the owner's own hold of a smaller tag) or
 --            re-entered (the owner's hold of that tag), or nothing changes. Reply
---            {1, count, {}, time} granted; {0, ms, {}, time} refused: ms until the
+--            {1, count, {}, stamp} granted; {0, ms, {}, stamp} refused: ms until the
 --            longest of the names' holds ends (-2: a re-entry whose hold is gone
---            somewhere, or a try that a later one overtook); time is the server's
---            time in ms
+--            somewhere, or a try that a later one overtook); stamp is {time, age,
+--            failover}: the server's time in ms and its memory record (see stamp)
 --   release  ARGV[2] owner, ARGV[3] the hold left, '<count>:<tag>' (a count above 0
 --            is set on the holds of that tag only; 0 frees the names' holds of that
 --            tag or a smaller one), ARGV[4]
@@ -52,6 +52,38 @@ local KEEP_MS = 1000
 local function server_ms()
   local t = redis.call('time')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- The try's stamp: {time, age, failover}: the server's time in ms, and this master's
+-- memory record (the hash 'redreentrant:v1:memory': when its current memory began, in
+-- server ms, the replication id it began under, and whether it began with a failover).
+-- The record is made now when missing (a restart without persistence, FLUSHALL,
+-- FLUSHDB, eviction), and begun anew, as a failover, when this server was promoted
+-- from a replica of the master that wrote it (its previous replication id,
+-- master_replid2, is the record's); a restart that kept the data keeps it. age: ms
+-- since the memory began. {time} alone on a Redis Cluster node, where the record
+-- would lie outside the lock's hash slot. (A server that denies scripts INFO keeps
+-- the record, but a failover there looks like a restart that kept the data.)
+local function stamp(now)
+  local function info(section)
+    local text = redis.pcall('info', section)
+    return type(text) == 'string' and text or ''
+  end
+  if string.find(info('cluster'), 'cluster_enabled:1', 1, true) then
+    return {now}
+  end
+  local info = info('replication')
+  local id = string.match(info, 'master_replid:(%w+)') or ''
+  local memory = 'redreentrant:v1:memory'
+  local kept = redis.call('hmget', memory, 'began', 'replid', 'failover')
+  local began, failover = tonumber(kept[1]), tonumber(kept[3]) or 0
+  if not began or (kept[2] ~= id and kept[2] == string.match(info, 'master_replid2:(%w+)')) then
+    failover = began and 1 or 0
+    began = now
+    redis.call('hset', memory, 'began', began, 'replid', id, 'failover', failover)
+  elseif kept[2] ~= id then
+    redis.call('hset', memory, 'replid', id)
+  end
+  return {now, now - began, failover}
 end
 
 for i = 1, names do
@@ -154,7 +186,7 @@ if op == 'acquire' then
     if count > 1 then
       ok = mine == tag
     elseif mine and mine > tag then
-      return {0, -2, {}, server_ms()}  -- a later try of this owner's holds it here
+      return {0, -2, {}, stamp(server_ms())}  -- a later try of this owner's holds it here
     else
       local reserved = redis.call('get', KEYS[3 * i])
       ok = (mine or redis.call('exists', hash) == 0) and (not reserved or reserved == owner)
@@ -173,10 +205,10 @@ if op == 'acquire' then
         redis.call('del', KEYS[3 * i])  -- a reservation for this owner is used up
       end
     end
-    return {1, count, {}, server_ms()}
+    return {1, count, {}, stamp(server_ms())}
   end
   if count > 1 then
-    return {0, -2, {}, server_ms()}
+    return {0, -2, {}, stamp(server_ms())}
   end
   if wait > 0 then
     local now = server_ms()
@@ -189,7 +221,7 @@ if op == 'acquire' then
       redis.call('pexpire', waiters, math.max(1, tonumber(last[2]) - now))
     end
   end
-  return {0, longest, {}, server_ms()}
+  return {0, longest, {}, stamp(server_ms())}
 end
 
 if op == 'release' then

@@ -1,5 +1,5 @@
 -- name: rwlock
--- version: 4
+-- version: 5
 -- The read/write lock: many readers or one writer, both reentrant and owner-scoped,
 -- and the upgradeable reader: one owner at a time that shares with readers and
 -- excludes writers. Its write acquire is its upgrade: granted, in the same call, once
@@ -24,9 +24,10 @@
 --            'u' is refused while a writer holds or waits, or another owner holds 'u';
 --            'r' by the owner of 'u' is not held up by waiting writers (it is inside);
 --            'w' by the owner of 'u' (its upgrade) waits for every hold but its own.
---            Reply {1, count, time} granted; {0, ms, time} refused, ms = when a retry
+--            Reply {1, count, stamp} granted; {0, ms, stamp} refused, ms = when a retry
 --            may succeed (an upgrade: when the other holds end; -2: a re-entry whose
---            hold is gone), time = the server's time in ms
+--            hold is gone), stamp = {time, age, failover}: the server's time in ms
+--            and its memory record (see stamp below)
 --   release  ARGV[2] side, ARGV[3] owner, ARGV[4] the hold left, '<count>:<tag>' (a
 --            count above 0 is set on the hold of that tag only; 0 frees a hold of
 --            that tag or a smaller one),
@@ -59,6 +60,38 @@
 local op = ARGV[1]
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The try's stamp: {time, age, failover}: the server's time in ms, and this master's
+-- memory record (the hash 'redreentrant:v1:memory': when its current memory began, in
+-- server ms, the replication id it began under, and whether it began with a failover).
+-- The record is made now when missing (a restart without persistence, FLUSHALL,
+-- FLUSHDB, eviction), and begun anew, as a failover, when this server was promoted
+-- from a replica of the master that wrote it (its previous replication id,
+-- master_replid2, is the record's); a restart that kept the data keeps it. age: ms
+-- since the memory began. {time} alone on a Redis Cluster node, where the record
+-- would lie outside the lock's hash slot. (A server that denies scripts INFO keeps
+-- the record, but a failover there looks like a restart that kept the data.)
+local function stamp(now)
+  local function info(section)
+    local text = redis.pcall('info', section)
+    return type(text) == 'string' and text or ''
+  end
+  if string.find(info('cluster'), 'cluster_enabled:1', 1, true) then
+    return {now}
+  end
+  local info = info('replication')
+  local id = string.match(info, 'master_replid:(%w+)') or ''
+  local memory = 'redreentrant:v1:memory'
+  local kept = redis.call('hmget', memory, 'began', 'replid', 'failover')
+  local began, failover = tonumber(kept[1]), tonumber(kept[3]) or 0
+  if not began or (kept[2] ~= id and kept[2] == string.match(info, 'master_replid2:(%w+)')) then
+    failover = began and 1 or 0
+    began = now
+    redis.call('hset', memory, 'began', began, 'replid', id, 'failover', failover)
+  elseif kept[2] ~= id then
+    redis.call('hset', memory, 'replid', id)
+  end
+  return {now, now - began, failover}
+end
 
 local function check_type(key)
   local kind = redis.call('type', key)['ok']
@@ -291,11 +324,11 @@ local mine = tag_in(hash, member)
 if mine == tag or (mine and count == 1 and mine < tag) then
   grant(hash, leases, member, ARGV[5], lease)
   tidy(hash, leases, writers)
-  return {1, count, now}
+  return {1, count, stamp(now)}
 end
 if count > 1 or mine then
   -- A re-entry whose hold is gone, or a try of this owner's that a later one overtook.
-  return {0, -2, now}
+  return {0, -2, stamp(now)}
 end
 local writer = redis.call('hget', hash, 'writer')
 local upgrader = redis.call('hget', hash, 'upgradeable')
@@ -311,18 +344,18 @@ if side == 'w' then
       redis.call('zadd', writers, now + wait, owner)
       tidy(hash, leases, writers)
     end
-    return {0, busy, now}
+    return {0, busy, stamp(now)}
   end
   redis.call('hset', hash, 'writer', owner)
   redis.call('zrem', writers, owner)
 else
   if writer and (writer ~= owner or side == 'u') then
-    return {0, all_end(leases), now}
+    return {0, all_end(leases), stamp(now)}
   end
   if side == 'u' and upgrader then
     -- Another owner's (this owner's own is a re-entry): one at a time.
     local ends = redis.call('zscore', leases, 'u:' .. upgrader)
-    return {0, math.max(1, (tonumber(ends) or now) - now), now}
+    return {0, math.max(1, (tonumber(ends) or now) - now), stamp(now)}
   end
   if not writer and upgrader ~= owner and redis.call('zcard', writers) > 0 then
     -- A writer is waiting: no new reader until it has had its turn (or its wait ended).
@@ -330,7 +363,7 @@ else
     local holders = redis.call('zcard', leases)
     local retry = tonumber(first[2]) - now
     if holders > 0 then retry = math.min(retry, all_end(leases)) end
-    return {0, math.max(1, retry), now}
+    return {0, math.max(1, retry), stamp(now)}
   end
   if side == 'u' then
     redis.call('hset', hash, 'upgradeable', owner)
@@ -338,4 +371,4 @@ else
 end
 grant(hash, leases, member, ARGV[5], lease)
 tidy(hash, leases, writers)
-return {1, count, now}
+return {1, count, stamp(now)}

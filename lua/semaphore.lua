@@ -1,5 +1,5 @@
 -- name: semaphore
--- version: 3
+-- version: 4
 -- A semaphore of P permits kept as P slots (see docs/semaphore.md): each slot is a
 -- hash owner -> hold ('<count>:<tag>', see acquire.lua: nothing sent for one try
 -- changes a hold made by a later one) whose PTTL is the lease, as the plain lock keeps
@@ -26,11 +26,11 @@
 --            that holds no permit yet: another owner takes one only where more slots
 --            are free than are kept, so waiters are served in the order they came.
 --            A re-entry re-enters the owner's hold on the first slot only.
---            Reply {1, count, position, time} granted; {0, ms, time} refused: ms
+--            Reply {1, count, position, stamp} granted; {0, ms, stamp} refused: ms
 --            until a kept slot's waiter loses it or the first of the tried slots'
 --            holds ends, -2 for a re-entry whose
---            hold is gone (or a try that a later one overtook); time is the server's
---            time in ms
+--            hold is gone (or a try that a later one overtook); stamp is {time, age,
+--            failover}: the server's time in ms and its memory record (see stamp)
 --   release  KEYS[1] the owner's slot; ARGV[2] owner, ARGV[3] the hold left,
 --            '<count>:<tag>' (a count above 0 is set on the hold of that tag only; 0
 --            frees a hold of that tag or a smaller one), ARGV[4] the wake channel,
@@ -71,6 +71,38 @@ local PLACE_SKEW_MS = 1000
 local op = ARGV[1]
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The try's stamp: {time, age, failover}: the server's time in ms, and this master's
+-- memory record (the hash 'redreentrant:v1:memory': when its current memory began, in
+-- server ms, the replication id it began under, and whether it began with a failover).
+-- The record is made now when missing (a restart without persistence, FLUSHALL,
+-- FLUSHDB, eviction), and begun anew, as a failover, when this server was promoted
+-- from a replica of the master that wrote it (its previous replication id,
+-- master_replid2, is the record's); a restart that kept the data keeps it. age: ms
+-- since the memory began. {time} alone on a Redis Cluster node, where the record
+-- would lie outside the lock's hash slot. (A server that denies scripts INFO keeps
+-- the record, but a failover there looks like a restart that kept the data.)
+local function stamp(now)
+  local function info(section)
+    local text = redis.pcall('info', section)
+    return type(text) == 'string' and text or ''
+  end
+  if string.find(info('cluster'), 'cluster_enabled:1', 1, true) then
+    return {now}
+  end
+  local info = info('replication')
+  local id = string.match(info, 'master_replid:(%w+)') or ''
+  local memory = 'redreentrant:v1:memory'
+  local kept = redis.call('hmget', memory, 'began', 'replid', 'failover')
+  local began, failover = tonumber(kept[1]), tonumber(kept[3]) or 0
+  if not began or (kept[2] ~= id and kept[2] == string.match(info, 'master_replid2:(%w+)')) then
+    failover = began and 1 or 0
+    began = now
+    redis.call('hset', memory, 'began', began, 'replid', id, 'failover', failover)
+  elseif kept[2] ~= id then
+    redis.call('hset', memory, 'replid', id)
+  end
+  return {now, now - began, failover}
+end
 
 local function check_types(first, last)
   for i = first, last do
@@ -248,7 +280,7 @@ if op == 'acquire' then
   if count > 1 then
     local position = tonumber(ARGV[7])
     if tag_in(KEYS[position], owner) ~= tag then
-      return {0, -2, now}
+      return {0, -2, stamp(now)}
     end
     pick = position
   else
@@ -302,7 +334,7 @@ if op == 'acquire' then
     redis.call('pexpire', KEYS[pick], lease)
     redis.call('hset', index, owner, number_of(KEYS[pick]))
     tidy_index(index)
-    return {1, count, pick, now}
+    return {1, count, pick, stamp(now)}
   end
   local wait = tonumber(ARGV[5])
   if wait > 0 then
@@ -325,7 +357,7 @@ if op == 'acquire' then
       soonest = pttl
     end
   end
-  return {0, soonest, now}
+  return {0, soonest, stamp(now)}
 end
 
 if op == 'release' then

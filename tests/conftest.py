@@ -76,7 +76,7 @@ def ensemble(_ensemble5: LocalEnsemble) -> Iterator[LocalEnsemble]:
     _ensemble5.flushall()
     yield _ensemble5
     heal(_ensemble5)
-    leaked = {url: keys for url, keys in _ensemble5.keys(PREFIX + "*").items() if keys}
+    leaked = {url: keys for url, keys in _ensemble5.keys(PREFIX + "{*").items() if keys}
     _ensemble5.flushall()
     if leaked:
         pytest.fail(f"lock keys left behind: {leaked}")

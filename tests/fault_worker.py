@@ -79,6 +79,8 @@ class Spec:
     #: None: the watchdog-managed lease; else a fixed lease per acquire
     lease: float | None = None
     manager_lease: float = 3.0
+    #: the manager's quarantine (None: its default, the longest lease it hands out)
+    quarantine: float | None = None
     master_timeout: float | None = None
     timeout: float = 1.0
     #: seconds between the counter's read and its write (a non-atomic increment)
@@ -127,6 +129,8 @@ class Client:
         options: dict[str, Any] = {"lease": spec.manager_lease, "fencing": spec.fencing}
         if spec.master_timeout is not None:
             options["master_timeout"] = spec.master_timeout
+        if spec.quarantine is not None:
+            options["quarantine"] = spec.quarantine
         if spec.clock_steps:
             options["listener"] = ClockSteps(self.rec, spec.lock, MODE_OF_KIND[spec.kind])
         self.mgr = redreentrant.LockManager(spec.urls, on_lost=self.lost, **options)

@@ -183,7 +183,7 @@ def many_managers(count: int, *args: Any, **kwargs: Any) -> Iterator[list[Any]]:
 def lock_keys(ensemble: Any) -> dict[str, list[str]]:
     """The lock keys (every key of the library) on each answering master that has any,
     by URL: ``{}`` when nothing is left anywhere."""
-    return {url: keys for url, keys in ensemble.keys(PREFIX + "*").items() if keys}
+    return {url: keys for url, keys in ensemble.keys(PREFIX + "{*").items() if keys}
 
 
 def on_masters(urls: Iterable[str], call: Callable[[Any], T], **options: Any) -> list[T]:
@@ -218,7 +218,7 @@ def registered(urls: Iterable[str], name: str) -> list[list[str]]:
 def drop_counters(ensemble: Any) -> None:
     """Check that nothing but fencing counters (which outlive their locks on purpose:
     terms and tokens keep growing) is left on the masters, and remove them."""
-    for keys in ensemble.keys(PREFIX + "*").values():
+    for keys in ensemble.keys(PREFIX + "{*").values():
         assert all(k.endswith(":fence") for k in keys), keys
     ensemble.flushall()
 

@@ -65,7 +65,7 @@ def cluster(clusters: list[LocalCluster]) -> Iterator[LocalCluster]:
     c.flushall()
     yield c
     heal(c)
-    leaked = {k: v for k, v in c.keys(PREFIX + "*").items() if v}
+    leaked = {k: v for k, v in c.keys(PREFIX + "{*").items() if v}
     c.flushall()
     if leaked:
         pytest.fail(f"lock keys left behind: {leaked}")
@@ -89,7 +89,7 @@ def plain(ensemble: LocalEnsemble) -> list[str]:
 
 
 def node_keys(c: LocalCluster) -> dict[int, list[str]]:
-    return {k: v for k, v in c.keys(PREFIX + "*").items() if v}
+    return {k: v for k, v in c.keys(PREFIX + "{*").items() if v}
 
 
 def member(mgr: Any, i: int) -> ClusterMember:

@@ -199,7 +199,7 @@ def left_on_masters(masters: LocalEnsemble) -> dict[str, list[str]]:
     """The library's keys on each master that has any but the election's fencing
     counter (which outlives the election on purpose)."""
     out = {}
-    for url, keys in masters.keys(PREFIX + "*").items():
+    for url, keys in masters.keys(PREFIX + "{*").items():
         rest = [k for k in keys if not k.endswith(":election:fence")]
         if rest:
             out[url] = rest

@@ -53,6 +53,7 @@ from faultkit import (
 from helpers import heal
 
 from redreentrant import LockManager
+from redreentrant._core.keys import PREFIX
 from redreentrant.testing import LocalEnsemble, LocalServer
 from redreentrant.testing.history import Event
 from redreentrant.testing.proxy import TcpProxy
@@ -80,7 +81,7 @@ def masters(_ensemble5: LocalEnsemble) -> Iterator[LocalEnsemble]:
     heal(_ensemble5)
     for server in _ensemble5.servers:
         client = redis.Redis(host=server.host, port=server.port)
-        for key in client.scan_iter("redreentrant:*"):
+        for key in client.scan_iter(PREFIX + "{*"):
             # Lock keys may outlive a killed holder, never their lease; fencing
             # counters outlive locks on purpose (with a long TTL).
             assert client.pttl(key) > 0, f"{key!r} has no TTL"
@@ -248,9 +249,9 @@ def test_client_pause_on_a_minority(run: Run, masters: LocalEnsemble) -> None:
 
 
 def test_majority_down_then_back_after_a_lease(run: Run, masters: LocalEnsemble) -> None:
-    # Without fencing: restarted empty, the majority lost the counters, and a fenced
-    # acquire is refused (see the test with fencing below).
-    workers = contend(run, duration=2.0 + LEASE + 1.0, fencing=False)
+    # Restarted empty, the majority is quarantined for a lease (the workers' longest),
+    # then grants resume (with fencing too: the counters start from their clocks).
+    workers = contend(run, duration=2.0 + 2 * LEASE + 1.5)
     time.sleep(0.6)
     run.mark("kill")
     for s in masters.servers[:3]:
@@ -264,22 +265,24 @@ def test_majority_down_then_back_after_a_lease(run: Run, masters: LocalEnsemble)
     report = judge(run)
     events = run.events()
     down = (run.faults["kill"], run.faults["restart"])
-    granted_while_down = [
+    granted_while_out = [
         e
         for e in events
-        if e.op == "acquire" and e.phase == "ok" and down[0] + 300 * MS < e.t < down[1]
+        if e.op == "acquire"
+        and e.phase == "ok"
+        and down[0] + 300 * MS < e.t < down[1] + int(LEASE * 1000) * MS
     ]
     errors = errors_of(events)
     record(
         run,
-        "SIGKILL 3 of 5 masters; restarted after one lease",
-        "no grant while down (QuorumUnavailableError); no violation",
+        "SIGKILL 3 of 5 masters; restarted empty after one lease",
+        "no grant while down or quarantined; grants after; no violation",
         report,
-        f"{len(granted_while_down)} grants while down;"
+        f"{len(granted_while_out)} grants while down or quarantined;"
         f" {errors.get('QuorumUnavailableError', 0)} QuorumUnavailableError",
     )
     assert report.ok, report.format()
-    assert not granted_while_down
+    assert not granted_while_out
     assert errors.get("QuorumUnavailableError", 0) > 0
     assert any(e.op == "acquire" and e.phase == "ok" and e.t > down[1] for e in events)
 
@@ -363,36 +366,67 @@ def test_watchdog_with_a_majority_stalled(run: Run, masters: LocalEnsemble) -> N
     assert outcome.margin_ms is not None and outcome.margin_ms > 0
 
 
-def test_restart_without_persistence_at_once_breaks_exclusion(
+def test_restart_without_persistence_at_once_keeps_exclusion(
     run: Run, masters: LocalEnsemble
 ) -> None:
-    # Documented: a majority restarted empty at once hands the lock out a second time
-    # when a rival comes before the holder's watchdog takes the hold again there (its
-    # lease long here, so that the rival always comes first).
+    # A majority restarted empty at once while the lock is held, a rival coming before
+    # the holder's watchdog takes the hold again there (its lease long here, so that
+    # the rival always comes first): the restarted masters are quarantined (every
+    # client's quarantine is the longest lease in use), and the holder is told.
     holder = run.holder(fencing=False, manager_lease=SLOW_RENEWAL)
     run.mark("restart")
     for s in masters.servers[:3]:
         s.restart()
-    run.rival(duration=0.5, fencing=False)
+    run.rival(duration=0.5, fencing=False, quarantine=SLOW_RENEWAL)
+    run.wait_lost("holder")
+    holder.go()
+    report = judge(run)
+    grants = [
+        e
+        for e in run.events()
+        if e.client.startswith("rival") and e.op == "acquire" and e.phase == "ok"
+    ]
+    record(
+        run,
+        "3 of 5 masters restarted at once without persistence, fencing off",
+        "no violation; holder told of the loss",
+        report,
+        f"{report.summary() if not report.ok else 'no violation'}; rival's grants: {len(grants)}",
+    )
+    assert report.ok, report.format()
+    assert not grants
+
+
+def test_restart_without_persistence_and_quarantine_breaks_exclusion(
+    run: Run, masters: LocalEnsemble
+) -> None:
+    # Documented: with quarantine=0, a majority restarted empty at once hands the lock
+    # out a second time when a rival comes before the holder's watchdog.
+    holder = run.holder(fencing=False, manager_lease=SLOW_RENEWAL, quarantine=0)
+    run.mark("restart")
+    for s in masters.servers[:3]:
+        s.restart()
+    run.rival(duration=0.5, fencing=False, quarantine=0)
     holder.go()
     report = judge(run)
     record(
         run,
-        "3 of 5 masters restarted at once without persistence, fencing off",
-        "violation (documented: assumption 2 broken)",
+        "3 of 5 masters restarted at once without persistence, quarantine=0, fencing off",
+        "violation (documented: quarantine off)",
         report,
         report.summary() if not report.ok else "no violation",
     )
     assert "overlap" in report.kinds(), report.format()
 
 
-def test_restart_without_persistence_with_fencing_refuses_tokens(
+def test_restart_without_persistence_and_quarantine_with_fencing_refuses_tokens(
     run: Run, masters: LocalEnsemble
 ) -> None:
-    holder = run.holder(manager_lease=SLOW_RENEWAL)  # the rival comes before a renewal
+    # the rival comes before a renewal
+    holder = run.holder(manager_lease=SLOW_RENEWAL, quarantine=0)
     for s in masters.servers[:3]:
         s.restart()
-    run.rival(duration=0.8)
+    run.rival(duration=0.8, quarantine=0)
     holder.go()
     events = run.events()
     report = judge(run)
@@ -400,7 +434,7 @@ def test_restart_without_persistence_with_fencing_refuses_tokens(
     tokens = [e.token for e in events if e.op == "acquire" and e.phase == "ok" and e.token]
     record(
         run,
-        "3 of 5 masters restarted at once, fencing on",
+        "3 of 5 masters restarted at once, quarantine=0, fencing on",
         "no token handed out (FencingError), none smaller",
         report,
         f"{errors.get('FencingError', 0)} FencingError; tokens handed out: {len(tokens)}",

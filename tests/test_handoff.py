@@ -86,7 +86,7 @@ def test_a_release_wakes_one_waiter_across_processes(
         subscriptions = delta(before[i], after[i], "subscribe", "unsubscribe")
         assert subscriptions <= PROCESSES + PROCESSES // 2, f"{url}: {subscriptions}"
     # Nothing is left on the masters: no lock, no registration of a waiter.
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in ensemble.urls}
 
 
 def count_under_lock(
@@ -169,7 +169,7 @@ def test_the_threads_of_one_manager_on_one_master_are_handed_the_lock_in_turn(
     # no try of its own.
     acquires = delta(before, after, "evalsha", "eval") - total
     assert acquires <= 1.5 * total, f"{acquires / total:.2f} acquires per increment"
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in ensemble.urls}
 
 
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])
@@ -190,7 +190,7 @@ def test_managers_on_one_master_keep_the_lock_for_a_turn_each_in_turn(
     acquires = delta(before, after, "evalsha", "eval") - total
     assert acquires <= 1.5 * total, f"{acquires / total:.2f} acquires per increment"
     assert min(done) >= total / workers / 4, done
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in ensemble.urls}
 
 
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])
@@ -211,7 +211,7 @@ def test_managers_on_several_masters_keep_the_lock_for_a_turn_each_in_turn(
         acquires = delta(before[i], after[i], "evalsha", "eval") - total
         assert acquires <= 1.6 * total, f"{url}: {acquires / total:.2f} acquires per increment"
     assert min(done) >= total / workers / 4, done
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in ensemble.urls}
 
 
 def run_call(url: str, call: Call) -> Any:
@@ -284,7 +284,7 @@ def test_on_several_masters_a_slow_waiter_woken_at_a_turns_end_still_goes_first(
     finally:
         for p in listeners:
             p.close()
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in ensemble.urls}
 
 
 # -- wake-ups that went nowhere ------------------------------------------------------------
@@ -350,7 +350,7 @@ def test_a_waiter_behind_a_dead_process_is_woken_by_the_release(
         # wake ours: long before the holder's 60 s lease would have ended.
         waiter.join(timeout=30)
         assert waiter.outcome == [True]
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in urls}
 
 
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])
@@ -402,7 +402,7 @@ def test_a_wake_up_deferred_early_in_a_turn_is_sent_when_the_manager_does_not_co
     # Woken by the holder's manager once the grace passed: long before the holder's
     # 60 s lease, which bounds the waiter's sleep otherwise.
     assert got and got[0] < 30
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in ensemble.urls}
 
 
 @pytest.mark.parametrize("masters", [1, 3])
@@ -480,7 +480,7 @@ def test_a_release_that_ends_while_its_manager_closes_still_wakes_the_waiter(
         assert outcome == ["released"]
         waiter.join(timeout=30)
         assert waiter.outcome == [True]
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in ensemble.urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in ensemble.urls}
 
 
 def test_a_waiter_that_gives_up_passes_the_wake_up_on(ensemble: LocalEnsemble) -> None:
@@ -509,7 +509,7 @@ def test_a_waiter_that_gives_up_passes_the_wake_up_on(ensemble: LocalEnsemble) -
         # Giving up where the lock is free woke the next waiter: long before 60 s.
         waiter.join(timeout=30)
         assert waiter.outcome == [True]
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in urls}
 
 
 def test_a_wake_up_that_no_waiter_uses_leaves_the_holders_ttl_as_the_bound(
@@ -557,7 +557,7 @@ def test_force_unlock_wakes_a_registered_waiter(ensemble: LocalEnsemble) -> None
         assert holder.force_unlock("forced")
         waiter.join(timeout=30)  # woken at once: the holder's lease was 60 s
         assert waiter.outcome == [True]
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in urls}
 
 
 def test_asyncio_waiters_take_turns_across_managers_without_subscribing(
@@ -588,4 +588,4 @@ def test_asyncio_waiters_take_turns_across_managers_without_subscribing(
                     await m.close()
 
     asyncio.run(main())
-    assert ensemble.keys(PREFIX + "*") == {u: [] for u in urls}
+    assert ensemble.keys(PREFIX + "{*") == {u: [] for u in urls}

@@ -103,9 +103,18 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         fencing: bool = False,
         max_hold: float | None = None,
         listener: LockListener | None = None,
+        quarantine: float | None = None,
     ) -> None:
         settings = Settings.check(
-            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing, max_hold, listener
+            lease,
+            drift_factor,
+            master_timeout,
+            retry_jitter,
+            on_lost,
+            fencing,
+            max_hold,
+            listener,
+            quarantine,
         )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.
@@ -289,6 +298,13 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         """Every master's view of the locks named ``name`` (see the sync manager)."""
         validate_name(name)
         return await self._driver.run(self._engine.probe(FAMILIES, name))
+
+    async def quarantined(self) -> list[float]:
+        """Seconds before each master's votes count, in order: 0.0 for a master whose
+        votes count (or that did not answer). A master whose memory began lately (first
+        use, a restart without its data, ``FLUSHALL``, an eviction, a failover) is
+        quarantined: see docs/safety.md. One read-only round."""
+        return await self._driver.run(self._engine.quarantined())
 
     async def names(self, pattern: str = "*") -> dict[str, tuple[str, ...]]:
         """The names of the locks matching ``pattern`` held or waited for on the

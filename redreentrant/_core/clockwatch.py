@@ -1,4 +1,5 @@
-"""Each master's clock, watched against this process's monotonic clock (no I/O).
+"""Each master's clock and memory, watched against this process's monotonic clock (no
+I/O).
 
 A master measures leases on its own clock: one whose clock jumps forward (or runs
 far fast) expires the holds it keeps early, and a rival could take the lock there
@@ -14,6 +15,15 @@ extensions do not count toward a quorum, and the step is reported.
 
 A master is judged against what this process saw of it before: a step that happened
 before the process's first round with that master cannot be seen.
+
+Every try's reply also carries the age of the master's *memory* (see the stamp in
+``lua/acquire.lua``): a master whose memory began lately (it restarted without its
+data, was flushed, lost keys to eviction, or was promoted from a replica) may have
+forgotten holds that still stand. While its memory is younger than the *memory
+quarantine* (``memory_ms``), it is counted out as above, until its memory is that
+old: its grants count for nobody, and no rival takes a lock there while a holder's
+validity from before may run. A failover is let pass on a member whose grants are all
+acknowledged by replicas (``trusts_failover``): the promoted replica has them.
 """
 
 from __future__ import annotations
@@ -43,8 +53,8 @@ class ClockWatch:
     clock moved beyond what drift allows, negative for a step back)."""
 
     __slots__ = (
-        "_at", "_clock", "_drift", "_high", "_low", "anyone_out", "on_change", "on_step",
-        "out_until", "quarantine",
+        "_at", "_clock", "_drift", "_high", "_low", "anyone_out", "memory_ms", "on_change",
+        "on_forgot", "on_step", "out_until", "quarantine", "trusts_failover",
     )  # fmt: skip
 
     def __init__(
@@ -71,6 +81,12 @@ class ClockWatch:
         self.on_step: Callable[[int, float], None] = lambda master, seconds: None
         #: told when masters are counted out, or all back in
         self.on_change = on_change
+        #: how young (ms) a master's memory may be and still count (0: any age counts)
+        self.memory_ms = 0.0
+        #: per master: a failover does not count it out (its grants reach replicas)
+        self.trusts_failover = [False] * size
+        #: told of each master counted out for its memory: (master, seconds, failover)
+        self.on_forgot: Callable[[int, float, bool], None] = lambda master, s, failover: None
 
     def observe(
         self, replies: Sequence[Attempt | Renewed | None], sent: float, received: float
@@ -83,6 +99,7 @@ class ClockWatch:
         sent_ms = sent * 1000.0
         received_ms = received * 1000.0
         lows, highs, ats = self._low, self._high, self._at
+        young = self.memory_ms
         for i, reply in enumerate(replies):
             # The server read its clock between ``sent`` and ``received``, in whole ms:
             # its offset lies in [lo, hi]; against the anchor's, it may have moved by the
@@ -95,6 +112,23 @@ class ClockWatch:
                 self._stepped(i, lo, hi, received)
             elif received_ms - ats[i] > REANCHOR_MS:
                 self._anchor(i, lo, hi, received_ms)
+            age = reply.age
+            if age is not None and age < young:
+                self._forgot(i, (young - age) / 1000.0, reply.failover, received)
+
+    def _forgot(self, i: int, left: float, failover: bool, now: float) -> None:
+        """Master ``i``'s memory is ``left`` seconds short of the memory quarantine (it
+        began with a failover if ``failover``): counted out until it is not."""
+        if failover and self.trusts_failover[i]:
+            return
+        until = now + left
+        if until > self.out_until[i]:
+            told = self.out_until[i] > now  # out already: told before
+            self.out_until[i] = until
+            self.anyone_out = True
+            self.on_change()
+            if not told:
+                self.on_forgot(i, left, failover)
 
     def _anchor(self, i: int, lo: float, hi: float, at_ms: float) -> None:
         """Master ``i``'s offset lies in ``[lo, hi]`` (ms) at ``at_ms``: until the next

@@ -167,6 +167,10 @@ class Engine:
         watch = self.quorum.watch
         watch.quarantine = lambda: self.longest_lease
         watch.on_step = self._clock_stepped
+        #: a master whose memory is younger does not vote (see :mod:`.clockwatch`)
+        quarantine = settings.quarantine
+        watch.memory_ms = (settings.lease if quarantine is None else quarantine) * 1000.0
+        watch.on_forgot = self._forgot
 
     @classmethod
     def connect(
@@ -234,6 +238,25 @@ class Engine:
         if listener is not None:
             tell(partial(listener.clock_stepped, name, seconds, out))
 
+    def _may_stand(self, seconds: float) -> None:
+        """A hold of this manager may stand ``seconds`` on a master: masters are
+        counted out as long (see :mod:`.clockwatch`)."""
+        self.longest_lease = seconds
+        if self.settings.quarantine is None:
+            self.quorum.watch.memory_ms = seconds * 1000.0
+
+    def _forgot(self, master: int, seconds: float, failover: bool) -> None:
+        """Master ``master``'s memory began lately: it is counted out for ``seconds``
+        (see :mod:`.clockwatch`); say so."""
+        log.warning(
+            "redreentrant: the memory of %s began lately (%s): its votes do not count"
+            " for %.3fs (quarantine)",
+            self.quorum.masters[master],
+            "a replica promoted" if failover
+            else "first use, a restart without its data, a flush or an eviction",
+            seconds,
+        )  # fmt: skip
+
     def check_open(self) -> None:
         if self.closed:
             raise ManagerClosedError("the lock manager is closed")
@@ -282,7 +305,7 @@ class Engine:
         settings = self.settings
         lease_s = settings.lease if lease is None else settings.acquire_lease(lease)
         if lease_s > self.longest_lease:
-            self.longest_lease = lease_s
+            self._may_stand(lease_s)
         hold = self.holds.get(kind, name, owner)
         if hold is not None:
             if max_hold is not None:
@@ -547,7 +570,8 @@ class Engine:
         left = hold.valid_until - self.clock() + self.quorum.drift(hold.lease)
         standing = seconds_s if replace else left + seconds_s
         if standing > self.longest_lease:
-            self.longest_lease = standing
+            self.settings.check_quarantine("the extended hold's lease", standing)
+            self._may_stand(standing)
         steps = extend_steps(self.quorum, kind, name, owner, ms, not replace, hold.tag)
         try:
             valid_until = yield from steps
@@ -692,7 +716,12 @@ class Engine:
         return force_unlock_steps(self.quorum, kinds, name, self.id)
 
     def probe(self, kinds: Sequence[FamilyKind], name: str) -> Steps[list[MasterView]]:
-        return probe_steps(self.quorum, kinds, name)
+        return probe_steps(self.quorum, kinds, name, memories=True)
+
+    def quarantined(self) -> Steps[list[float]]:
+        """Seconds before each master's votes count (see :mod:`.clockwatch`)."""
+        views = yield from probe_steps(self.quorum, (), "", memories=True)
+        return [v.quarantined for v in views]
 
     def permits_free(self, kind: SemaphoreKind, name: str) -> Steps[int]:
         """How many of a semaphore's permits are free on a quorum (read-only)."""

@@ -7,16 +7,21 @@ master, and handed out only once a quorum acknowledged the write-back within the
 lease's validity. A later grant's quorum meets that write-back quorum in at least one
 master, whose counter then steps past the token: tokens grow.
 
-A master that restarted without persistence has forgotten its counter (it is *fresh*).
-A fresh counter proves nothing, so it never counts toward the maximum, and a token is
-handed out only when a quorum of the granting masters kept theirs (any such quorum
-meets every earlier write-back quorum in a master that kept its counter); the
-write-back then seeds the fresh ones. When no master knows a counter at all (a name
-never fenced before, or idle past :data:`FENCE_TTL` everywhere), the token starts from
-the granting masters' clocks in microseconds, so it still exceeds the tokens of an
-earlier, forgotten history as long as the masters' clocks do not go back. When more
-counters were lost than a quorum tolerates while others kept theirs, no token can be
-proven larger than the last: the acquire is refused with :class:`FencingError`.
+A counter that is absent on a master (it restarted without its data, was flushed, the
+name is new to it, or it idled past :data:`FENCE_TTL`) is *fresh*: it stands for the
+master's clock in microseconds. Tokens start from such clocks, so a fresh counter
+exceeds the tokens of every history the master forgot as long as the masters' clocks
+do not go back and agree within the quarantine. This is the quarantine's rule (see
+:mod:`.clockwatch`): a master that forgot does not vote, nor does its counter count,
+until its memory is older than the longest lease; then its clock does. So with the
+quarantine on, the token is the largest of the granting masters' counters, kept or
+fresh. Without it (``quarantine=0``), a fresh counter proves nothing unless no master
+knows a counter at all: a token is then handed out only when a quorum of the granting
+masters kept theirs (any such quorum meets every earlier write-back quorum in a master
+that kept its counter), and when more counters were lost than a quorum tolerates while
+others kept theirs, no token can be proven larger than the last: the acquire is
+refused with :class:`FencingError`. Either way the write-back then seeds the fresh
+ones.
 
 Counters and tokens are integers from 0 to :data:`MAX_TOKEN` (``2**63 - 1``, the range
 of Redis's ``INCR``), exact at any size: the scripts reply them as decimal strings and
@@ -87,8 +92,9 @@ def token_of(
     if len(kept) >= q.needed:
         return max(kept)
     known = [c for c in counters if c is not None]
-    if known and not any(c.fresh is False for c in known):
-        # No master knows a counter: a first start. Only granting masters' clocks.
+    if q.watch.memory_ms > 0 or (known and not any(c.fresh is False for c in known)):
+        # Quarantined masters are not granting: the counters and clocks of the others.
+        # (Without a quarantine, only where no master knows a counter: a first start.)
         clocks = [c.value for i in granted if (c := counters[i]) is not None and c.held]
         return max(clocks) if len(clocks) >= q.needed else None
     lost = [q.masters[i] for i, c in enumerate(counters) if c is not None and c.fresh]

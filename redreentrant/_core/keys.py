@@ -20,6 +20,10 @@ SCHEMA = "v1"
 PREFIX = f"redreentrant:{SCHEMA}:"
 #: the start of every manager's home channel (see :func:`home_channel`)
 HOME_PREFIX = f"{PREFIX}hub:"
+#: a master's memory record, a hash: when its current memory began (``began``, server
+#: ms), under which replication id, and whether with a failover; kept by the try
+#: scripts (see the stamp in ``lua/acquire.lua``, which names it too)
+MEMORY_KEY = f"{PREFIX}memory"
 
 
 def validate_name(name: object) -> str:

@@ -38,8 +38,10 @@ def ttl_of(pttl: object) -> float | None:
 
 
 class Attempt(NamedTuple):
-    """A try's reply: ``{1, count, ..., time}`` granted, ``{0, ms, ..., time}`` refused.
-    What comes between is the kind's (:func:`head`, :func:`position`, :func:`partial`)."""
+    """A try's reply: ``{1, count, ..., stamp}`` granted, ``{0, ms, ..., stamp}``
+    refused, the stamp ``{time, age, failover}`` (``{time}`` or a bare time where the
+    master keeps no memory record: a cluster node). What comes between is the kind's
+    (:func:`head`, :func:`position`, :func:`partial`)."""
 
     granted: bool
     #: granted: the hold's count; refused: ms until a retry may succeed (-2: a
@@ -47,12 +49,39 @@ class Attempt(NamedTuple):
     value: int
     #: the server's time in ms (None in a cluster member's merged reply without one)
     time: int | None
+    #: ms since the master's memory began (its memory record, see ``lua/acquire.lua``);
+    #: None where the script cannot keep one (a cluster node)
+    age: int | None
+    #: the memory began with a failover (this server was promoted from a replica)
+    failover: bool
 
 
 def attempt(reply: object) -> Attempt | None:
     if isinstance(reply, list) and len(reply) >= 2:
-        time = reply[-1]
-        return made(Attempt, (reply[0] == 1, reply[1], time if type(time) is int else None))
+        stamp = reply[-1]
+        if type(stamp) is list:
+            if len(stamp) == 3:
+                time, age, failover = stamp
+                return made(Attempt, (reply[0] == 1, reply[1], time, age, failover == 1))
+            stamp = stamp[0] if stamp else None
+        time = stamp if type(stamp) is int else None  # a stamp without a record
+        return made(Attempt, (reply[0] == 1, reply[1], time, None, False))
+    return None
+
+
+class Memory(NamedTuple):
+    """A master's memory record, as ``lua/memory.lua`` reads it."""
+
+    #: ms since the master's memory began; -1: no record yet (the next try makes it);
+    #: None: the master keeps none (a Redis Cluster node)
+    age: int | None
+    #: the memory began with a failover (a replica promoted)
+    failover: bool
+
+
+def memory(reply: object) -> Memory | None:
+    if isinstance(reply, list) and reply:
+        return Memory(int(reply[1]), reply[2] == 1) if len(reply) >= 3 else Memory(None, False)
     return None
 
 
@@ -130,6 +159,9 @@ class Renewed(NamedTuple):
     flags: list[int]
     #: the server's time in ms (None in a cluster member's merged reply without one)
     time: int | None
+    #: as a try's (:class:`Attempt`); a renewal's reply carries no memory record
+    age: None = None
+    failover: bool = False
 
 
 def renewed(reply: object, holds: int) -> Renewed | None:
@@ -137,7 +169,9 @@ def renewed(reply: object, holds: int) -> Renewed | None:
     if not isinstance(reply, list):
         return None
     time = reply[holds] if len(reply) > holds else None
-    return made(Renewed, ([int(f) for f in reply[:holds]], time if type(time) is int else None))
+    return made(
+        Renewed, ([int(f) for f in reply[:holds]], time if type(time) is int else None, None, False)
+    )
 
 
 def extended(reply: object) -> int | None:

@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
+from . import keys, scripts
 from .effects import (
+    Call,
     Early,
     Fanout,
     Handed,
@@ -40,7 +42,7 @@ from .quorum import (
     tally_holds,
     woken_by,
 )
-from .replies import attempt, extended, integer_of, release
+from .replies import attempt, extended, integer_of, memory, release
 from .views import MasterView
 
 #: whether a decoded release deferred its wake-up (``map`` over releases: no frame)
@@ -582,14 +584,29 @@ def force_unlock_steps(
     return deleted
 
 
-def probe_steps(q: Quorum, kinds: Sequence[FamilyKind], name: str) -> Steps[list[MasterView]]:
+#: a read of a master's memory record (see :mod:`.clockwatch`)
+MEMORY_CALL = Call(scripts.MEMORY, (keys.MEMORY_KEY,), ())
+
+
+def probe_steps(
+    q: Quorum, kinds: Sequence[FamilyKind], name: str, memories: bool = False
+) -> Steps[list[MasterView]]:
     """Read ``name``'s locks of the given kinds on every master, changing nothing
-    (beyond purging holds and waiters whose time has ended)."""
-    replies = yield q.everywhere(*(k.probe(name) for k in kinds))
+    (beyond purging holds and waiters whose time has ended); with ``memories``, each
+    master's memory record too (whether its votes count yet)."""
+    calls = [k.probe(name) for k in kinds]
+    replies = yield q.everywhere(*calls, MEMORY_CALL) if memories else q.everywhere(*calls)
     out: list[MasterView] = []
-    for master, per_master in zip(q.masters, replies, strict=True):
+    watch = q.watch
+    for i, (master, per_master) in enumerate(zip(q.masters, replies, strict=True)):
         view = MasterView(master)
-        for kind, reply in zip(kinds, per_master, strict=True):
+        kept = memory(per_master[-1]) if memories else None
+        if kept is not None and kept.age is not None:
+            age = max(0, kept.age)  # no record: the next try's memory begins
+            view.memory, view.failover = kept.age / 1000.0 if kept.age >= 0 else None, kept.failover
+            if not (kept.failover and watch.trusts_failover[i]):
+                view.quarantined = max(0.0, watch.memory_ms - age) / 1000.0
+        for kind, reply in zip(kinds, per_master[: len(kinds)], strict=True):
             try:
                 if isinstance(reply, BaseException):
                     raise reply

@@ -56,6 +56,7 @@ EXTEND = load("extend")
 FENCED_WRITE = load("fenced_write")
 SEMAPHORE = load("semaphore")
 MULTILOCK = load("multilock")
+MEMORY = load("memory")
 
 #: the scripts the masters run (the fenced write runs on the protected resource)
 LOCK_SCRIPTS = (

@@ -65,6 +65,9 @@ class Settings:
     max_hold: float | None = None
     #: told of the locks' events (None: nobody, and nothing is spent on it)
     listener: LockListener | None = None
+    #: how long a master whose memory began lately does not vote (seconds; None: the
+    #: longest lease handed out; 0: never quarantined)
+    quarantine: float | None = None
 
     @property
     def probe_interval(self) -> float:
@@ -82,6 +85,7 @@ class Settings:
         fencing: object = False,
         max_hold: object = None,
         listener: object = None,
+        quarantine: object = None,
     ) -> Settings:
         """The settings, or a ValueError/TypeError naming the first bad one."""
         lease_s = check_lease("lease", lease)
@@ -110,7 +114,26 @@ class Settings:
                 f"listener must be a LockListener (subclass it), not {type(listener).__name__}"
             )
         fences = check_fencing(fencing)
-        return cls(lease_s, drift, timeout_s, jitter, on_lost, fences, cap, listener)
+        kept = None
+        if quarantine is not None:
+            kept = number("quarantine", quarantine)
+            if not (math.isfinite(kept) and kept >= 0):
+                raise ValueError(
+                    f"quarantine must be a finite number of seconds >= 0, not {quarantine!r}"
+                )
+        settings = cls(lease_s, drift, timeout_s, jitter, on_lost, fences, cap, listener, kept)
+        settings.check_quarantine("lease", lease_s)
+        return settings
+
+    def check_quarantine(self, what: str, lease: float) -> None:
+        """A hold of ``lease`` seconds may stand on a master that is counted in again:
+        refused (ValueError naming ``what``) when it is longer than a quarantine set."""
+        if self.quarantine and lease > self.quarantine:
+            raise ValueError(
+                f"{what} {lease:g}s is longer than quarantine={self.quarantine:g}s: a master"
+                " that lost its memory would vote again while a hold it forgot may still"
+                " stand; raise quarantine or shorten the lease"
+            )
 
     def hold_cap(self, lease: object, max_hold: object) -> float | None:
         """The ``max_hold`` of an acquire (seconds; None: no cap): its own, else the
@@ -133,6 +156,7 @@ class Settings:
         if lease is None:
             return self.lease
         lease_s = check_lease("lease", lease)
+        self.check_quarantine("lease", lease_s)
         shortest = shortest_lease(self.drift_factor)
         if lease_s < shortest:
             raise ValueError(

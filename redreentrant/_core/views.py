@@ -32,3 +32,12 @@ class MasterView:
     master: str
     error: str | None = None
     locks: list[LockView] = field(default_factory=list)
+    quarantined: float = 0.0
+    """Seconds left before the master's votes count: its memory began lately (first
+    use, a restart without its data, a flush, an eviction, a failover); 0.0 none.
+    See docs/safety.md."""
+    memory: float | None = None
+    """Seconds since the master's memory began; None: no record yet (the next try
+    makes it, and the quarantine begins) or a Redis Cluster member (keeps none)."""
+    failover: bool = False
+    """The master's memory began with a failover (a replica promoted)."""

@@ -91,6 +91,10 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
     (seconds) caps every watchdog-managed hold: the watchdog stops renewing it then and
     reports it lost (each acquire may pass its own). ``listener`` (a
     :class:`LockListener`) is told of every lock's events, for metrics and tracing.
+    ``quarantine`` (seconds) is how long a master whose memory began lately (first use,
+    a restart without its data, ``FLUSHALL``, eviction, a promoted replica) does not
+    vote; default the longest lease the manager hands out, 0 never (see
+    docs/safety.md); a fixed lease longer than a quarantine set is refused.
     Bad settings raise
     ``ValueError``/``TypeError`` naming the argument.
 
@@ -109,9 +113,18 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         fencing: bool = False,
         max_hold: float | None = None,
         listener: LockListener | None = None,
+        quarantine: float | None = None,
     ) -> None:
         settings = Settings.check(
-            lease, drift_factor, master_timeout, retry_jitter, on_lost, fencing, max_hold, listener
+            lease,
+            drift_factor,
+            master_timeout,
+            retry_jitter,
+            on_lost,
+            fencing,
+            max_hold,
+            listener,
+            quarantine,
         )
         # The holds table's guard is a thread lock in both flavours: the news of an
         # owner's end may come from another thread.
@@ -247,6 +260,13 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         has ``error`` set."""
         validate_name(name)
         return self._driver.run(self._engine.probe(FAMILIES, name))
+
+    def quarantined(self) -> list[float]:
+        """Seconds before each master's votes count, in order: 0.0 for a master whose
+        votes count (or that did not answer). A master whose memory began lately (first
+        use, a restart without its data, ``FLUSHALL``, an eviction, a failover) is
+        quarantined: see docs/safety.md. One read-only round."""
+        return self._driver.run(self._engine.quarantined())
 
     def names(self, pattern: str = "*") -> dict[str, tuple[str, ...]]:
         """The names of the locks matching the glob ``pattern`` that are held or waited

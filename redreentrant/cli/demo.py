@@ -378,9 +378,11 @@ class Demo:
         )
         if tally["lost"]:
             self.out.say("demo", f"{tally['lost']} hold(s) lost with the dead masters, and said so")
-        for index in (3, 4):
-            ensemble[index].start()
-        self.out.say("chaos", "restarted masters 4 and 5 (empty; no lock was held)")
+        self.out.say(
+            "demo",
+            "masters 4 and 5 stay down: restarted, empty, they would not vote for a lease"
+            " (a master that forgot is quarantined; see docs/safety.md)",
+        )
 
     def stage_sigkill(self) -> None:
         name = self.prefix + "orphan"

@@ -89,7 +89,9 @@ def cmd_elect(args: argparse.Namespace) -> int:
     value = os.fsencode(args.value)
     lease = run.RUN_LEASE if args.lease is None else args.lease
     child = run.Child()
-    with open_manager(require_masters(args), lease=lease, on_lost=child.on_lost) as mgr:
+    with open_manager(
+        require_masters(args), lease=lease, on_lost=child.on_lost, quarantine=args.quarantine
+    ) as mgr:
         election = mgr.election(name)
 
         def take(timeout: float | None) -> bool:

@@ -113,6 +113,14 @@ def _owner_rows(views: Sequence[MasterView]) -> list[list[str]]:
     return rows
 
 
+def _quarantine(view: MasterView) -> str:
+    """How long a quarantined master's votes do not count, and why."""
+    if view.memory is None:
+        return f"{view.quarantined:.1f}s from the next try (no memory record yet)"
+    why = "a failover" if view.failover else "a restart without its data, a flush or first use"
+    return f"{view.quarantined:.1f}s (its memory began {view.memory:.1f}s ago: {why})"
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``inspect``: each master's view of a name (table or JSON)."""
     name = lock_name(args.name)
@@ -130,6 +138,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 {
                     "master": v.master,
                     "error": v.error,
+                    # Seconds before its votes count (its memory began lately), its
+                    # memory's age (null: none kept, or none yet) and whether it began
+                    # with a failover.
+                    "quarantined": round(v.quarantined, 3),
+                    "memory": None if v.memory is None else round(v.memory, 3),
+                    "failover": v.failover,
                     "locks": [
                         {
                             "kind": lv.kind,
@@ -172,6 +186,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 queue = ", ".join(lv.queue) or "-"
                 rows.append([v.master, lv.kind, lv.mode or "-", ttl, holders, queue])
         print(table(rows))
+        for v in views:
+            if v.quarantined > 0:
+                print(f"{v.master}: quarantined, its votes count in {_quarantine(v)}")
         owners = _owner_rows(views)
         if len(owners) > 1:
             print()

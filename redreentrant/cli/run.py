@@ -182,7 +182,15 @@ def register(add: Add) -> None:
 
 def add_waiting_options(parser: argparse.ArgumentParser, what: str) -> None:
     """The options of waiting for ``what`` (``the lock``, ``leadership``) that ``run``
-    and ``elect`` share: --timeout, -E and --wait-masters."""
+    and ``elect`` share: --timeout, -E, --wait-masters and --quarantine."""
+    parser.add_argument(
+        "--quarantine",
+        type=seconds(minimum_exclusive=False),
+        metavar="S",
+        help="a master whose memory began lately (restarted empty, flushed, failed over)"
+        " does not vote for S seconds (default: the longest lease in use here; 0: never;"
+        " give every client the longest lease of any)",
+    )
     parser.add_argument(
         "--timeout",
         type=seconds(minimum_exclusive=False),
@@ -313,7 +321,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     name = lock_name(args.name)
     child = Child()
-    with open_manager(require_masters(args), lease=RUN_LEASE, on_lost=child.on_lost) as mgr:
+    with open_manager(
+        require_masters(args), lease=RUN_LEASE, on_lost=child.on_lost, quarantine=args.quarantine
+    ) as mgr:
         fencing = True if args.fencing else None
         lock: Lock
         if args.shared:

@@ -126,6 +126,8 @@ class MasterState:
     latency_ms: float | None = None
     """The PING's round trip (None when it failed)."""
     error: str | None = None
+    quarantined: float = 0.0
+    """Seconds before its votes count (its memory began lately; 0.0: they count)."""
 
 
 @dataclass
@@ -228,6 +230,8 @@ class Watcher(contextlib.AbstractContextManager["Watcher"]):
             else MasterState(master, True, answer * 1000.0)
             for master, answer in zip(self.manager.masters, self.manager.ping(), strict=True)
         ]
+        for state, left in zip(states, self.manager.quarantined(), strict=True):
+            state.quarantined = left
         try:
             names = self.manager.names(self.pattern)
         except QuorumUnavailableError:
@@ -348,9 +352,14 @@ _ROLES = {"read": "reader", "write": "writer", "upgradeable": "upgradeable", Non
 def master_rows(snapshot: Snapshot) -> list[list[str]]:
     """The masters' table, one row each (no header)."""
     return [
-        [m.master, "up" if m.up else "down", _latency(m.latency_ms), m.error or "-"]
-        for m in snapshot.masters
+        [m.master, _health(m), _latency(m.latency_ms), m.error or "-"] for m in snapshot.masters
     ]
+
+
+def _health(m: MasterState) -> str:
+    if not m.up:
+        return "down"
+    return f"quarantined {m.quarantined:.1f}s" if m.quarantined > 0 else "up"
 
 
 def lock_rows(snapshot: Snapshot) -> list[list[list[str]]]:
@@ -428,6 +437,7 @@ def to_json(snapshot: Snapshot) -> dict[str, Any]:
                 "up": m.up,
                 "latency_ms": None if m.latency_ms is None else round(m.latency_ms, 3),
                 "error": m.error,
+                "quarantined": round(m.quarantined, 3),
             }
             for m in snapshot.masters
         ],

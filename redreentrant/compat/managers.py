@@ -5,10 +5,12 @@ asyncio ones, for the life of their loop).
 A set of masters is known by each master's server and database (its client's
 connection settings), not by the client object: adapters made from different client
 objects of one server share a manager. The first client given is the one the manager
-uses. The managers have the default settings but one: they wait up to
+uses. The managers have the default settings but two: they wait up to
 :data:`MASTER_TIMEOUT` for a master's answer (the libraries adapted wait for their
-server; the core's default suits a quorum of many masters). The adapters pass each
-lock's lease with its acquire.
+server; the core's default suits a quorum of many masters), and no master is
+quarantined (``quarantine=0``): as in the libraries adapted, a lock whose key a
+server lost (a restart without its data, ``FLUSHALL``) is free at once. The adapters
+pass each lock's lease with its acquire.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _shared(table: dict[tuple[object, ...], _M], masters: Sequence[Any], make: t
     key = tuple(master_key(m) for m in masters)
     mgr = table.get(key)
     if mgr is None or mgr.closed:
-        mgr = table[key] = make(list(masters), master_timeout=MASTER_TIMEOUT)
+        mgr = table[key] = make(list(masters), master_timeout=MASTER_TIMEOUT, quarantine=0)
     return mgr
 
 

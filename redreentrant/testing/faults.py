@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable
 
 from .ensemble import LocalEnsemble
-from .loopback import client
+from .loopback import client, remember_from_the_start
 from .server import LocalServer, answering, start_all, stop_all
 
 __all__ = ["Faults", "heal", "lock_keys", "remove_keys"]
@@ -34,15 +34,21 @@ _COMMAND_TIMEOUT = 5.0  # seconds for one SCAN or UNLINK batch on one server
 _SCAN_COUNT = 1000
 
 
-def heal(ensemble: LocalEnsemble) -> None:
+def heal(ensemble: LocalEnsemble, remember: bool = False) -> None:
     """Bring every master of ``ensemble`` back: resumed if frozen, started if down.
 
-    Masters started here begin empty. All that are down are spawned first and then
-    awaited, so healing costs about one server's start, not one per master."""
+    Masters started here begin empty: quarantined (see docs/safety.md), unless
+    ``remember`` (between tests: then every master's memory record is as at its first
+    start, see :func:`.loopback.remember_from_the_start`). All that are down are spawned
+    first and then awaited, so healing costs about one server's start, not one per
+    master."""
     for server in ensemble.servers:
         if server.paused:
             server.resume()
     start_all([server for server in ensemble.servers if not server.running])
+    if remember:
+        for server in ensemble.servers:
+            remember_from_the_start(server.port, _COMMAND_TIMEOUT, server.host)
 
 
 def lock_keys(ensemble: LocalEnsemble, prefix: str) -> dict[int, set[str]]:

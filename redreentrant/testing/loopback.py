@@ -16,6 +16,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .._core.keys import MEMORY_KEY
+
 __all__ = ["HOST", "PROBE_TIMEOUT", "client", "free_ports", "pid_on"]
 
 HOST = "127.0.0.1"
@@ -64,3 +66,14 @@ def pid_on(port: int, timeout: float = PROBE_TIMEOUT, host: str = HOST) -> int |
         return None
     finally:
         probe.close()
+
+
+def remember_from_the_start(port: int, timeout: float = PROBE_TIMEOUT, host: str = HOST) -> None:
+    """Tell a server that just started for the first time, empty, that its memory began
+    before any lease (its memory record, unless it has one): no hold can have been
+    forgotten there, so it is not quarantined (see docs/safety.md). Never for a server
+    that restarted or was flushed while holds may stand: that is the fault the
+    quarantine exists for."""
+    with client(port, timeout, host) as connection:
+        if not connection.info("cluster").get("cluster_enabled"):  # a cluster node keeps none
+            connection.hsetnx(MEMORY_KEY, "began", 0)

@@ -292,11 +292,11 @@ def redreentrant_ensemble(
         ensemble = redreentrant_ensembles.get(redreentrant_masters)
     except RedisServerNotFound as error:
         _missing_server(request.config, error)
-    heal(ensemble)
-    before = lock_keys(ensemble, PREFIX)
+    heal(ensemble, remember=True)
+    before = lock_keys(ensemble, PREFIX + "{")
     yield ensemble
-    heal(ensemble)
-    after = lock_keys(ensemble, PREFIX)
+    heal(ensemble, remember=True)
+    after = lock_keys(ensemble, PREFIX + "{")
     remove_keys(ensemble, {index: keys - before.get(index, set()) for index, keys in after.items()})
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from . import cleanup, reaper
 from .binary import find_redis_server
-from .loopback import HOST, free_ports, pid_on
+from .loopback import HOST, free_ports, pid_on, remember_from_the_start
 
 __all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "LocalServer", "answering", "start_all", "stop_all"]
 
@@ -344,7 +344,9 @@ class LocalServer:
             # timeout: a port squatter that accepts but never answers must not stall
             # noticing that our process exited; a slow-but-live server is probed again.
             if pid_on(self.port, host=self.host) == process.pid:
-                self._started_once = True
+                if not self._started_once:
+                    self._started_once = True
+                    remember_from_the_start(self.port, host=self.host)
                 return
             if time.monotonic() >= deadline:
                 self.kill()

@@ -126,14 +126,14 @@ Merge = Callable[[list[tuple[list[int], object]]], object]
 
 def _all_granted(parts: list[tuple[list[int], object]]) -> object:
     """An acquire's parts: granted if every part granted, else refused, marked partial
-    (``[0, ms, [1], time]``) when some part granted (see :meth:`MultiKind.judge`)."""
+    (``[0, ms, [1], stamp]``) when some part granted (see :meth:`MultiKind.judge`)."""
     tries = [attempt(r) for _, r in parts]
     if all(t is not None and t.granted for t in tries):
         return parts[0][1]
     waits = [t.value for t in tries if t is not None and not t.granted]
-    times = [t.time for t in tries if t is not None and t.time is not None]
+    stamps = [[t.time] for t in tries if t is not None and t.time is not None]
     some = any(t is not None and t.granted for t in tries)
-    return [0, max(waits, default=-2), [1] if some else [], *times[:1]]
+    return [0, max(waits, default=-2), [1] if some else [], *stamps[:1]]
 
 
 def _least_status(parts: list[tuple[list[int], object]]) -> object:
