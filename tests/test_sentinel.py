@@ -35,7 +35,8 @@ from redreentrant.cli.common import masters as cli_masters
 from redreentrant.compat.managers import master_key
 from redreentrant.testing import LocalEnsemble, LocalSentinelGroup, LocalServer
 
-#: how long a member may take to follow a failover (a generous bound: about 4 s here)
+#: how long a member may take to follow a failover (a generous bound): the failover
+#: (2 to 4 s here), then the promoted replica's quarantine (the tests' lease, 3 s)
 FOLLOW = 30.0
 
 
@@ -289,7 +290,7 @@ def test_the_command_line_takes_a_sentinel_url(sentinel_group: LocalSentinelGrou
 
 
 def test_a_member_follows_its_killed_master(sentinel_group: LocalSentinelGroup) -> None:
-    with LockManager([sentinel_group.url], lease=5) as mgr:
+    with LockManager([sentinel_group.url], lease=3) as mgr:
         with mgr.lock("before"):
             pass
         old = sentinel_group.kill_master()
@@ -303,7 +304,7 @@ def test_a_member_follows_its_killed_master(sentinel_group: LocalSentinelGroup) 
 def test_a_member_follows_a_failover_and_leaves_the_demoted_master(
     sentinel_group: LocalSentinelGroup,
 ) -> None:
-    with LockManager([sentinel_group.url], lease=5) as mgr:
+    with LockManager([sentinel_group.url], lease=3) as mgr:
         with mgr.lock("before"):
             pass
         old = sentinel_group.failover()
@@ -340,7 +341,7 @@ def test_a_client_of_sentinel_master_for_is_a_member(sentinel_group: LocalSentin
     sentinel = redis.sentinel.Sentinel(sentinel_group.sentinel_addresses, socket_timeout=0.5)
     client = sentinel.master_for(sentinel_group.service, socket_timeout=0.5)
     try:
-        with LockManager([client], lease=5) as mgr:
+        with LockManager([client], lease=3) as mgr:
             assert mgr.masters[0].startswith("sentinel:locks@127.0.0.1:")
             with mgr.lock("passed"):
                 assert _holds(sentinel_group.master(), "passed")
@@ -364,7 +365,7 @@ def test_asyncio_a_member_by_url_follows_its_killed_master(
     sentinel_group: LocalSentinelGroup,
 ) -> None:
     async def body() -> None:
-        async with aio.LockManager([sentinel_group.url], lease=5) as mgr:
+        async with aio.LockManager([sentinel_group.url], lease=3) as mgr:
             lock = mgr.lock("job")
             async with lock, lock:
                 (view,) = await mgr.inspect("job")
@@ -388,7 +389,7 @@ def test_asyncio_a_client_of_sentinel_master_for_follows_a_failover(
         )
         client: Any = sentinel.master_for(sentinel_group.service)
         try:
-            async with aio.LockManager([client], lease=5) as mgr:
+            async with aio.LockManager([client], lease=3) as mgr:
                 assert mgr.masters[0].startswith("sentinel:locks@127.0.0.1:")
                 async with mgr.lock("passed"):
                     assert _holds(sentinel_group.master(), "passed")
