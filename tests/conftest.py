@@ -128,6 +128,7 @@ SERVER_FIXTURES = frozenset(
         "ensemble",  # test_ensemble.py's own ensembles too
         "redis_binary",  # servers started by the CLI (ensemble up, demo)
         "clusters",  # test_cluster.py's Redis Clusters
+        "sentinel_group",  # the Sentinel groups of test_sentinel*.py
         "resource",  # the fault suite's protected resource
         # the pytest plugin's (redreentrant.testing.plugin)
         "redreentrant_ensembles",

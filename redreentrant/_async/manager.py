@@ -24,6 +24,7 @@ from .._core.listeners import LockListener
 from .._core.locking import ReadWriteLock
 from .._core.manager import SCAN_COUNT, ManagerCore, names_match, owner_token
 from .._core.masters import no_handshake, with_valkey
+from .._core.sentinel import is_sentinel_url
 from .._core.settings import Settings, check_permits
 from .._core.views import MasterView
 from .cluster import NodeClients, cluster_types
@@ -34,6 +35,7 @@ from .lock import FairLock, Lock, ReadLock, UpgradeableReadLock, WriteLock
 from .multilock import MultiLock
 from .owner import task_token
 from .semaphore import Semaphore
+from .sentinel import sentinel_client
 from .transport import AsyncTransport
 from .waker import AsyncWaker
 from .wakeups import AsyncWakeupHub
@@ -61,7 +63,10 @@ def url_client(url: str, timeout: float) -> redis.asyncio.Redis:
     """An asyncio client for one master, with ``timeout`` for connecting.
 
     No socket time-out: the transport bounds every master's part of a round itself, and
-    redis.asyncio would wrap each read and write in a task of its own to enforce one."""
+    redis.asyncio would wrap each read and write in a task of its own to enforce one.
+    A ``redis+sentinel://`` URL makes a client of a Sentinel-managed master."""
+    if is_sentinel_url(url):
+        return sentinel_client(url, timeout)
     return redis.asyncio.Redis.from_url(
         url,
         socket_timeout=None,

@@ -25,6 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core import fanout as io
 from .._core.effects import Fanout, Reply
+from .._core.sentinel import demoted
 from .._core.transport import FanoutTransport, send_failed
 from .cluster import NodeClients
 from .wire import wire_pool
@@ -257,6 +258,8 @@ class AsyncTransport(FanoutTransport):
                             timeout=math.inf, disconnect_on_error=False
                         )
                     except self.error_replies as error:
+                        if demoted(conn, error):  # a Sentinel-managed master turned replica
+                            raise
                         reply = error
                     out.append(reply)
             else:
@@ -267,6 +270,8 @@ class AsyncTransport(FanoutTransport):
                                 timeout=math.inf, disconnect_on_error=False
                             )
                         except self.error_replies as error:
+                            if demoted(conn, error):
+                                raise
                             reply = error
                         out.append(reply)
         except asyncio.TimeoutError:  # the replies are still owed

@@ -134,14 +134,22 @@ def parse_cluster_url(url: str) -> tuple[tuple[Address, ...], dict[str, Any]]:
     for key, value in parse_qsl(parsed.query, keep_blank_values=True):
         if key == "node":
             seeds.append(parse_address(value))
-        elif key in _URL_OPTIONS:
-            if _URL_OPTIONS[key] is bool:
-                options[key] = value.lower() in ("1", "true", "yes", "on")
-            else:
-                options[key] = value
-        else:
+        elif not url_option(options, key, value):
             raise ValueError(f"cluster URL {url!r}: unknown option {key!r}")
     return tuple(dict.fromkeys(seeds)), options
+
+
+def url_option(options: dict[str, Any], key: str, value: str) -> bool:
+    """Put the TLS option ``key`` of a URL's query (``ssl_cert_reqs``, ``ssl_ca_certs``,
+    ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``) in ``options``; False
+    when ``key`` is none of them."""
+    if key not in _URL_OPTIONS:
+        return False
+    if _URL_OPTIONS[key] is bool:
+        options[key] = value.lower() in ("1", "true", "yes", "on")
+    else:
+        options[key] = value
+    return True
 
 
 class ClusterMember:

@@ -2,9 +2,10 @@
 server is given once. No I/O: a client is made, never connected, here (each flavour
 passes its client class and URL factory).
 
-A member of the quorum is a plain master (a client) or a Redis Cluster
+A member of the quorum is a plain master (a client), a Redis Cluster
 (:class:`~.cluster.ClusterMember`, made from a cluster client or a ``redis+cluster://``
-URL)."""
+URL), or a Sentinel-managed group's master (a client made by ``Sentinel.master_for``, or
+from a ``redis+sentinel://`` URL: see :mod:`.sentinel`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from .cluster import KEPT_OPTIONS, Address, ClusterMember, is_cluster_url, parse_cluster_url
+from .sentinel import is_sentinel_url, sentinel_service, split_masters
 from .settings import master_url, master_urls
 
 T = TypeVar("T", bound=type)
@@ -21,9 +23,13 @@ T = TypeVar("T", bound=type)
 
 def master_name(client: Any) -> str:
     """A readable address of a master, for messages (``host:port/db`` or a socket path;
-    ``cluster:host:port`` for a cluster member)."""
+    ``cluster:host:port`` for a cluster member; ``sentinel:service@host:port`` for a
+    Sentinel-managed one)."""
     if isinstance(client, ClusterMember):
         return client.name
+    group = sentinel_service(client)
+    if group is not None:
+        return group.name
     kw = client.connection_pool.connection_kwargs
     if "path" in kw:
         return f"unix:{kw['path']}/{kw.get('db', 0)}"
@@ -66,9 +72,13 @@ def no_handshake(connection_class: Any) -> dict[str, Any]:
 
 
 def identities(member: Any) -> list[tuple[object, ...]]:
-    """The servers a member is known to be (a cluster member: its seed nodes)."""
+    """The servers a member is known to be (a cluster member: its seed nodes; a
+    Sentinel-managed one: its service at each of its sentinels)."""
     if isinstance(member, ClusterMember):
         return list(member.seeds)
+    group = sentinel_service(member)
+    if group is not None:
+        return group.identities()
     return [master_identity(member)]
 
 
@@ -101,13 +111,16 @@ def connect(
     from_url: Callable[[str], Any],
     cluster_types: tuple[type, ...] = (),
 ) -> tuple[list[Any], list[Any]]:
-    """Members for ``masters``: URLs, ``client_type`` instances (plain masters; one
-    type or a tuple of them), or instances of ``cluster_types`` and
-    ``redis+cluster://`` URLs (cluster members), checked for duplicates. Returns (all
-    members, the clients made here from URLs).
+    """Members for ``masters``: URLs, ``client_type`` instances (plain masters, and
+    Sentinel-managed ones: clients of ``Sentinel.master_for``; one type or a tuple of
+    them), or instances of ``cluster_types`` and ``redis+cluster://`` URLs (cluster
+    members), checked for duplicates. Returns (all members, the clients made here from
+    URLs: ``from_url`` makes a Sentinel-managed client of a ``redis+sentinel://`` URL).
 
     One string may hold several masters separated by commas: never a silent quorum of
-    one master when the list came from an environment variable."""
+    one master when the list came from an environment variable. A list item holds one
+    master: a comma in it is an error, except between the sentinels of a
+    ``redis+sentinel://`` URL."""
     if isinstance(masters, str):
         masters = master_urls(masters)
     elif isinstance(masters, (client_type, cluster_types)):
@@ -119,7 +132,7 @@ def connect(
     clients: list[Any] = []
     for m in masters:
         if isinstance(m, str):
-            if "," in m:
+            if "," in m and (not is_sentinel_url(m) or len(split_masters(m)) > 1):
                 raise ValueError(
                     f"master {m!r} holds a comma: give one master per item, or all of"
                     " them as one comma-separated string"
@@ -130,6 +143,12 @@ def connect(
             else:
                 clients.append(from_url(url))
         elif isinstance(m, client_type):
+            group = sentinel_service(m)
+            if group is not None and not group.master:
+                raise ValueError(
+                    f"master {group.name} is a client of the service's replicas"
+                    " (Sentinel.slave_for): a member is its master (Sentinel.master_for)"
+                )
             clients.append(m)
         elif cluster_types and isinstance(m, cluster_types):
             clients.append(cluster_of_client(m))
@@ -138,6 +157,12 @@ def connect(
         else:
             types = client_type if isinstance(client_type, tuple) else (client_type,)
             kinds = [t.__name__ for t in (*types, *cluster_types)]
+            if callable(getattr(m, "master_for", None)):  # a Sentinel: of which service?
+                raise TypeError(
+                    f"a Sentinel is not a master: it names no service; pass"
+                    f" sentinel.master_for(service_name) or a"
+                    f" redis+sentinel://host:port,.../service_name URL, not {m!r}"
+                )
             raise TypeError(f"a master is a redis URL or a {' or '.join(kinds)}, not {m!r}")
     own = [
         c
@@ -149,6 +174,14 @@ def connect(
         for ident in identities(c):
             if ident in seen:
                 other = clients[seen[ident]]
+                if ident[0] == "sentinel" and master_name(other) != master_name(c):
+                    _, service, (host, port) = cast(tuple[str, str, Address], ident)
+                    raise ValueError(
+                        f"masters {master_name(other)} and {master_name(c)} (positions"
+                        f" {seen[ident]} and {i}) are one Sentinel-managed master (service"
+                        f" {service!r} of sentinel {host}:{port}): give each quorum member a"
+                        " master of its own"
+                    )
                 if master_name(other) != master_name(c):
                     raise ValueError(
                         f"masters {master_name(other)} and {master_name(c)} (positions"

@@ -17,6 +17,7 @@ from .cluster import CLUSTER_SCHEMES, parse_cluster_url
 from .durability import durability as check_durability
 from .listeners import LockListener
 from .quorum import drift_allowance
+from .sentinel import SENTINEL_SCHEMES, parse_sentinel_url, split_masters
 
 #: the longest lease accepted (ten years): longer ones overflow Redis' expiry times
 MAX_LEASE = 10 * 365 * 86400.0
@@ -228,14 +229,19 @@ _SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
 def master_url(text: str) -> str:
     """One master as a URL: a ``redis://``, ``rediss://`` or ``unix://`` URL as it is,
     a bare ``host`` or ``host:port`` as ``redis://host:port/0``; a cluster member's
-    ``redis+cluster://`` or ``rediss+cluster://`` URL as it is, once checked (see
-    :func:`~.cluster.parse_cluster_url`). Anything else (a malformed URL such as
-    ``redis//host:6379``) is a ValueError naming it."""
+    ``redis+cluster://`` or ``rediss+cluster://`` URL and a Sentinel-managed member's
+    ``redis+sentinel://`` or ``rediss+sentinel://`` URL as they are, once checked (see
+    :func:`~.cluster.parse_cluster_url` and :func:`~.sentinel.parse_sentinel_url`).
+    Anything else (a malformed URL such as ``redis//host:6379``) is a ValueError naming
+    it."""
     part = text.strip()
     if "://" in part:
         scheme = part.split("://", 1)[0].lower()
         if scheme in CLUSTER_SCHEMES:
             parse_cluster_url(part)
+            return part
+        if scheme in SENTINEL_SCHEMES:
+            parse_sentinel_url(part)
             return part
         parsed = urlsplit(part)
         if scheme not in _SCHEMES or (scheme != "unix" and not parsed.hostname):
@@ -249,8 +255,10 @@ def master_url(text: str) -> str:
 def master_urls(text: str) -> list[str]:
     """Masters written as one string, separated by commas (the command line's form and
     ``$REDREENTRANT_MASTERS``): each a URL or a bare ``host:port`` (see
-    :func:`master_url`)."""
-    urls = [master_url(part) for part in text.split(",") if part.strip()]
+    :func:`master_url`). The commas between the sentinels of a ``redis+sentinel://``
+    URL do not separate masters: ``"redis+sentinel://a:26379,b:26379/locks,c:6379"`` is
+    two masters (see :func:`~.sentinel.split_masters`)."""
+    urls = [master_url(part) for part in split_masters(text) if part.strip()]
     if not urls:
         raise ValueError(f"no master in {text!r}")
     return urls

@@ -20,6 +20,7 @@ from .._core.kinds import FAMILIES, LockKind, MultiKind, multi_kind, multi_names
 from .._core.listeners import LockListener
 from .._core.manager import SCAN_COUNT, ManagerCore, names_match, owner_token
 from .._core.masters import no_handshake, with_valkey
+from .._core.sentinel import is_sentinel_url
 from .._core.settings import Settings, check_permits
 from .._core.views import MasterView
 from .cluster import NodeClients, cluster_types
@@ -30,6 +31,7 @@ from .lock import FairLock, Lock, ReadLock, UpgradeableReadLock, WriteLock
 from .multilock import MultiLock
 from .owner import thread_token
 from .semaphore import Semaphore
+from .sentinel import sentinel_client
 from .transport import SyncTransport
 from .waker import Waker
 from .wakeups import WakeupHub
@@ -53,7 +55,10 @@ LOCK_CLASSES: dict[str, type[Lock]] = {
 
 
 def url_client(url: str, timeout: float) -> redis.Redis:
-    """A client for one master, with ``timeout`` for connecting and reading."""
+    """A client for one master, with ``timeout`` for connecting and reading (of a
+    Sentinel-managed one for a ``redis+sentinel://`` URL)."""
+    if is_sentinel_url(url):
+        return sentinel_client(url, timeout)
     return redis.Redis.from_url(
         url,
         socket_timeout=timeout,

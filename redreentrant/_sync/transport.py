@@ -26,6 +26,7 @@ from redis.exceptions import ResponseError
 from .._core import fanout as io
 from .._core.effects import Fanout, Reply
 from .._core.owner import PID
+from .._core.sentinel import demoted
 from .._core.transport import FanoutTransport, send_failed
 from .cluster import NodeClients
 from .wire import wire_pool
@@ -156,6 +157,9 @@ class SyncTransport(FanoutTransport):
                     return out, io.Failed(error, io.LATE)
                 reply: Reply = conn.read_response(disconnect_on_error=False)
             except self.error_replies as error:
+                if demoted(conn, error):  # a Sentinel-managed master turned replica
+                    self._drop(i, conn)
+                    return out, io.Failed(error, io.BROKEN)
                 reply = error
             except self.timeouts as error:
                 return out, io.Failed(error, io.LATE)

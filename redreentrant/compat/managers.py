@@ -39,13 +39,22 @@ _async: weakref.WeakKeyDictionary[
 
 def master_key(master: Any) -> tuple[object, ...]:
     """What tells one master from another: a URL as it is, a client by its server,
-    database and user (its pool's connection settings)."""
+    database and user (its pool's connection settings); a client of a Sentinel-managed
+    master (``Sentinel.master_for``, whose pool names no host) by its service and
+    sentinels instead of its server."""
     if isinstance(master, str):
         return ("url", master)
-    kwargs = getattr(getattr(master, "connection_pool", None), "connection_kwargs", None)
+    pool = getattr(master, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict):
         return ("client", id(master))
     where = kwargs.get("path") or (str(kwargs.get("host", "localhost")), kwargs.get("port", 6379))
+    service = getattr(pool, "service_name", None)
+    if isinstance(service, str):
+        sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", ())
+        addresses = (s.connection_pool.connection_kwargs for s in sentinels)
+        where = tuple(sorted(f"{a.get('host')}:{a.get('port')}" for a in addresses))
+        return ("sentinel", service, where, kwargs.get("db", 0), kwargs.get("username"))
     return ("server", where, kwargs.get("db", 0), kwargs.get("username"))
 
 

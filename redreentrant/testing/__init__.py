@@ -29,7 +29,9 @@ The modules, one concern each: :mod:`~redreentrant.testing.binary` (finding the 
 :mod:`~redreentrant.testing.loopback` (free ports, probes),
 :mod:`~redreentrant.testing.server` (one server), :mod:`~redreentrant.testing.ensemble`
 (N of them), :mod:`~redreentrant.testing.cluster` (a local Redis Cluster of N nodes, and
-the resharding of a slot), :mod:`~redreentrant.testing.detached` (detached ensembles),
+the resharding of a slot), :mod:`~redreentrant.testing.sentinel` (a master, its
+replicas and their sentinels, failed over on demand),
+:mod:`~redreentrant.testing.detached` (detached ensembles),
 :mod:`~redreentrant.testing.cleanup` (the exit-time safety net),
 :mod:`~redreentrant.testing.reaper` (the safety net after a hard kill),
 :mod:`~redreentrant.testing.faults` (faults on an ensemble's masters by index, and healing),
@@ -50,12 +52,14 @@ from .cluster import LocalCluster
 from .detached import detached_servers, detached_status, stop_detached
 from .ensemble import LocalEnsemble
 from .netlab import NetLab
+from .sentinel import LocalSentinelGroup
 from .server import LocalServer
 
 __all__ = [
     "SHIPPED_SERVERS",
     "LocalCluster",
     "LocalEnsemble",
+    "LocalSentinelGroup",
     "LocalServer",
     "NetLab",
     "RedisServerNotFound",

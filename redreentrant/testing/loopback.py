@@ -73,7 +73,10 @@ def remember_from_the_start(port: int, timeout: float = PROBE_TIMEOUT, host: str
     before any lease (its memory record, unless it has one): no hold can have been
     forgotten there, so it is not quarantined (see docs/safety.md). Never for a server
     that restarted or was flushed while holds may stand: that is the fault the
-    quarantine exists for."""
+    quarantine exists for. Only on a master: a replica copies its master's record, and a
+    sentinel holds no data."""
     with client(port, timeout, host) as connection:
-        if not connection.info("cluster").get("cluster_enabled"):  # a cluster node keeps none
+        if connection.info("cluster").get("cluster_enabled"):  # a cluster node keeps none
+            return
+        if connection.info("replication").get("role") == "master":  # a sentinel has no role
             connection.hsetnx(MEMORY_KEY, "began", 0)

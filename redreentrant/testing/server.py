@@ -72,6 +72,9 @@ class LocalServer:
     :param also_bind: further loopback addresses it listens on too (at most 15).
     :param env: variables added to the server's environment (a preloaded library, see
         :mod:`redreentrant.testing.clocks`).
+    :param config_file: a configuration file named first on the command line, before
+        the options here (which override it); the server may rewrite it (``CONFIG
+        REWRITE``; a Sentinel keeps its state there). Default: none.
     """
 
     def __init__(
@@ -84,8 +87,10 @@ class LocalServer:
         host: str = HOST,
         also_bind: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        config_file: str | None = None,
     ) -> None:
         self.binary = find_redis_server(binary)
+        self.config_file = config_file
         self.host = host
         self.also_bind: tuple[str, ...] = tuple(also_bind)
         self.env: dict[str, str] = dict(env or {})
@@ -306,6 +311,7 @@ class LocalServer:
     def _command(self) -> list[str]:
         return [
             self.binary,
+            *([self.config_file] if self.config_file is not None else []),
             "--port", str(self.port),
             "--bind", self.host, *self.also_bind,
             "--protected-mode", "yes",
