@@ -62,12 +62,12 @@ local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- The try's stamp: {time, age, failover}: the server's time in ms, and this master's
 -- memory record (the hash 'redreentrant:v1:memory': when its current memory began, in
--- server ms, the replication id it began under, and whether it began with a failover).
--- The record is made now when missing (a restart without persistence, FLUSHALL,
--- FLUSHDB, eviction), and begun anew, as a failover, when this server was promoted
--- from a replica of the master that wrote it (its previous replication id,
--- master_replid2, is the record's); a restart that kept the data keeps it. age: ms
--- since the memory began. {time} alone on a Redis Cluster node, where the record
+-- server ms, the server's previous replication id then, and whether it began with a
+-- failover). The record is made now when missing (a restart without persistence,
+-- FLUSHALL, FLUSHDB, eviction), and begun anew, as a failover, when this server was
+-- promoted from a replica since (a promotion sets its previous replication id,
+-- master_replid2, to the one it replicated: another than the record's, not zeros); a
+-- restart that kept the data keeps it. age: ms since the memory began. {time} alone on a Redis Cluster node, where the record
 -- would lie outside the lock's hash slot. (A server that denies scripts INFO keeps
 -- the record, but a failover there looks like a restart that kept the data.)
 local function stamp(now)
@@ -78,17 +78,16 @@ local function stamp(now)
   if string.find(info('cluster'), 'cluster_enabled:1', 1, true) then
     return {now}
   end
-  local info = info('replication')
-  local id = string.match(info, 'master_replid:(%w+)') or ''
+  local id2 = string.match(info('replication'), 'master_replid2:(%w+)') or ''
   local memory = 'redreentrant:v1:memory'
-  local kept = redis.call('hmget', memory, 'began', 'replid', 'failover')
+  local kept = redis.call('hmget', memory, 'began', 'replid2', 'failover')
   local began, failover = tonumber(kept[1]), tonumber(kept[3]) or 0
-  if not began or (kept[2] ~= id and kept[2] == string.match(info, 'master_replid2:(%w+)')) then
+  if not began or (kept[2] ~= id2 and string.find(id2, '[^0]')) then
     failover = began and 1 or 0
     began = now
-    redis.call('hset', memory, 'began', began, 'replid', id, 'failover', failover)
-  elseif kept[2] ~= id then
-    redis.call('hset', memory, 'replid', id)
+    redis.call('hset', memory, 'began', began, 'replid2', id2, 'failover', failover)
+  elseif kept[2] ~= id2 then
+    redis.call('hset', memory, 'replid2', id2)
   end
   return {now, now - began, failover}
 end

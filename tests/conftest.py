@@ -12,13 +12,20 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from helpers import IN_CI, binary_or_none, heal, require_redis_server
 
 from redreentrant import LockManager
 from redreentrant._core.keys import PREFIX
-from redreentrant.testing import LocalEnsemble, LocalServer, NetLab, redis_server_version
+from redreentrant.testing import (
+    LocalEnsemble,
+    LocalSentinelGroup,
+    LocalServer,
+    NetLab,
+    redis_server_version,
+)
 from redreentrant.testing.netlab import available
 
 
@@ -195,3 +202,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = os.environ.get(faultkit.REPORT_ENV)
     if path:
         faultkit.write_report(path)
+
+
+@pytest.fixture
+def sentinel_group(tmp_path: Path) -> Iterator[LocalSentinelGroup]:
+    """A Sentinel group of its own: a master, two replicas, three sentinels."""
+    require_redis_server("the Sentinel group")
+    with LocalSentinelGroup(base_dir=str(tmp_path)) as started:
+        yield started

@@ -81,6 +81,8 @@ class Spec:
     manager_lease: float = 3.0
     #: the manager's quarantine (None: its default, the longest lease it hands out)
     quarantine: float | None = None
+    #: the manager's durability (see ``LockManager``)
+    durability: str | None = None
     master_timeout: float | None = None
     timeout: float = 1.0
     #: seconds between the counter's read and its write (a non-atomic increment)
@@ -131,6 +133,8 @@ class Client:
             options["master_timeout"] = spec.master_timeout
         if spec.quarantine is not None:
             options["quarantine"] = spec.quarantine
+        if spec.durability is not None:
+            options["durability"] = spec.durability
         if spec.clock_steps:
             options["listener"] = ClockSteps(self.rec, spec.lock, MODE_OF_KIND[spec.kind])
         self.mgr = redreentrant.LockManager(spec.urls, on_lost=self.lost, **options)
@@ -291,7 +295,10 @@ class Client:
         valid_until = time.monotonic_ns() + int(remaining * 1e9)
         if valid_until <= last + 20_000_000:
             return last
-        rec.ok("renew", self.spec.lock, MODE_OF_KIND[self.spec.kind], valid_until=valid_until)
+        # Under the owner the acquire was recorded with: the checker extends that hold.
+        owner = self.mgr.owner_id()
+        mode = MODE_OF_KIND[self.spec.kind]
+        rec.ok("renew", self.spec.lock, mode, owner=owner, valid_until=valid_until)
         return valid_until
 
     def loop(self, rec: Recorder) -> None:

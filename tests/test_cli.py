@@ -807,3 +807,12 @@ def _no_stray_masters_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv(MASTERS_ENV, raising=False)
     monkeypatch.delenv(STATE_ENV, raising=False)
     yield
+
+
+def test_run_takes_a_quarantine_and_refuses_one_shorter_than_its_lease(urls: list[str]) -> None:
+    # A master whose memory began lately does not vote for the quarantine: it must
+    # cover the longest lease in use (see docs/cli.md, "Quarantine").
+    short = run_cli("run", "q", "--quarantine", "5", "--", "true", masters=urls)
+    assert short.returncode == 2 and "lease 30s is longer than quarantine=5s" in short.stderr
+    ok = run_cli("run", "q", "--quarantine", "60", "--lease", "5", "--", "true", masters=urls)
+    assert ok.returncode == 0, ok.stderr

@@ -54,7 +54,7 @@ from helpers import heal
 
 from redreentrant import LockManager
 from redreentrant._core.keys import PREFIX
-from redreentrant.testing import LocalEnsemble, LocalServer
+from redreentrant.testing import LocalEnsemble, LocalSentinelGroup, LocalServer
 from redreentrant.testing.history import Event
 from redreentrant.testing.proxy import TcpProxy
 
@@ -795,3 +795,70 @@ def test_election_with_a_minority_restarted_empty(run: Run, masters: LocalEnsemb
     assert any(e.op == "acquire" and e.phase == "ok" and e.t > after for e in events), (
         "no leader after the second restart"
     )
+
+
+# -- a Sentinel group as the only member (N = 1), failed over --------------------------------
+
+#: how a scenario fails the group over
+FAILOVERS = {"kill": "SIGKILL of its master", "failover": "SENTINEL FAILOVER"}
+
+
+@pytest.mark.parametrize("durability", ["replicas:1", None])
+@pytest.mark.parametrize("how", list(FAILOVERS))
+def test_sentinel_group_failed_over_under_a_holder(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    resource: LocalServer,
+    how: str,
+    durability: str | None,
+) -> None:
+    """One Sentinel group (a master, a replica, three sentinels) as the quorum; a
+    holder, then the group failed over, then a rival that connects after it. A killed
+    master cannot renew anything: the promoted replica is quarantined (or, with
+    durability, has the hold), and no second holder comes in. A failover asked of
+    Sentinel leaves the old master serving for some seconds: without durability the
+    holder renews there, unseen by the promoted replica, which the rival takes after
+    the quarantine (documented); with ``durability="replicas:1"`` those renewals reach
+    no replica and count for nothing, and the holder is told."""
+    with LocalSentinelGroup(replicas=1, base_dir=str(tmp_path)) as group:
+        run = Run(tmp_path, [group.url], resource.url, request.node.name.removeprefix("test_"))
+        try:
+            spec = {"fencing": False, "manager_lease": 2.0, "durability": durability}
+            holder = run.holder(**spec)
+            run.mark(how)
+            old = group.kill_master() if how == "kill" else group.failover()
+            group.wait_for_master(not_this=old)
+            if how == "kill":
+                old.start()  # back as a replica (one that can acknowledge again)
+            run.rival(duration=5.0, **spec)
+            holder.go()
+            report = judge(run)
+            events = run.events()
+            told = any(e.op == "lost" for e in events)
+            grants = sum(
+                1 for e in events if e.client.startswith("rival") and e.op == "acquire"
+                and e.phase == "ok"
+            )  # fmt: skip
+            broken = how == "failover" and durability is None
+            record(
+                run,
+                f"a Sentinel group (N = 1) failed over by {FAILOVERS[how]} under a holder,"
+                f" durability={durability}",
+                "violation (documented: the old master serves the holder meanwhile)" if broken
+                else "no violation; holder told; the rival gets the lock "
+                + ("once a replica acknowledges" if durability else "after"),
+                report,
+                f"{report.summary() if not report.ok else 'no violation'};"
+                f" holder {'told' if told else 'NOT told'}; rival's grants: {grants}",
+            )  # fmt: skip
+            assert told or broken
+            if broken:
+                assert "overlap" in report.kinds(), report.format()
+            else:
+                assert report.ok, report.format()
+                # After a kill: once the quarantine passed, or (durable) once the old
+                # master is back as a replica. After a failover asked of Sentinel, a
+                # durable group waits for its old master to be turned into a replica.
+                assert grants > 0 or (how, durability) == ("failover", "replicas:1")
+        finally:
+            run.close()

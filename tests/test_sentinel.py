@@ -16,15 +16,15 @@ import argparse
 import asyncio
 import itertools
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio.sentinel
 import redis.sentinel
-from helpers import require_redis_server, run, run_cli, wait_until
+from helpers import run, run_cli, wait_until
 
 import redreentrant.asyncio as aio
 from redreentrant import LockManager, QuorumUnavailableError
@@ -38,13 +38,6 @@ from redreentrant.testing import LocalEnsemble, LocalSentinelGroup, LocalServer
 #: how long a member may take to follow a failover (a generous bound): the failover
 #: (2 to 4 s here), then the promoted replica's quarantine (the tests' lease, 3 s)
 FOLLOW = 30.0
-
-
-@pytest.fixture
-def sentinel_group(tmp_path: Path) -> Iterator[LocalSentinelGroup]:
-    require_redis_server("the Sentinel member tests")
-    with LocalSentinelGroup(base_dir=str(tmp_path)) as started:
-        yield started
 
 
 def _client(server: LocalServer) -> redis.Redis:
@@ -412,3 +405,32 @@ def test_asyncio_a_client_of_sentinel_master_for_follows_a_failover(
                 await each.aclose()
 
     _async_test(body)
+
+
+# -- a promoted replica: quarantined, unless its grants reached the replicas ---------------
+
+
+@pytest.mark.parametrize("durability", [None, "replicas:1"])
+def test_a_promoted_replica_votes_only_after_the_quarantine_unless_grants_are_durable(
+    sentinel_group: LocalSentinelGroup, durability: str | None
+) -> None:
+    """N = 1, one Sentinel group: after a failover the promoted replica may lack the
+    latest grants. Without durability it does not vote for a lease (no lock meanwhile,
+    and so no second holder); with ``durability="replicas:1"`` it had every grant, and
+    votes at once."""
+    lease = 2.0
+    with LockManager([sentinel_group.url], lease=lease, durability=durability) as mgr:
+        old = sentinel_group.failover()
+        new = sentinel_group.wait_for_master(not_this=old)
+        with _client(old) as r:
+            r.execute_command("REPLICAOF", "127.0.0.1", new.port)  # demoted at once
+        started = time.monotonic()
+        name = _acquired(mgr, f"promoted-{durability}")
+        waited = time.monotonic() - started
+        assert _holds(new, name)
+        mgr.lock(name).release()
+        if durability is None:
+            assert waited > lease * 0.9, f"the promoted replica voted after {waited:.2f}s"
+            assert mgr.quarantined() == [0.0]
+        else:
+            assert waited < lease * 0.5, f"the durable member waited {waited:.2f}s"

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,6 @@ from helpers import gone, require_redis_server, wait_until
 
 import redreentrant
 from redreentrant.testing import LocalSentinelGroup, LocalServer
-
-
-@pytest.fixture
-def sentinel_group(tmp_path: Path) -> Iterator[LocalSentinelGroup]:
-    require_redis_server("the Sentinel group's tests")
-    with LocalSentinelGroup(base_dir=str(tmp_path)) as started:
-        yield started
 
 
 def _client(server: LocalServer) -> redis.Redis:

@@ -78,5 +78,9 @@ def remember_from_the_start(port: int, timeout: float = PROBE_TIMEOUT, host: str
     with client(port, timeout, host) as connection:
         if connection.info("cluster").get("cluster_enabled"):  # a cluster node keeps none
             return
-        if connection.info("replication").get("role") == "master":  # a sentinel has no role
-            connection.hsetnx(MEMORY_KEY, "began", 0)
+        replication = connection.info("replication")
+        if replication.get("role") == "master" and not connection.exists(MEMORY_KEY):
+            # With its previous replication id, as the scripts write it: a replica
+            # promoted later then tells a failover from a restart that kept the data.
+            began = {"began": 0, "replid2": replication["master_replid2"], "failover": 0}
+            connection.hset(MEMORY_KEY, mapping=began)
