@@ -201,7 +201,9 @@ def test_concurrent_holders_get_tokens_in_the_order_they_held(fenced_urls: list[
 def test_tokens_stay_monotonic_when_a_minority_restarts_without_persistence(
     ensemble: LocalEnsemble, fenced_urls: list[str]
 ) -> None:
-    with LockManager(fenced_urls, fencing=True) as mgr:
+    # A short lease: each restarted pair is quarantined for it, and three pairs within
+    # one lease would be a majority out.
+    with LockManager(fenced_urls, fencing=True, lease=1.5) as mgr:
         last = 0
         for restart in ([0, 1], [2, 3], [4, 0]):
             with mgr.lock("m") as lock:
