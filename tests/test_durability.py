@@ -90,7 +90,8 @@ def test_aof_durability_waits_for_the_fsync_where_the_server_has_waitaof() -> No
     keep = ["--appendonly", "yes", "--appendfsync", "everysec"]
     with (
         LocalServer(binary=valkey, extra_args=keep) as server,
-        LockManager([server.url], lease=3, durability="aof") as mgr,
+        # everysec: the fsync may come a second later; WAITAOF waits half the timeout
+        LockManager([server.url], lease=10, master_timeout=2.5, durability="aof") as mgr,
         mgr.lock("fsynced") as lock,
     ):
         assert lock.is_owned()

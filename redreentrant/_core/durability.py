@@ -9,7 +9,8 @@ round and on the same connection, by
 - ``WAIT N timeout`` (``"replicas:N"``): the master's grant counts only once N replicas
   acknowledged every write before it;
 - ``WAITAOF 1 0 timeout`` (``"aof"``, Redis 7.2+ and Valkey 8+): only once the write
-  was fsynced to the master's own append-only file.
+  was fsynced to the master's own append-only file (under ``appendfsync everysec``, up
+  to a second later: the wait lasts half the master timeout).
 
 A reply that falls short makes the master's answer a failure for that round (a grant
 so answered is undone with the others); a server without ``WAITAOF`` refuses the
