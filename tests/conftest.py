@@ -127,6 +127,14 @@ def redis_binary() -> str:
     return require_redis_server("the CLI tests")
 
 
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    """A Redis server of its own (a Celery broker: no lock keys are checked on it): its
+    URL, database 0."""
+    with LocalServer(binary=require_redis_server("the Celery tests")) as server:
+        yield server.url
+
+
 #: fixtures that start redis-server processes, or stand for one: a test that uses any of
 #: them (directly or through other fixtures) is an integration test
 SERVER_FIXTURES = frozenset(
@@ -136,6 +144,7 @@ SERVER_FIXTURES = frozenset(
         "redis_binary",  # servers started by the CLI (ensemble up, demo)
         "clusters",  # test_cluster.py's Redis Clusters
         "sentinel_group",  # the Sentinel groups of test_sentinel*.py
+        "broker",  # the Celery tests' broker
         "resource",  # the fault suite's protected resource
         # the pytest plugin's (redreentrant.testing.plugin)
         "redreentrant_ensembles",

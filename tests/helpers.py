@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -350,6 +351,45 @@ def stop(*processes: subprocess.Popen[str] | None) -> None:
         if process is not None:
             process.kill()
             process.communicate()
+
+
+# -- Celery processes ------------------------------------------------------------------
+
+#: where the Celery tests' app modules are (tests/celery_app.py): the processes' cwd
+TESTS = Path(__file__).resolve().parent
+
+
+def start_celery(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    """Start ``celery ARGS`` (a worker, a beat) in a session of its own, its output into
+    ``log``; it gets SIGQUIT (a cold shutdown: its pool processes end too) when this
+    process dies, however it dies. Stop it with :func:`stop_celery`."""
+    from redreentrant.cli._process import die_with_parent
+
+    path = os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
+    with log.open("a") as out:
+        return subprocess.Popen(
+            [PY, "-m", "celery", *args],
+            cwd=TESTS,
+            env=clean_env(**env, PYTHONPATH=path),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGQUIT),
+        )
+
+
+def stop_celery(process: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to the process's whole session (its pool processes too) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 # -- the adapted libraries' own lock tests -------------------------------------------------

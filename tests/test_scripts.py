@@ -30,7 +30,7 @@ PINS: dict[str, tuple[int, str]] = {
     "fairlock": (7, "0139c0ca038f81da"),
     "fence": (2, "86b825c3d1994952"),
     "fenced_write": (2, "51208ad8a45b1b4b"),
-    "extend": (2, "a9828b0fca9a03b3"),
+    "extend": (3, "a60d3d776416b2cf"),
     "semaphore": (4, "5e3504d222c6a10d"),
     "multilock": (3, "7902eea518c3d8a8"),
     "memory": (2, "b3627a0491e6c8ef"),

@@ -3,6 +3,8 @@
 python workers.py hold URLS NAME LEASE       acquire NAME, print "held", sleep until killed
 python workers.py count URLS NAME FILE N     N times: under NAME, read FILE, sleep, write +1
 python workers.py wait URLS NAME             print the manager id, then wait for NAME (no limit)
+python workers.py hand-off URLS NAME LEASE   acquire NAME with a fixed LEASE, hand it off,
+                                             print the ticket and exit
 
 ``contend`` and ``take`` are run by ``multiprocessing`` (spawn) instead: see
 tests/test_handoff.py.
@@ -53,6 +55,13 @@ def wait(urls: list[str], name: str) -> None:
         mgr.lock(name).acquire()
         print("held", flush=True)
         time.sleep(3600)
+
+
+def hand_off(urls: list[str], name: str, lease: float) -> None:
+    with LockManager(urls, fencing=True) as mgr:
+        lock = mgr.lock(name)
+        lock.acquire(lease=lease)
+        print(lock.hand_off(), flush=True)
 
 
 def take(urls: list[str], name: str, flavour: str, held: Any, go: Any) -> None:
@@ -109,6 +118,8 @@ if __name__ == "__main__":
         hold(urls, sys.argv[3], float(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "lock")
     elif mode == "wait":
         wait(urls, sys.argv[3])
+    elif mode == "hand-off":
+        hand_off(urls, sys.argv[3], float(sys.argv[4]))
     elif mode == "count":
         count(urls, sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]))
     else:

@@ -117,6 +117,19 @@ class Lock(LockCore):
         steps = engine.extend(self.kind, self.name, self._owner(), seconds, replace)
         await self._driver.run(steps)
 
+    async def hand_off(self) -> str:
+        """See :meth:`redreentrant.Lock.hand_off`."""
+        return await self._driver.run(self._engine.hand_off(self.kind, self.name, self._owner()))
+
+    async def take_over(self, ticket: str, lease: float | None = None) -> None:
+        """See :meth:`redreentrant.Lock.take_over`; the current task becomes the owner
+        (and, with ``cancel_on_loss``, is cancelled once the hold is lost)."""
+        self._refuse_own_task(inspect.currentframe(), "lock.take_over()")
+        caller = entry_caller()
+        await self._first_hold(self.kind, lambda owner, signal: self._engine.take_over(
+            self.kind, self.name, owner, ticket, lease, signal, caller,
+        ))  # fmt: skip
+
     @property
     def lost(self) -> LostSignal:
         """The current task's hold's :class:`~redreentrant.asyncio.LostSignal` (see

@@ -32,6 +32,7 @@ from .errors import (
     QuorumUnavailableError,
 )
 from .fencing import FENCE_TTL_MS, check_token, floor_of
+from .handoff import Ticket
 from .holds import Guard, Hold, Holds, Signal
 from .keys import home_channel
 from .kinds import UPGRADEABLE, WRITE, FamilyKind, LockKind, MultiKind, SemaphoreKind
@@ -47,6 +48,7 @@ from .rounds import (
     extend_steps,
     force_unlock_steps,
     held_by_quorum,
+    next_tag,
     probe_steps,
     release_steps,
     wake_steps,
@@ -597,6 +599,76 @@ class Engine:
             hold.valid_until = valid_until
             if replace:
                 hold.lease = seconds_s
+
+    def hand_off(self, kind: LockKind, name: str, owner: str) -> Steps[str]:
+        """Take ``owner``'s hold on ``name`` off this manager and return its ticket (see
+        ``Lock.hand_off``)."""
+        hold = self.held(kind, name, owner)
+        if not hold.kind.hands_off:
+            raise ValueError(f"a {hold.kind.noun} hold cannot be handed off: {name!r}")
+        self.ensure_held(kind, name, owner)
+        self.holds.remove(hold)  # off the watchdog
+        # A renewal under way may take the hold again where the lock is free after the
+        # new owner released it (as for a release): the ticket goes out once it ended.
+        while hold.renewing:
+            yield Pause(RENEWAL_POLL)
+        token = hold.fencing_token
+        assert not isinstance(token, tuple)  # a multi-lock's: not handed off
+        return Ticket(name, hold.kind.label, owner, hold.tag, hold.count, token).encode()
+
+    def take_over(
+        self,
+        kind: LockKind,
+        name: str,
+        owner: str,
+        ticket: str,
+        lease: float | None,
+        signal: Signal | None = None,
+        caller: FrameType | None = None,
+    ) -> Steps[bool]:
+        """Move the hold ``ticket`` names to ``owner`` (see ``Lock.take_over``); True."""
+        t = Ticket.decode(ticket)
+        if (t.name, t.kind) != (name, kind.label):
+            raise ValueError(
+                f"the ticket is for {t.kind} {t.name!r}, not for {kind.label} {name!r}"
+            )
+        if not kind.hands_off:
+            raise ValueError(f"a {kind.noun} hold cannot be handed off: {name!r}")
+        if self.holds.get(kind, name, owner) is not None:
+            raise ValueError(f"lock {name!r} is held by this owner already")
+        settings = self.settings
+        lease_s = settings.lease if lease is None else settings.acquire_lease(lease)
+        if lease_s > self.longest_lease:
+            self._may_stand(lease_s)
+        cap = settings.hold_cap(lease, None)
+        tag = next_tag()
+        to = (owner, f"{t.count}:{tag}")
+        q = self.quorum
+        steps = extend_steps(q, kind, name, t.owner, lease_ms(lease_s), False, t.tag, to)
+        try:
+            valid_until = yield from steps
+        except BaseException as error:
+            # Where it moved, the hold is this owner's now: released again.
+            with contextlib.suppress(Exception):
+                yield from release_steps(q, kind, name, owner, 0, tag, lease_s)
+            if isinstance(error, LockLostError):
+                raise LockLostError(
+                    f"lock {name!r}: the hold handed off is gone (its lease ended, or it"
+                    " was taken over or released already)"
+                ) from None
+            raise
+        if self.closed:
+            yield from self._closed_meanwhile(kind, name, owner, tag)
+        now = self.clock()
+        hold = Hold(
+            kind, name, owner, t.count, lease_s, lease is None, valid_until,
+            site=call_site(caller), fencing_token=t.token, acquired_at=now,
+            renew_until=None if cap is None else now + cap, signal=signal, tag=tag,
+        )  # fmt: skip
+        self.holds.add(hold)
+        if hold.managed:
+            self.on_managed_hold(hold)
+        return True
 
     def release(self, kind: LockKind, name: str, owner: str, quiet_if_lost: bool) -> Steps[None]:
         """Release one of ``owner``'s hold levels on ``name``."""

@@ -516,12 +516,20 @@ def wake_steps(q: Quorum, kind: LockKind, name: str, reserve_ms: int, manager: s
 
 
 def extend_steps(
-    q: Quorum, kind: LockKind, name: str, owner: str, ms: int, add: bool, tag: int
+    q: Quorum,
+    kind: LockKind,
+    name: str,
+    owner: str,
+    ms: int,
+    add: bool,
+    tag: int,
+    to: tuple[str, str] | None = None,
 ) -> Steps[float]:
     """Extend ``owner``'s hold of ``tag`` everywhere it still holds it (by ``ms``, or to
     ``ms`` from now); returns the new end of the validity, judged as an acquire's: from
     before the first send, by the time the hold stays on a quorum, less the drift
-    allowance.
+    allowance. With ``to`` (an owner id and its hold, ``'<count>:<tag>'``), the hold
+    also moves to that owner (a take-over: ``add`` is False).
 
     Raises :class:`LockLostError` when the hold is gone from so many masters that it is
     not on a quorum any more, or the round ended too late, and
@@ -532,7 +540,11 @@ def extend_steps(
     def kept(replies: Sequence[Reply]) -> bool:
         return (extended(replies[0]) or 0) > 0
 
-    call = kind.extend(name, owner, ms, add, tag)
+    call = (
+        kind.extend(name, owner, ms, add, tag)
+        if to is None
+        else kind.take_over(name, owner, tag, *to, ms)
+    )
     replies = yield q.everywhere(call, early=Early(q.voting, kept))
     lefts = decoded(extended, replies)
     left = sorted(

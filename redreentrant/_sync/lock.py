@@ -94,6 +94,40 @@ class Lock(LockCore):
         steps = engine.extend(self.kind, self.name, self._owner(), seconds, replace)
         self._driver.run(steps)
 
+    def hand_off(self) -> str:
+        """Hand the calling owner's hold off, to be taken over by another owner, in
+        this process or any other: returns a ticket (a short text) for
+        :meth:`take_over`.
+
+        The hold leaves this owner at once, whatever its count (no release is sent,
+        and the watchdog stops renewing it): the masters keep it until its lease
+        ends, so a ticket never taken over frees the lock within one lease. The ticket
+        carries the hold's owner id, count and fencing token. Raises
+        :class:`LockNotOwnedError` if the caller holds nothing,
+        :class:`LockLostError` if it was lost or its validity ran out (it stays the
+        caller's to release), and ``ValueError`` on a read/write lock.
+        """
+        return self._driver.run(self._engine.hand_off(self.kind, self.name, self._owner()))
+
+    def take_over(self, ticket: str, lease: float | None = None) -> None:
+        """Take over the hold that ``ticket`` (from :meth:`hand_off`) carries: the
+        calling owner holds it from here, with its count and fencing token, as if it
+        had acquired it. One round, judged like a re-entry: the new validity counts
+        from before the round, on a quorum of masters.
+
+        ``lease=None`` gives it this manager's lease, renewed by the watchdog;
+        ``lease=seconds``, a fixed lease. A ticket is taken over once: raises
+        :class:`LockLostError` (nothing held) when the hold is gone (its lease ended,
+        or it was taken over or released), ``ValueError`` for a ticket of another lock
+        or kind, or when the caller holds this lock already, and
+        :class:`QuorumUnavailableError` when too many masters failed.
+        """
+        engine = self._engine
+        steps = engine.take_over(
+            self.kind, self.name, self._owner(), ticket, lease, caller=entry_caller()
+        )
+        self._driver.run(steps)
+
     @property
     def lost(self) -> LostSignal:
         """The calling owner's hold's :class:`~redreentrant.LostSignal`: set once the

@@ -106,6 +106,10 @@ class LockKind(ABC):
     #: :func:`~redreentrant._core.rounds.release_steps`)
     hands_over = True
 
+    #: a hold of this kind may be handed off to another owner, in any process (see
+    #: :meth:`take_over`)
+    hands_off = True
+
     #: the plain locks a hold of this kind takes (a multi-lock's names)
     names: tuple[str, ...] = ()
 
@@ -292,6 +296,12 @@ class LockKind(ABC):
         it holds nothing."""
         args = (owner, ms, "add" if add else "set", tag)
         return Call(scripts.EXTEND, (self.key(name),), args)
+
+    def take_over(self, name: str, owner: str, tag: int, to: str, hold: str, ms: int) -> Call:
+        """Move ``owner``'s hold of ``tag`` to the owner ``to`` (as ``hold``,
+        ``'<count>:<tag>'``) where it still holds it, its lease set to ``ms`` from now;
+        replies as :meth:`extend`."""
+        return Call(scripts.EXTEND, (self.key(name),), (owner, ms, "set", tag, to, hold))
 
     def renew(self, entries: Sequence[Renewal], lease_ms: int) -> Call:
         """Renew many ``(name, owner, hold)`` holds of this kind in one call, taking

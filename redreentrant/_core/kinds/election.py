@@ -21,6 +21,7 @@ class ElectionKind(FairKind):
     family = "election"
     stems = ("election",)
     noun = "election"
+    hands_off = False
 
     def _keys(self, name: str) -> tuple[str, ...]:
         return (*super()._keys(name), self.changes(name))

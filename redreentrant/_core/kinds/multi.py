@@ -26,6 +26,7 @@ class MultiKind(LockKind):
     label = "multi"
     family = "lock"
     hands_over = False  # no turns: a release wakes each name's next waiter
+    hands_off = False
     looks_around = True
 
     def __init__(self, names: tuple[str, ...]) -> None:

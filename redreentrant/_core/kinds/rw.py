@@ -22,6 +22,7 @@ class _ReadWriteKind(FamilyKind):
     side = ""
     targeted = False
     hands_over = False
+    hands_off = False
 
     def _keys(self, name: str) -> tuple[str, str, str]:
         return (

@@ -33,6 +33,7 @@ class SemaphoreKind(FamilyKind):
     fenced = False  # a permit is shared by up to ``permits`` holders
     in_arrival_order = True  # a free slot is kept for the waiter woken
     hands_over = False  # no turns: a release wakes a waiter, it does not hand over
+    hands_off = False
 
     def __init__(self, permits: int, slot: int | None = None) -> None:
         self.permits = permits
