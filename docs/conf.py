@@ -62,6 +62,7 @@ PUBLIC_MODULES = (
     "redreentrant.asyncio",
     "redreentrant.errors",
     "redreentrant.otel",
+    "redreentrant.celery",
     "redreentrant.testing",
     "redreentrant.testing.faults",
     "redreentrant.testing.plugin",

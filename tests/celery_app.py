@@ -108,3 +108,11 @@ def fenced(self: Any, key: str, seconds: float) -> int:
     body(self, key, seconds)
     token: int = self.singleton.token
     return token
+
+
+@app.task(base=Singleton, bind=True, singleton_key=("key",))
+def watch(self: Any, key: str, seconds: float) -> bool:
+    """Runs until its hold is lost (at most ``seconds``); returns whether it was."""
+    body(self, key, 0)
+    lost: bool = self.singleton.lost.wait(seconds)
+    return lost

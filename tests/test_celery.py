@@ -19,7 +19,7 @@ import pytest
 import redis
 from helpers import drop_counters, start_celery, stop_celery, wait_until
 
-from redreentrant import LockManager
+from redreentrant import LockLostError, LockManager
 from redreentrant.celery import DuplicateTaskError, Singleton, skipped
 from redreentrant.testing import LocalEnsemble
 from redreentrant.testing.history import check, load
@@ -216,6 +216,20 @@ def test_the_task_reads_its_fencing_token(celery: Any, ensemble: LocalEnsemble) 
     second = celery.fenced.delay("f", 0).get(timeout=30)
     assert 0 < first < second
     drop_counters(ensemble)  # they outlive the locks by design
+
+
+def test_a_task_learns_that_its_lock_was_lost_and_ends_with_lock_lost_error(
+    celery: Any, broker: str
+) -> None:
+    celery.start("one")
+    result = celery.watch.delay("lost", 30)
+    wait_until(lambda: counter(broker, "lost") == 1, "the task runs")
+    with LockManager(celery.app.conf.redreentrant_masters) as mgr:
+        assert mgr.lock('celery:celery_app.watch:{"key":"lost"}').force_unlock()
+    started = time.monotonic()
+    with pytest.raises(LockLostError):  # the task saw it (lost.wait), then ended so
+        result.get(timeout=30)
+    assert time.monotonic() - started < LEASE * 2
 
 
 def test_the_key_is_the_task_name_and_its_arguments() -> None:

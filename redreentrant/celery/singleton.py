@@ -51,11 +51,11 @@ class DuplicateTaskError(LockError):
     "raise"``, or a ``"wait"`` that timed out)."""
 
     def __init__(self, key: str) -> None:
-        super().__init__(f"a duplicate of singleton key {key!r}: another execution holds it")
+        super().__init__(key)  # its args: how a result backend rebuilds it
         self.key = key
 
-    def __reduce__(self) -> tuple[Any, ...]:  # results travel pickled or as (type, args)
-        return (type(self), (self.key,))
+    def __str__(self) -> str:
+        return f"a duplicate of singleton key {self.key!r}: another execution holds it"
 
 
 def skipped(value: Any) -> bool:
@@ -100,12 +100,21 @@ class Singleton(Task):  # type: ignore[misc]
     ``remaining()``).
     """
 
+    #: what makes the key: None (the name and all arguments), argument names, or a
+    #: callable that returns the lock name
     singleton_key: Sequence[str] | Callable[..., str] | None = None
+    #: what a duplicate does: "skip", "wait" or "raise"
     singleton_duplicate: str = "skip"
+    #: seconds a "wait" waits at most (None: no limit)
     singleton_wait: float | None = None
+    #: take the key when the task is sent, and hand it to the worker
     singleton_at_send: bool = False
+    #: seconds a key taken at send lasts while its message waits (None: the lease)
     singleton_send_lease: float | None = None
+    #: the hold gets a fencing token
     singleton_fencing: bool = False
+    #: a LockManager, or a callable that makes one per process (None: the app's
+    #: configuration)
     singleton_manager: ManagerSource | None = None
 
     # -- the key ------------------------------------------------------------------------
