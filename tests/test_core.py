@@ -2207,6 +2207,68 @@ def test_an_extension_short_of_a_quorum_raises(
         _drive_once(extend_steps(q, EXCLUSIVE, "x", "o", 3000, False, 1), replies)
 
 
+def _take_over() -> tuple[Engine, Steps[bool], Fanout]:
+    """A take-over of a hand-off ticket (lock "x", count 2, token 42) on three masters:
+    the engine, the steps, and their first round (the move), not answered yet."""
+    from redreentrant._core.handoff import Ticket
+
+    settings = Settings.check(5.0, 0.01, 0.2, 0.05, None)
+    clock = FakeClock()
+    engine = Engine(settings, ["m0", "m1", "m2"], lambda: "t1", threading.Lock, clock, max)
+    ticket = Ticket("x", "lock", "sender:o1", 7, 2, 42).encode()
+    steps = engine.take_over(EXCLUSIVE, "x", engine.owner_id(), ticket, None)
+    move = next(steps)
+    assert isinstance(move, Fanout)
+    return engine, steps, move
+
+
+def test_a_take_over_moves_the_ticket_s_hold_to_the_new_owner() -> None:
+    engine, steps, move = _take_over()
+    owner = engine.owner_id()
+    (call,) = move.calls[0]
+    # Only the hold of the ticket's owner and tag moves, to this owner with a new tag.
+    assert call.args[:4] == ("sender:o1", 5000, "set", 7)
+    assert call.args[4] == owner and call.args[5].startswith("2:")
+    with pytest.raises(StopIteration):
+        steps.send([[5000], [0], [5000]])  # on a quorum: held
+    hold = engine.holds.get(EXCLUSIVE, "x", owner)
+    assert hold is not None
+    assert (hold.count, hold.fencing_token, hold.managed) == (2, 42, True)
+    assert str(hold.tag) == call.args[5].split(":")[1]
+
+
+def test_a_take_over_short_of_a_quorum_is_undone_everywhere_and_holds_nothing() -> None:
+    engine, steps, move = _take_over()
+    owner = engine.owner_id()
+    tag = move.calls[0][0].args[5].split(":")[1]
+    undo = steps.send([[0], [0], [5000]])  # gone from two of three masters
+    assert isinstance(undo, Fanout) and undo.cleanup
+    # The master that moved it releases the new owner's hold of the new tag.
+    assert all(calls[0].args[1:3] == (owner, f"0:{tag}") for calls in undo.calls)
+    steps.send([[ConnectionError()]] * 3)  # the undo's replies lost
+    with pytest.raises(LockLostError, match="the hold handed off is gone"):
+        while True:  # its wake-ups, then the verdict
+            steps.send(None)
+    assert engine.holds.get(EXCLUSIVE, "x", owner) is None
+
+
+def test_a_ticket_of_another_lock_or_kind_is_refused_before_any_round() -> None:
+    from redreentrant._core.handoff import Ticket
+    from redreentrant._core.kinds import READ
+
+    settings = Settings.check(5.0, 0.01, 0.2, 0.05, None)
+    engine = Engine(settings, ["m0"], lambda: "t1", threading.Lock, FakeClock(), max)
+    ticket = Ticket("x", "lock", "sender:o1", 7, 1, None).encode()
+    with pytest.raises(ValueError, match="not for lock 'y'"):
+        next(engine.take_over(EXCLUSIVE, "y", engine.owner_id(), ticket, None))
+    read = Ticket("x", READ.label, "sender:o1", 7, 1, None).encode()
+    with pytest.raises(ValueError, match="cannot be handed off"):
+        next(engine.take_over(READ, "x", engine.owner_id(), read, None))
+    for text in ("", "[]", '{"v": 1}', ticket.replace('"count":1', '"count":0')):
+        with pytest.raises(ValueError, match="not a hand-off ticket"):
+            Ticket.decode(text)
+
+
 def test_max_hold_stops_renewals_and_names_itself_in_the_verdict() -> None:
     holds = Holds(threading.Lock())
     capped = Hold(EXCLUSIVE, "a", "m:1", 1, 3.0, True, 103.0, renew_until=101.0)
