@@ -20,6 +20,7 @@ import redis
 from helpers import drop_counters, start_celery, stop_celery, wait_until
 
 from redreentrant import LockLostError, LockManager
+from redreentrant._core.keys import MEMORY_KEY
 from redreentrant.celery import DuplicateTaskError, Singleton, skipped
 from redreentrant.testing import LocalEnsemble
 from redreentrant.testing.history import check, load
@@ -102,6 +103,21 @@ def test_a_duplicate_is_skipped_and_its_result_says_so(celery: Any, broker: str)
     assert not skipped(other.get(timeout=30))
     assert counter(broker, "k") == 2
     no_overlap(celery.history, runs=3)
+
+
+def test_a_call_refused_by_quarantined_masters_is_not_skipped_but_waits_for_them(
+    celery: Any, broker: str, urls: list[str]
+) -> None:
+    # Masters whose memory began now (as after a restart without their data): their
+    # votes do not count for a lease. A call then is no duplicate: it runs once they do.
+    celery.start("one")
+    for url in urls:
+        redis.Redis.from_url(url).delete(MEMORY_KEY)
+    with LockManager(urls, lease=LEASE) as mgr:
+        assert max(mgr.quarantined()) > 0  # this round made the records anew
+    result = celery.skip.delay("fresh", 0)
+    assert not skipped(result.get(timeout=30))
+    assert counter(broker, "fresh") == 1
 
 
 def test_a_duplicate_waits_for_the_running_one(celery: Any, broker: str) -> None:

@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import inspect
 import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -169,9 +170,19 @@ class Singleton(Task):  # type: ignore[misc]
             taken = lock.acquire(timeout=timeout, lease=lease)
         else:
             taken = lock.acquire(blocking=False, lease=lease)
+            if not taken and (wait := self._until_a_quorum_votes()) > 0:
+                # Refused because too few masters vote yet (a quarantine, after a
+                # restart without data): not a duplicate. Try again once they do.
+                time.sleep(wait)
+                taken = lock.acquire(blocking=False, lease=lease)
         if taken or policy == "skip":
             return taken
         raise DuplicateTaskError(name)
+
+    def _until_a_quorum_votes(self) -> float:
+        """Seconds until a quorum of the masters votes (0.0: it does now)."""
+        left = sorted(self._manager().quarantined())
+        return left[len(left) // 2]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         name = self.singleton_name(args, kwargs)
