@@ -1,6 +1,7 @@
 """``redreentrant.celery.LeaderScheduler``: several ``celery beat`` processes, one sends;
 a killed leader is followed within a lease, a stopped one at once; no entry is sent twice
-for one due time; and a deposed leader's late send is refused by the store's fence.
+for one due time; a deposed leader's late send is refused by the store's fence; a lost
+leadership is seen within the lease.
 
 The beats are real ``celery beat`` processes (app: tests/celery_beat_app.py) on a broker
 of the test's own (a Redis that is not one of the masters); no worker runs: the tests
@@ -166,29 +167,34 @@ def test_one_beat_sends_and_a_killed_leader_is_followed_within_a_lease(
     drop_counters(ensemble)
 
 
-def test_a_stopped_leader_is_followed_at_once(
+def test_a_stopped_follower_leaves_the_line_and_a_stopped_leader_is_followed_at_once(
     ensemble: LocalEnsemble, urls: list[str], broker: LocalServer, tmp_path: Path
 ) -> None:
     lease, name = 4.0, "beat-stopped"
-    beats = [start_beat(tmp_path, broker, urls, lease, name, i) for i in range(2)]
+    beats = [start_beat(tmp_path, broker, urls, lease, name, i) for i in range(3)]
     try:
         wait_until(lambda: len(sent(broker)) >= 3, "sending", limit=30)
         leader_pid = sent(broker)[0].pid
         (leader,) = (b for b in beats if b.pid == leader_pid)
-        (other,) = (b for b in beats if b.pid != leader_pid)
+        standby, gone = (b for b in beats if b.pid != leader_pid)
         assert (leading(urls[0], name) or "").endswith(f":{leader_pid}")
+        # A follower stopped while it campaigns leaves at once (and leaves nothing behind:
+        # the fixture checks that only the election's terms are left at the end).
+        stopped_at = time.monotonic()
+        assert terminate(gone) == 0
+        assert time.monotonic() - stopped_at < lease / 2
 
         stopped_at = time.monotonic()
         assert terminate(leader) == 0
-        wait_until(lambda: (leading(urls[0], name) or "").endswith(f":{other.pid}"), "followed")
+        wait_until(lambda: (leading(urls[0], name) or "").endswith(f":{standby.pid}"), "followed")
         took = time.monotonic() - stopped_at
         print(f"the successor took over {took:.2f} s after the stop")
         assert took < lease / 2, f"took over {took:.2f} s after the stop"  # woken, not expired
-        wait_until(lambda: len(from_pid(sent(broker), other.pid)) >= 3, "the successor's sends")
-        assert terminate(other) == 0
+        wait_until(lambda: len(from_pid(sent(broker), standby.pid)) >= 3, "the successor's sends")
+        assert terminate(standby) == 0
 
         history = sent(broker)
-        assert {s.pid for s in history} == {leader_pid, other.pid}
+        assert {s.pid for s in history} == {leader_pid, standby.pid}
         check_history(history, urls[0], name)
     finally:
         stop(*beats)
@@ -253,6 +259,29 @@ def test_a_deposed_leaders_late_send_is_refused(
             before_task_publish.disconnect(count)
             old.close()
             new.close()
+    drop_counters(ensemble)
+
+
+def test_a_lost_leadership_is_seen_within_the_lease_and_the_beat_campaigns_again(
+    ensemble: LocalEnsemble, urls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    name = "beat-lost"
+    with LockManager(urls, lease=2.0) as mgr, LockManager(urls, lease=2.0) as operator:
+        scheduler = LeaderScheduler(beat_app(urls, name, 0.2), manager=mgr)
+        try:
+            scheduler.tick()
+            first = scheduler.term
+            assert first is not None
+            assert operator.election(name).force_unlock()  # seen at the next renewal
+            ended_at = time.monotonic()
+            while scheduler.term in (first, None) and time.monotonic() < ended_at + 5:
+                time.sleep(max(0.0, scheduler.tick()))
+            took = time.monotonic() - ended_at
+            assert scheduler.term is not None and scheduler.term > first
+            assert took < mgr.lease, f"led again {took:.2f} s after the leadership ended"
+            assert "its leadership was lost" in caplog.text
+        finally:
+            scheduler.close()
     drop_counters(ensemble)
 
 
