@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,17 +25,13 @@ import redis
 from celery import Celery
 from celery.signals import before_task_publish
 from celery_beat_app import INTERVALS
-from helpers import PY, clean_env, drop_counters, stop, wait_until
+from helpers import drop_counters, start_celery, stop_celery, wait_until
 
-import redreentrant
 from redreentrant import FencedStore, LockManager
 from redreentrant.celery import LeaderScheduler
 from redreentrant.celery.beat import state_key
-from redreentrant.testing import LocalEnsemble, LocalServer
+from redreentrant.testing import LocalEnsemble
 
-TESTS = Path(__file__).resolve().parent
-#: the tree redreentrant is imported from (a worktree, say): the beats import the same
-ROOT = Path(redreentrant.__file__).resolve().parents[1]
 #: how much earlier than its interval an entry's next send may come: the time between
 #: a send's reserve (which sets last_run_at) and its message, under a loaded machine
 EARLY = 0.1
@@ -55,33 +49,28 @@ class Sent:
 
 
 @pytest.fixture
-def broker(redis_binary: str) -> Iterator[LocalServer]:
-    """The beats' broker: a Redis of its own, not one of the masters."""
-    with LocalServer(binary=redis_binary) as server:
-        yield server
+def queue(broker: str) -> str:
+    """The beats' broker (a Redis of its own, not one of the masters), emptied."""
+    with redis.Redis.from_url(broker) as r:
+        r.flushall()
+    return broker
 
 
-def start_beat(tmp_path: Path, broker: LocalServer, urls: list[str], lease: float, name: str,
+def start_beat(tmp_path: Path, queue: str, urls: list[str], lease: float, name: str,
                index: int) -> subprocess.Popen[str]:  # fmt: skip
     """A ``celery beat`` process with the leader scheduler; its output goes to
     ``beat<index>.log`` in ``tmp_path``."""
-    path = os.pathsep.join(p for p in (str(ROOT), str(TESTS), os.environ.get("PYTHONPATH")) if p)
-    env = clean_env(
-        PYTHONPATH=path,
-        BEAT_BROKER=broker.url,
-        BEAT_MASTERS=",".join(urls),
-        BEAT_LEASE=str(lease),
-        BEAT_NAME=name,
-    )
-    command = [
-        PY, "-m", "celery", "-A", "celery_beat_app", "beat",
-        "-S", "redreentrant.celery.LeaderScheduler", "--loglevel=INFO",
-        "--schedule", str(tmp_path / f"schedule{index}"),
-    ]  # fmt: skip
-    with open(tmp_path / f"beat{index}.log", "w") as log:
-        return subprocess.Popen(
-            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-        )
+    env = {
+        "BEAT_BROKER": queue,
+        "BEAT_MASTERS": ",".join(urls),
+        "BEAT_LEASE": str(lease),
+        "BEAT_NAME": name,
+    }
+    return start_celery(
+        "-A", "celery_beat_app", "beat", "-S", "redreentrant.celery.LeaderScheduler",
+        "--loglevel=INFO", "--schedule", str(tmp_path / f"schedule{index}"),
+        env=env, log=tmp_path / f"beat{index}.log",
+    )  # fmt: skip
 
 
 def show_logs(tmp_path: Path) -> None:
@@ -90,9 +79,9 @@ def show_logs(tmp_path: Path) -> None:
         print(f"--- {log.name}\n{log.read_text()}")
 
 
-def sent(broker: LocalServer) -> list[Sent]:
+def sent(queue: str) -> list[Sent]:
     """The messages on the broker's ``celery`` list, oldest first."""
-    with redis.Redis.from_url(broker.url) as r:
+    with redis.Redis.from_url(queue) as r:
         raw = r.lrange("celery", 0, -1)
     out = []
     for item in raw:
@@ -133,48 +122,49 @@ def terminate(process: subprocess.Popen[str]) -> int:
 
 
 def test_one_beat_sends_and_a_killed_leader_is_followed_within_a_lease(
-    ensemble: LocalEnsemble, urls: list[str], broker: LocalServer, tmp_path: Path
+    ensemble: LocalEnsemble, urls: list[str], queue: str, tmp_path: Path
 ) -> None:
     lease, name = 2.0, "beat-killed"
-    beats = [start_beat(tmp_path, broker, urls, lease, name, i) for i in range(2)]
+    beats = [start_beat(tmp_path, queue, urls, lease, name, i) for i in range(2)]
     try:
-        wait_until(lambda: len(sent(broker)) >= 4, "sending", limit=30)
-        leader_pid = sent(broker)[0].pid
+        wait_until(lambda: len(sent(queue)) >= 4, "sending", limit=30)
+        leader_pid = sent(queue)[0].pid
         (leader,) = (b for b in beats if b.pid == leader_pid)
         (other,) = (b for b in beats if b.pid != leader_pid)
-        so_far = len(sent(broker))
-        wait_until(lambda: len(sent(broker)) >= so_far + 6, "six more sends")  # 2 s or so
-        assert {s.pid for s in sent(broker)} == {leader_pid}  # the other one only waits
+        so_far = len(sent(queue))
+        wait_until(lambda: len(sent(queue)) >= so_far + 6, "six more sends")  # 2 s or so
+        assert {s.pid for s in sent(queue)} == {leader_pid}  # the other one only waits
         assert other.poll() is None
 
         leader.kill()
         killed_at = time.time()
         leader.wait()
-        wait_until(lambda: from_pid(sent(broker), other.pid), "the successor sending", 30)
-        took = from_pid(sent(broker), other.pid)[0].at - killed_at
+        wait_until(lambda: from_pid(sent(queue), other.pid), "the successor sending", 30)
+        took = from_pid(sent(queue), other.pid)[0].at - killed_at
         print(f"the successor's first send {took:.2f} s after the kill")
         assert took < lease + MARGIN, f"took over {took:.2f} s after the kill"
-        wait_until(lambda: len(from_pid(sent(broker), other.pid)) >= 6, "the successor's sends")
+        wait_until(lambda: len(from_pid(sent(queue), other.pid)) >= 6, "the successor's sends")
         assert terminate(other) == 0  # resigns: nothing of the election is left but its terms
 
-        history = sent(broker)
+        history = sent(queue)
         assert {s.pid for s in history} == {leader_pid, other.pid}
         assert all(s.at <= killed_at for s in from_pid(history, leader_pid))
         check_history(history, urls[0], name)
     finally:
-        stop(*beats)
+        for beat in beats:
+            stop_celery(beat)
         show_logs(tmp_path)
     drop_counters(ensemble)
 
 
 def test_a_stopped_follower_leaves_the_line_and_a_stopped_leader_is_followed_at_once(
-    ensemble: LocalEnsemble, urls: list[str], broker: LocalServer, tmp_path: Path
+    ensemble: LocalEnsemble, urls: list[str], queue: str, tmp_path: Path
 ) -> None:
     lease, name = 4.0, "beat-stopped"
-    beats = [start_beat(tmp_path, broker, urls, lease, name, i) for i in range(3)]
+    beats = [start_beat(tmp_path, queue, urls, lease, name, i) for i in range(3)]
     try:
-        wait_until(lambda: len(sent(broker)) >= 3, "sending", limit=30)
-        leader_pid = sent(broker)[0].pid
+        wait_until(lambda: len(sent(queue)) >= 3, "sending", limit=30)
+        leader_pid = sent(queue)[0].pid
         (leader,) = (b for b in beats if b.pid == leader_pid)
         standby, gone = (b for b in beats if b.pid != leader_pid)
         assert (leading(urls[0], name) or "").endswith(f":{leader_pid}")
@@ -190,14 +180,15 @@ def test_a_stopped_follower_leaves_the_line_and_a_stopped_leader_is_followed_at_
         took = time.monotonic() - stopped_at
         print(f"the successor took over {took:.2f} s after the stop")
         assert took < lease / 2, f"took over {took:.2f} s after the stop"  # woken, not expired
-        wait_until(lambda: len(from_pid(sent(broker), standby.pid)) >= 3, "the successor's sends")
+        wait_until(lambda: len(from_pid(sent(queue), standby.pid)) >= 3, "the successor's sends")
         assert terminate(standby) == 0
 
-        history = sent(broker)
+        history = sent(queue)
         assert {s.pid for s in history} == {leader_pid, standby.pid}
         check_history(history, urls[0], name)
     finally:
-        stop(*beats)
+        for beat in beats:
+            stop_celery(beat)
         show_logs(tmp_path)
     drop_counters(ensemble)
 
