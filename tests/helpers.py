@@ -359,17 +359,20 @@ def stop(*processes: subprocess.Popen[str] | None) -> None:
 TESTS = Path(__file__).resolve().parent
 
 
-def start_celery(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
-    """Start ``celery ARGS`` (a worker, a beat) in a session of its own, its output into
-    ``log``; it gets SIGQUIT (a cold shutdown: its pool processes end too) when this
-    process dies, however it dies. Stop it with :func:`stop_celery`."""
+def start_celery(
+    *args: str, env: dict[str, str], log: Path, cwd: Path = TESTS
+) -> subprocess.Popen[str]:
+    """Start ``celery ARGS`` (a worker, a beat) in ``cwd`` (which has the app's module),
+    in a session of its own, its output into ``log``; it gets SIGQUIT (a cold shutdown:
+    its pool processes end too) when this process dies, however it dies. Stop it with
+    :func:`stop_celery`."""
     from redreentrant.cli._process import die_with_parent
 
-    path = os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(cwd), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
     with log.open("a") as out:
         return subprocess.Popen(
             [PY, "-m", "celery", *args],
-            cwd=TESTS,
+            cwd=cwd,
             env=clean_env(**env, PYTHONPATH=path),
             stdin=subprocess.DEVNULL,
             stdout=out,

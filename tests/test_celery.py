@@ -7,6 +7,7 @@ history checked, and a non-atomic counter). The tasks are in tests/celery_app.py
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import drop_counters, start_celery, stop_celery, wait_until
+from helpers import TESTS, drop_counters, start_celery, stop_celery, wait_until
 
 from redreentrant import LockLostError, LockManager
 from redreentrant._core.keys import MEMORY_KEY
@@ -269,3 +270,41 @@ def test_the_key_is_the_task_name_and_its_arguments() -> None:
     assert by_callable.singleton_name((1, "x"), {}) == "mine:1"
     long = plain.singleton_name(("y" * 500,), {})
     assert len(long) < 120 and long.startswith(f"celery:{plain.name}:")
+
+
+def test_the_example_project_runs(
+    broker: str, urls: list[str], ensemble: LocalEnsemble, tmp_path: Path
+) -> None:
+    # docs/examples/celery: a worker and two beats, as the docs start them.
+    redis.Redis.from_url(broker).flushall()
+    project = TESTS.parent / "docs" / "examples" / "celery"
+    env = {"REDREENTRANT_MASTERS": ",".join(urls), "CELERY_BROKER_URL": broker}
+    env["REFRESH_EVERY"] = "0.5"
+    beat = ["-A", "tasks", "beat", "-S", "redreentrant.celery.LeaderScheduler"]
+    processes = [
+        start_celery("-A", "tasks", "worker", "--pool=prefork", "--concurrency=2",
+                     env=env, log=tmp_path / "worker.log", cwd=project),
+        *(start_celery(*beat, "--schedule", str(tmp_path / f"s{i}"), env=env,
+                       log=tmp_path / f"beat{i}.log", cwd=project) for i in range(2)),
+    ]  # fmt: skip
+    results = redis.Redis.from_url(broker)
+
+    def outcomes() -> list[Any]:
+        metas = [json.loads(results.get(k) or "{}") for k in results.keys("celery-task-meta-*")]
+        return [m.get("result") for m in metas if m.get("status") == "SUCCESS"]
+
+    try:
+        wait_until(
+            lambda: (
+                sum(isinstance(r, int) for r in outcomes()) >= 2
+                and any(skipped(r) for r in outcomes())
+            ),
+            "the task ran twice, and was skipped while it ran",
+            limit=60,
+        )
+    finally:
+        for process in processes:  # cleanly: the beats resign, the worker ends its task
+            stop_celery(process, signal.SIGTERM)
+    tokens = [r for r in outcomes() if isinstance(r, int)]
+    assert len(set(tokens)) == len(tokens)  # a fencing token per execution
+    drop_counters(ensemble)
