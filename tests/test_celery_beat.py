@@ -10,11 +10,13 @@ read the messages the beats left on the broker's ``celery`` list.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -115,6 +117,23 @@ def leading(store_url: str, name: str) -> str | None:
     return None if raw is None else str(json.loads(raw)["leader"])
 
 
+@contextlib.contextmanager
+def running_beats(
+    tmp_path: Path, queue: str, urls: list[str], lease: float, name: str, count: int
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """``count`` beats, once one of them sends: the leader first, then the others;
+    all stopped at the end (their logs printed)."""
+    beats = [start_beat(tmp_path, queue, urls, lease, name, i) for i in range(count)]
+    try:
+        wait_until(lambda: len(sent(queue)) >= 3, "sending", limit=30)
+        leader = sent(queue)[0].pid
+        yield sorted(beats, key=lambda b: b.pid != leader)
+    finally:
+        for beat in beats:
+            stop_celery(beat)
+        show_logs(tmp_path)
+
+
 def terminate(process: subprocess.Popen[str]) -> int:
     """Stop a beat as a supervisor does (SIGTERM); its exit status."""
     process.send_signal(signal.SIGTERM)
@@ -125,12 +144,8 @@ def test_one_beat_sends_and_a_killed_leader_is_followed_within_a_lease(
     ensemble: LocalEnsemble, urls: list[str], queue: str, tmp_path: Path
 ) -> None:
     lease, name = 2.0, "beat-killed"
-    beats = [start_beat(tmp_path, queue, urls, lease, name, i) for i in range(2)]
-    try:
-        wait_until(lambda: len(sent(queue)) >= 4, "sending", limit=30)
-        leader_pid = sent(queue)[0].pid
-        (leader,) = (b for b in beats if b.pid == leader_pid)
-        (other,) = (b for b in beats if b.pid != leader_pid)
+    with running_beats(tmp_path, queue, urls, lease, name, 2) as (leader, other):
+        leader_pid = leader.pid
         so_far = len(sent(queue))
         wait_until(lambda: len(sent(queue)) >= so_far + 6, "six more sends")  # 2 s or so
         assert {s.pid for s in sent(queue)} == {leader_pid}  # the other one only waits
@@ -150,10 +165,6 @@ def test_one_beat_sends_and_a_killed_leader_is_followed_within_a_lease(
         assert {s.pid for s in history} == {leader_pid, other.pid}
         assert all(s.at <= killed_at for s in from_pid(history, leader_pid))
         check_history(history, urls[0], name)
-    finally:
-        for beat in beats:
-            stop_celery(beat)
-        show_logs(tmp_path)
     drop_counters(ensemble)
 
 
@@ -161,12 +172,8 @@ def test_a_stopped_follower_leaves_the_line_and_a_stopped_leader_is_followed_at_
     ensemble: LocalEnsemble, urls: list[str], queue: str, tmp_path: Path
 ) -> None:
     lease, name = 4.0, "beat-stopped"
-    beats = [start_beat(tmp_path, queue, urls, lease, name, i) for i in range(3)]
-    try:
-        wait_until(lambda: len(sent(queue)) >= 3, "sending", limit=30)
-        leader_pid = sent(queue)[0].pid
-        (leader,) = (b for b in beats if b.pid == leader_pid)
-        standby, gone = (b for b in beats if b.pid != leader_pid)
+    with running_beats(tmp_path, queue, urls, lease, name, 3) as (leader, standby, gone):
+        leader_pid = leader.pid
         assert (leading(urls[0], name) or "").endswith(f":{leader_pid}")
         # A follower stopped while it campaigns leaves at once (and leaves nothing behind:
         # the fixture checks that only the election's terms are left at the end).
@@ -186,10 +193,6 @@ def test_a_stopped_follower_leaves_the_line_and_a_stopped_leader_is_followed_at_
         history = sent(queue)
         assert {s.pid for s in history} == {leader_pid, standby.pid}
         check_history(history, urls[0], name)
-    finally:
-        for beat in beats:
-            stop_celery(beat)
-        show_logs(tmp_path)
     drop_counters(ensemble)
 
 
