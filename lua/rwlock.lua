@@ -1,5 +1,5 @@
 -- name: rwlock
--- version: 5
+-- version: 6
 -- The read/write lock: many readers or one writer, both reentrant and owner-scoped,
 -- and the upgradeable reader: one owner at a time that shares with readers and
 -- excludes writers. Its write acquire is its upgrade: granted, in the same call, once
@@ -35,9 +35,13 @@
 --            ARGV[8] '1' to end the owner's wait as a writer too (a try that reached
 --            this master too late to count may have registered it), '0' to keep it
 --            (undoing a try that failed elsewhere, while still waiting), ARGV[9] the
---            upgrade channel. The last release of 'u' that frees it also frees the
---            owner's 'w' hold (its upgrade). A release that leaves only the holds of an owner of 'u'
---            waiting to upgrade publishes on the upgrade channel.
+--            upgrade channel, ARGV[10] (optional, with ARGV[4] '0:<tag>' of 'u') the
+--            tag of the owner's upgrade. The last release of 'u' that frees it also
+--            frees the owner's 'w' hold (its upgrade); where 'u' is not held, the 'w'
+--            hold of that tag or a smaller one (a master may have granted the upgrade
+--            as a plain write where it refused 'u'). A release that leaves only the
+--            holds of an owner of 'u' waiting to upgrade publishes on the upgrade
+--            channel.
 --            Reply 1 still held; 0 the hold is gone; -1 the owner held nothing here
 --   abandon  ARGV[2] owner, ARGV[3] readers' channel, ARGV[4] release id: a waiting
 --            writer (or upgrade) gives up. Reply 0
@@ -288,6 +292,12 @@ if op == 'release' then
   if held and side == 'u' and left == 0 and redis.call('hexists', hash, 'w:' .. owner) == 1 then
     -- The last release of the upgradeable lock ends its upgrade too.
     gone[#gone + 1] = 'w:' .. owner
+  elseif not held and side == 'u' and left == 0 and ARGV[10] then
+    -- Its upgrade, granted here as a plain write where this hold was refused.
+    local upgrade = tag_in(hash, 'w:' .. owner)
+    if upgrade and upgrade <= tonumber(ARGV[10]) then
+      gone[#gone + 1] = 'w:' .. owner
+    end
   end
   if #gone == 0 then
     return -1

@@ -26,7 +26,7 @@ PINS: dict[str, tuple[int, str]] = {
     "release": (15, "6fc4429697ebf4ec"),
     "renew": (2, "4b4373812b601ec3"),
     "probe": (2, "b8f2fbe2e1a0c00a"),
-    "rwlock": (5, "2d2bf8e40d19f200"),
+    "rwlock": (6, "b11cc1b5a60c25ea"),
     "fairlock": (7, "0139c0ca038f81da"),
     "fence": (2, "86b825c3d1994952"),
     "fenced_write": (2, "51208ad8a45b1b4b"),
@@ -631,3 +631,20 @@ def test_every_kinds_renewal_takes_its_hold_again_where_the_lock_is_free(
     assert r.hget(WRITE.key("rw2"), "writer") == b"m:a"
     assert r.hgetall(semaphore_kind(2, 1).key("s")) == {b"m:a": b"1:4"}
     assert r.hgetall(lock_key("m1")) == r.hgetall(lock_key("m2")) == {b"m:a": b"1:4"}
+
+
+def test_the_last_upgradeable_release_frees_an_upgrade_granted_without_it_of_that_tag(
+    r: fakeredis.FakeRedis,
+) -> None:
+    rw = scripts.load("rwlock")
+    keys = ["{n}:rw", "{n}:rw:leases", "{n}:rw:writers"]
+    # A master that refused the upgradeable hold (tag 1, another owner's then) and
+    # granted its upgrade (tag 2) as a plain write once that owner had left.
+    assert run(r, rw, keys, "acquire", "w", "o", 60000, "1:2", 0)[0] == 1  # type: ignore[index]
+
+    def release(*upgrade: int) -> object:
+        return run(r, rw, keys, "release", "u", "o", "0:1", "r", "w", "id", "1", "u", *upgrade)
+
+    assert release() == -1 and r.hget(keys[0], "w:o") == b"1:2"  # the upgrade not named
+    assert release(1) == -1 and r.hget(keys[0], "w:o") == b"1:2"  # a later write hold
+    assert release(2) == -1 and not r.exists(*keys)

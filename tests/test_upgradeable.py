@@ -309,6 +309,24 @@ def test_two_upgradeable_readers_never_both_hold_so_upgrades_never_deadlock(
         other(theirs.release)
 
 
+def test_the_last_release_frees_the_upgrade_also_where_the_upgradeable_read_was_refused(
+    urls: list[str],
+) -> None:
+    # The race behind a flaky leak of test_two_upgradeable_readers_never_both_hold_...:
+    # the previous holder's release reaches one master after the next holder's try,
+    # which that master refuses (a quorum granted it elsewhere), but before its upgrade,
+    # which that master then grants as a plain write hold. Here a manager of that master
+    # alone stands for the previous holder, its release forced between the two.
+    with LockManager(urls, lease=LONG) as mgr, LockManager(urls[-1:], lease=LONG) as last:
+        up, before = mgr.rw_lock("late").upgradeable, last.rw_lock("late").upgradeable
+        assert before.acquire(blocking=False)
+        assert up.acquire(blocking=False)  # granted by the others: a quorum
+        before.release()
+        assert up.upgrade(timeout=5)  # granted by every master, the last one too
+        up.release()  # the upgrade ends with it, on every master
+        assert on_masters(urls, lambda r: r.exists(*rw_keys("late"))) == [0] * len(urls)
+
+
 def test_the_holder_may_read_and_write_and_each_side_keeps_its_count(masters: list[str]) -> None:
     with LockManager(masters, lease=LONG) as a, LockManager(masters, lease=LONG) as b:
         rw = a.rw_lock("mixed")

@@ -677,6 +677,7 @@ class Engine:
             raise LockNotOwnedError(f"lock {name!r} is not held by this owner")
         kind = hold.kind  # a semaphore's: the slot it holds
         hold.count -= 1
+        ends = 0  # the tag of the upgrade that a final release ends too
         if hold.count == 0:
             # Off the watchdog before the release runs, so it is never renewed after.
             self.holds.remove(hold)
@@ -685,6 +686,7 @@ class Engine:
             upgraded = self.holds.get(also, name, owner) if also is not None else None
             if upgraded is not None:
                 self.holds.remove(upgraded)
+                ends = upgraded.tag
             # A renewal of it under way may reach a master after this release (on
             # another connection) and take the hold again there until its lease ends:
             # the release goes out once that renewal ended.
@@ -696,7 +698,7 @@ class Engine:
                 # cannot be removed now expires with its lease.
                 with contextlib.suppress(Exception):
                     yield from release_steps(
-                        self.quorum, kind, name, owner, 0, hold.tag, hold.lease
+                        self.quorum, kind, name, owner, 0, hold.tag, hold.lease, ends=ends
                     )
             if quiet_if_lost:
                 return
@@ -708,7 +710,7 @@ class Engine:
         defer = turns and not self.closed and self.turns.may_defer(kind, name)
         steps = release_steps(
             self.quorum, kind, name, owner, hold.count, hold.tag, hold.lease, defer,
-            RESERVE_MS if turns and not several else 0,
+            RESERVE_MS if turns and not several else 0, ends,
         )  # fmt: skip
         try:
             freed = yield from steps

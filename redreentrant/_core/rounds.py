@@ -431,9 +431,11 @@ def release_steps(
     lease: float = 0.0,
     defer: bool = False,
     reserve_ms: int = 0,
+    ends: int = 0,
 ) -> Steps[Freed]:
     """Release one level of the owner's hold of ``tag``; at ``count_left == 0`` free it
-    everywhere.
+    everywhere, and the owner's hold of :attr:`~.kinds.LockKind.ends_too` of tag
+    ``ends`` (if not 0) with it.
 
     A final release on a single master (with the hold's ``lease``, of a kind that
     :attr:`~.kinds.LockKind.hands_over`) hands the lock over when the registered waiter
@@ -468,7 +470,7 @@ def release_steps(
     if final and (defer or reserve_ms):
         call = kind.release_in_turn(name, owner, left, rid, handover, defer, reserve_ms)
     else:
-        call = kind.release(name, owner, left, rid, handover)
+        call = kind.release(name, owner, left, rid, handover, ends if count_left == 0 else 0)
     replies = yield q.everywhere(call, early=q.until_held, cleanup=True)
     releases = list(map(release, map(first, replies)))
     tally = tally_holds(q, kind.key, name, replies, releases)

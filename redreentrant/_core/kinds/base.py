@@ -201,7 +201,7 @@ class LockKind(ABC):
         return made(Call, (scripts.ACQUIRE, self._keys(name), args, None, (2,)))
 
     def release(
-        self, name: str, owner: str, left: str, release_id: str, handover: str = "0"
+        self, name: str, owner: str, left: str, release_id: str, handover: str = "0", ends: int = 0
     ) -> Call:
         """Set the owner's hold to ``left``, ``"<count>:<tag>"`` (count 0 frees a hold
         of that tag or an earlier one); replies ``{1, ''}``, ``{0, woken, ms, 0}`` or
@@ -210,7 +210,9 @@ class LockKind(ABC):
 
         ``release_id`` is the payload of the wake-up sent when the lock is freed;
         ``handover``, ``"<ms>:<tag>"`` (``"0"``: none), hands the lock over to the
-        waiter woken, with that lease and tag."""
+        waiter woken, with that lease and tag. ``ends``: the tag of the owner's hold of
+        :attr:`ends_too` that a final release ends too (0: none; see
+        :class:`~.rw.UpgradeableKind`)."""
         return self._ends(name, owner, left, release_id, "1", handover)
 
     def release_in_turn(

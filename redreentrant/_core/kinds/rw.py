@@ -175,6 +175,14 @@ class UpgradeableKind(_ReadWriteKind):
 
     ends_too = WRITE
 
+    def release(
+        self, name: str, owner: str, left: str, release_id: str, handover: str = "0", ends: int = 0
+    ) -> Call:
+        call = super().release(name, owner, left, release_id, handover)
+        # The upgrade's tag: a master that refused this hold may have granted the
+        # upgrade as a plain write, which only that tag names there.
+        return call._replace(args=(*call.args, ends)) if ends else call
+
     def is_locked(self, view: LockView | None) -> bool:
         return view is not None and any(h.endswith(" (upgradeable)") for h in view.holders)
 
