@@ -74,6 +74,11 @@ def celery(broker: str, urls: list[str], tmp_path: Path) -> Iterator[Any]:
     finally:
         for worker in workers:
             stop_celery(worker, signal.SIGTERM)
+        # The results' subscriber: closed, so that a result collected after the broker
+        # stopped does not try to unsubscribe (and reconnect) there.
+        consumer = celery_app.app.backend.result_consumer
+        consumer.stop()
+        consumer._pubsub = None
         for key in ("CELERY_TEST_BROKER", "CELERY_TEST_MASTERS", "CELERY_TEST_HISTORY"):
             os.environ.pop(key, None)
 
