@@ -57,10 +57,10 @@ def connection(lab: NetLab, master: int, path: int | None = None) -> redis.Conne
     return conn
 
 
-def round_trip(conn: redis.Connection) -> float:
+def round_trip(conn: redis.Connection, limit: float = RETRANSMITTED) -> float:
     start = time.monotonic()
     conn.send_command("PING")
-    assert conn.can_read(timeout=RETRANSMITTED)
+    assert conn.can_read(timeout=limit)
     assert conn.read_response() == "PONG"
     return time.monotonic() - start
 
@@ -143,11 +143,13 @@ def test_loss_makes_some_round_trips_slow_and_lets_others_through(
     lab = make_lab(1, 0)
     with lab.entered():
         conn = connection(lab, 0)
-        lab.loss(0, 50, way="requests")
+        lab.loss(0, 30, way="requests")
         # A lost request is sent again by TCP no sooner than its minimal RTO (200 ms);
         # one that gets through is answered at once. Both kinds come, almost surely
-        # (each fails to come in 16 tries with a chance of 2^-16).
-        times = [round_trip(conn) for _ in range(16)]
+        # (no loss in 24 tries: a chance of 0.7^24, 2e-4). The RTO doubles at each
+        # resend: only a request lost eight times running waits over 30 s (a chance of
+        # 24 * 0.3^8, 2e-3).
+        times = [round_trip(conn, limit=30.0) for _ in range(24)]
         assert min(times) < 0.1, times
         assert max(times) >= 0.15, times
         lab.heal()

@@ -94,7 +94,7 @@ def test_a_client_whose_path_loses_or_jitters_packets_still_gets_the_lock(
     lab = make_lab(5, 1)
     for i in range(5):
         if fault == "loss":
-            lab.loss(i, 30, client=0)
+            lab.loss(i, 20, client=0)
         else:
             lab.delay(i, 120, jitter_ms=60, client=0)  # 60 to 180 ms each way
     with lab.entered():
