@@ -116,3 +116,10 @@ def watch(self: Any, key: str, seconds: float) -> bool:
     body(self, key, 0)
     lost: bool = self.singleton.lost.wait(seconds)
     return lost
+
+
+@app.task(base=Singleton, bind=True, singleton_key=("key",))
+def failing(self: Any, key: str, seconds: float) -> int:
+    """Raises ValueError after its body."""
+    body(self, key, seconds)
+    raise ValueError(key)

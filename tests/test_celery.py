@@ -203,6 +203,14 @@ def test_a_pool_process_sigkilled_mid_task_frees_the_key(celery: Any, broker: st
     sigkill_frees(celery, broker, lambda pid, worker: os.kill(pid, signal.SIGKILL))
 
 
+def test_a_task_that_raises_frees_its_key_at_once(celery: Any) -> None:
+    celery.start("one")
+    with pytest.raises(ValueError, match="boom"):
+        celery.failing.delay("boom", 0).get(timeout=30)
+    with LockManager(celery.app.conf.redreentrant_masters) as mgr:
+        assert not mgr.lock('celery:celery_app.failing:{"key":"boom"}').locked()
+
+
 def test_a_hard_time_limit_frees_the_key_within_one_lease(celery: Any, broker: str) -> None:
     celery.start("one")
     name = 'celery:celery_app.limited:{"key":"limit"}'

@@ -389,10 +389,11 @@ class Engine:
         cap: float | None,
         signal: Signal | None,
         site: CallSite | str,
+        count: int = 1,
     ) -> bool:
-        """Record a first hold's grant (False: none). Not a step of its own (no
-        generator per acquire): the rare undo comes first, see
-        :meth:`_closed_meanwhile`."""
+        """Record a first hold's grant (False: none), or a hold taken over with its
+        ``count``. Not a step of its own (no generator per acquire): the rare undo comes
+        first, see :meth:`_closed_meanwhile`."""
         if grant is None:
             return False
         kind = grant.kind or kind  # a semaphore's: the slot it won
@@ -401,7 +402,7 @@ class Engine:
             kind,
             name,
             owner,
-            1,
+            count,
             lease_s,
             lease is None,
             grant.valid_until,
@@ -659,16 +660,9 @@ class Engine:
             raise
         if self.closed:
             yield from self._closed_meanwhile(kind, name, owner, tag)
-        now = self.clock()
-        hold = Hold(
-            kind, name, owner, t.count, lease_s, lease is None, valid_until,
-            site=call_site(caller), fencing_token=t.token, acquired_at=now,
-            renew_until=None if cap is None else now + cap, signal=signal, tag=tag,
-        )  # fmt: skip
-        self.holds.add(hold)
-        if hold.managed:
-            self.on_managed_hold(hold)
-        return True
+        grant = Grant(valid_until, t.token, tag=tag)
+        site = call_site(caller)
+        return self._granted(kind, name, owner, lease, lease_s, grant, cap, signal, site, t.count)
 
     def release(self, kind: LockKind, name: str, owner: str, quiet_if_lost: bool) -> Steps[None]:
         """Release one of ``owner``'s hold levels on ``name``."""
