@@ -126,6 +126,29 @@ def test_a_call_refused_by_quarantined_masters_is_not_skipped_but_waits_for_them
     assert counter(broker, "fresh") == 1
 
 
+def test_calls_as_the_quarantine_ends_are_never_skipped(urls: list[str]) -> None:
+    """Each call right after the masters' memory began anew: its try is refused, and
+    tries again when (and as long as) the manager counts too few votes, never skipped."""
+    from celery import Celery
+
+    app = Celery("fresh", broker="memory://")
+    clients = [redis.Redis.from_url(url) for url in urls]
+    with LockManager(urls, lease=0.1) as mgr:  # quarantined for 0.1 s
+
+        @app.task(base=Singleton, singleton_manager=mgr)
+        def fresh(n: int) -> int:
+            return n
+
+        for n in range(20):
+            for r in clients:
+                r.delete(MEMORY_KEY)
+            started = time.monotonic()
+            assert fresh.apply((n,)).get() == n
+            assert time.monotonic() - started >= 0.1  # not before its votes counted
+    for r in clients:
+        r.close()
+
+
 def test_a_duplicate_waits_for_the_running_one(celery: Any, broker: str) -> None:
     celery.start("one", concurrency=3)
     results = [celery.wait.delay("w", 0.3) for _ in range(3)]

@@ -1518,6 +1518,17 @@ def test_a_master_whose_clock_steps_is_counted_out_for_the_quarantine_and_report
     assert q.watch.counts(2) and q.until_granted.needed == q.until_held.needed == 2
 
 
+def test_a_quorum_votes_once_the_needed_th_master_counted_out_counts_again() -> None:
+    clock = FakeClock()
+    q = Quorum(("a", "b", "c", "d", "e"), 0.01, 0.05, clock)
+    assert q.votes_at() == float("-inf")  # none counted out, ever
+    now = clock()
+    q.watch.out_until[:] = [now + 3.0, now + 1.0, now - 5.0, now + 2.0, now + 4.0]
+    assert q.votes_at() == now + 2.0  # then three count: c, b and d
+    clock.advance(2.0)
+    assert q.votes_at() == now + 2.0 <= clock()  # past: a quorum counts now
+
+
 def test_a_master_seen_seldom_may_drift_by_the_allowance_of_the_time_between() -> None:
     from redreentrant._core.clockwatch import ClockWatch
 

@@ -266,6 +266,36 @@ def test_quarantined_masters_are_shown_with_the_time_left(ensemble: LocalEnsembl
         assert "quarantined" in top
 
 
+def test_a_refusal_for_want_of_counted_votes_is_told_from_one_by_a_holder(urls: list[str]) -> None:
+    """``quorum_votes_at()``: after it, a refused acquire was refused by a holder; before
+    it, by quarantined masters, and an acquire once it has come is granted."""
+    with LockManager(urls, lease=LEASE) as mgr, LockManager(urls, lease=LEASE) as other:
+        theirs, lock = other.lock("told"), mgr.lock("told")
+        assert theirs.acquire()
+        started = time.monotonic()
+        assert not lock.acquire(blocking=False)
+        assert mgr.quorum_votes_at() <= started  # every master voted: a holder refused
+        theirs.release()
+        for url in urls[:3]:  # a majority's memory begins now (a restart without data)
+            redis.Redis.from_url(url).delete(MEMORY_KEY)
+        started = time.monotonic()
+        assert not lock.acquire(blocking=False)
+        at = mgr.quorum_votes_at()
+        assert started < at < started + LEASE + 0.1
+        while not lock.acquire(blocking=False):  # the same refusal, until their votes count
+            assert mgr.quorum_votes_at() > started, "refused with every vote counted"
+            started = time.monotonic()
+            time.sleep(max(0.0, mgr.quorum_votes_at() - started))
+        assert time.monotonic() >= at and lock.is_owned()
+        lock.release()
+
+    async def twin() -> float:
+        async with redreentrant.asyncio.LockManager(urls, lease=LEASE) as amgr:
+            return amgr.quorum_votes_at()
+
+    assert run(twin()) == float("-inf")  # no round yet: nothing counted out
+
+
 def test_after_the_quarantine_tokens_grow_past_the_ones_forgotten(ensemble: LocalEnsemble) -> None:
     """A majority restarted empty lost the fencing counters: no token while they are
     quarantined, and after it a token larger than every earlier one (their clocks)."""

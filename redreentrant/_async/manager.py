@@ -301,6 +301,15 @@ class LockManager(ManagerCore[Lock, UpgradeableReadLock]):
         validate_name(name)
         return await self._driver.run(self._engine.probe(FAMILIES, name))
 
+    def quorum_votes_at(self) -> float:
+        """When (on ``time.monotonic()``) a quorum of the masters' votes count, as this
+        manager saw in its rounds: a time past (``-inf`` if no master was ever counted
+        out) when they count now. A refused acquire that started before it may have been
+        refused for want of counted votes (masters quarantined after a restart or a
+        failover, or whose clock was seen to step: see docs/safety.md), not by a
+        holder. No I/O."""
+        return self._engine.quorum.votes_at()
+
     async def quarantined(self) -> list[float]:
         """Seconds before each master's votes count, in order: 0.0 for a master whose
         votes count (or that did not answer). A master whose memory began lately (first

@@ -163,6 +163,11 @@ class ClockWatch:
             self.on_change()
         return self.out_until[i] <= now
 
+    def counting_from(self, needed: int) -> float:
+        """When (on the clock) ``needed`` masters count, as far as known: a time past
+        (``-inf`` if none was ever counted out) when they count now."""
+        return sorted(self.out_until)[needed - 1]
+
     def out_count(self) -> int:
         """How many masters are counted out now."""
         now = self._clock()

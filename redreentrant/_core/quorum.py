@@ -74,6 +74,11 @@ class Quorum:
         """The masters' clocks, and which ones are counted out (see :mod:`.clockwatch`)."""
         return ClockWatch(len(self.masters), self.drift_factor, self.clock, on_change=self._recount)
 
+    def votes_at(self) -> float:
+        """When (on :attr:`clock`) a quorum of the masters' votes count, as this process
+        knows from its rounds: a time past when they count now (see :mod:`.clockwatch`)."""
+        return self.watch.counting_from(self.needed)
+
     def drift(self, lease: float) -> float:
         """Clock drift allowance for a lease: a fraction of it plus 2 ms."""
         return drift_allowance(lease, self.drift_factor)

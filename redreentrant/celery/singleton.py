@@ -169,20 +169,18 @@ class Singleton(Task):  # type: ignore[misc]
             timeout = -1 if self.singleton_wait is None else self.singleton_wait
             taken = lock.acquire(timeout=timeout, lease=lease)
         else:
+            mgr = self._manager()
+            started = time.monotonic()
             taken = lock.acquire(blocking=False, lease=lease)
-            if not taken and (wait := self._until_a_quorum_votes()) > 0:
-                # Refused because too few masters vote yet (a quarantine, after a
-                # restart without data): not a duplicate. Try again once they do.
-                time.sleep(wait)
+            while not taken and (votes_at := mgr.quorum_votes_at()) > started:
+                # Refused while too few masters' votes counted (a quarantine, after a
+                # restart without data): not a duplicate. Try again once they count.
+                time.sleep(max(0.0, votes_at - time.monotonic()))
+                started = time.monotonic()
                 taken = lock.acquire(blocking=False, lease=lease)
         if taken or policy == "skip":
             return taken
         raise DuplicateTaskError(name)
-
-    def _until_a_quorum_votes(self) -> float:
-        """Seconds until a quorum of the masters votes (0.0: it does now)."""
-        left = sorted(self._manager().quarantined())
-        return left[len(left) // 2]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         name = self.singleton_name(args, kwargs)
