@@ -183,6 +183,27 @@ def test_the_key_taken_at_send_travels_with_the_message(celery: Any, broker: str
     no_overlap(celery.history, runs=2)
 
 
+def test_a_send_that_fails_frees_the_key_at_once(urls: list[str]) -> None:
+    from celery import Celery
+    from kombu.exceptions import OperationalError
+
+    from redreentrant.testing.loopback import free_ports
+
+    port = free_ports(1)[0]  # nothing listens there: every send fails
+    app = Celery("down", broker=f"redis://127.0.0.1:{port}/0")
+    app.conf.update(task_publish_retry=False, broker_connection_retry=False)
+    with LockManager(urls, lease=60) as mgr, LockManager(urls, lease=LEASE) as other:
+
+        @app.task(base=Singleton, singleton_manager=mgr, singleton_at_send=True)
+        def sent(n: int) -> None: ...
+
+        with pytest.raises(OperationalError):
+            sent.delay(1)
+        lock = other.lock(sent.singleton_name((1,), {}))
+        assert lock.acquire(blocking=False)  # free at once, not after the send lease (60 s)
+        lock.release()
+
+
 def test_a_message_never_run_frees_its_key_within_the_lease(celery: Any) -> None:
     celery.at_send.delay("never", 0)  # no worker runs it
     name = 'celery:celery_app.at_send:{"key":"never"}'
