@@ -191,7 +191,7 @@ def test_a_send_that_fails_frees_the_key_at_once(urls: list[str]) -> None:
 
     port = free_ports(1)[0]  # nothing listens there: every send fails
     app = Celery("down", broker=f"redis://127.0.0.1:{port}/0")
-    app.conf.update(task_publish_retry=False, broker_connection_retry=False)
+    app.conf.update(task_publish_retry=False, broker_transport_options={"max_retries": 0})
     with LockManager(urls, lease=60) as mgr, LockManager(urls, lease=LEASE) as other:
 
         @app.task(base=Singleton, singleton_manager=mgr, singleton_at_send=True)
