@@ -112,7 +112,7 @@ class Lock(LockCore):
     def take_over(self, ticket: str, lease: float | None = None) -> None:
         """Take over the hold that ``ticket`` (from :meth:`hand_off`) carries: the
         calling owner holds it from here, with its count and fencing token, as if it
-        had acquired it. One round, judged like a re-entry: the new validity counts
+        had acquired it. One round, judged as :meth:`extend` is: the new validity counts
         from before the round, on a quorum of masters.
 
         ``lease=None`` gives it this manager's lease, renewed by the watchdog;
